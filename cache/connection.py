@@ -1,0 +1,112 @@
+"""Connecting to the cache: `REDIS_URL` when given, else a private embedded redis-server."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from types import TracebackType
+from typing import Any
+
+import redis
+from pydantic import BaseModel, ConfigDict, Field
+
+from cache.errors import CacheError
+from cache.server import EmbeddedRedis
+
+REDIS_URL_ENV = "REDIS_URL"
+
+
+class CacheSettings(BaseModel):
+    """How to reach Redis and the bounds of the embedded server."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    url: str | None = Field(default=None, description="redis:// or rediss:// URL; None starts an embedded server")
+    maxmemory_bytes: int = Field(default=2 * 1024**3, gt=0, description="embedded server memory cap")
+    socket_timeout_s: float = Field(default=60.0, gt=0, description="per-command socket timeout")
+    connect_timeout_s: float = Field(default=10.0, gt=0)
+    max_connections: int = Field(default=64, gt=0, description="connection pool bound per client")
+
+
+class _GuardedRedis(redis.Redis):
+    """A client that turns a connection failure into `RedisServerDied` when the embedded server is gone."""
+
+    def __init__(self, *args: Any, on_connection_error: Callable[[], None] | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._on_connection_error = on_connection_error
+
+    def execute_command(self, *args: Any, **options: Any) -> Any:
+        try:
+            return super().execute_command(*args, **options)
+        except (redis.ConnectionError, redis.TimeoutError):
+            if self._on_connection_error is not None:
+                self._on_connection_error()
+            raise
+
+
+class Cache:
+    """A Redis client plus, for the embedded default, the server it owns. Close it (or use `with`)."""
+
+    def __init__(self, settings: CacheSettings | None = None) -> None:
+        self.settings = settings or CacheSettings(url=os.environ.get(REDIS_URL_ENV) or None)
+        self.server: EmbeddedRedis | None = None
+        url = self.settings.url
+        if url is None:
+            self.server = EmbeddedRedis(maxmemory_bytes=self.settings.maxmemory_bytes).start()
+            url = self.server.url
+        elif not url.startswith(("redis://", "rediss://", "unix://")):
+            raise CacheError(f"REDIS_URL must start with redis://, rediss:// or unix://, got {url!r}")
+        self.url = url
+        self.client = self._client(url)
+        try:
+            self.client.ping()
+        except redis.RedisError as exc:
+            self.close()
+            raise CacheError(f"cannot reach Redis at {_redact(url)}: {exc}") from exc
+
+    def _client(self, url: str) -> _GuardedRedis:
+        pool = redis.ConnectionPool.from_url(
+            url,
+            socket_timeout=self.settings.socket_timeout_s,
+            socket_connect_timeout=self.settings.connect_timeout_s,
+            max_connections=self.settings.max_connections,
+            health_check_interval=30,
+        )
+        guard = self.server.raise_if_dead if self.server is not None else None
+        return _GuardedRedis(connection_pool=pool, on_connection_error=guard)
+
+    def new_client(self) -> redis.Redis:
+        """A separate client (own pool) on the same server, e.g. for a thread that blocks on reads."""
+        return self._client(self.url)
+
+    def close(self) -> None:
+        client = getattr(self, "client", None)
+        if client is not None:
+            client.close()
+            client.connection_pool.disconnect()
+        if self.server is not None:
+            self.server.stop()
+            self.server = None
+
+    def __enter__(self) -> Cache:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+def _redact(url: str) -> str:
+    """The URL without its password, for error messages."""
+    if "@" not in url:
+        return url
+    scheme, rest = url.split("://", 1)
+    creds, host = rest.rsplit("@", 1)
+    user = creds.split(":", 1)[0]
+    return f"{scheme}://{user}:***@{host}"
+
+
+def connect(url: str | None = None, **settings: Any) -> Cache:
+    """Open the cache: `url`, else `$REDIS_URL`, else a private embedded redis-server."""
+    return Cache(CacheSettings(url=url or os.environ.get(REDIS_URL_ENV) or None, **settings))

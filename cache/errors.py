@@ -1,0 +1,39 @@
+"""Typed failures of the cache layer: callers catch these, never bare redis errors."""
+
+from __future__ import annotations
+
+
+class CacheError(RuntimeError):
+    """Base class of every error raised by `cache/`."""
+
+
+class CodecError(CacheError, ValueError):
+    """A buffer is malformed, truncated, oversized, or does not match its header."""
+
+
+class RedisServerDied(CacheError):
+    """The embedded redis-server exited; the message carries the tail of its log."""
+
+
+class RedisStartError(CacheError):
+    """The embedded redis-server could not be started."""
+
+
+class BackpressureTimeout(CacheError):
+    """A bounded stream stayed full for the whole wait: consumers are not keeping up."""
+
+
+class VersionNotFound(CacheError, KeyError):
+    """A policy version is not (or no longer) in the store."""
+
+
+class FencingError(CacheError):
+    """A writer lost its update lease, or the version moved under it: the write was refused."""
+
+
+class LeaseUnavailable(CacheError):
+    """Another owner holds the update lease."""
+
+
+class RecordError(CacheError, ValueError):
+    """A record read from the cache, or about to be written, is inconsistent."""

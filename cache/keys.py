@@ -1,0 +1,101 @@
+"""Every Redis key name Stellaris uses, in one place.
+
+Keys of one job share the Redis Cluster hash tag ``{job}`` so that multi-key scripts and transactions stay in
+one slot (SPEC.md §2).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+_JOB_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
+PREFIX = "stl"
+
+
+def validate_job_id(job: str) -> str:
+    if not isinstance(job, str) or not _JOB_RE.match(job):
+        raise ValueError(f"invalid job id {job!r}: use 1-64 characters from letters, digits, '_', '.', '-'")
+    return job
+
+
+@dataclass(frozen=True)
+class JobKeys:
+    """Key names of one training job."""
+
+    job: str
+
+    def __post_init__(self) -> None:
+        validate_job_id(self.job)
+
+    @property
+    def base(self) -> str:
+        return f"{PREFIX}:{{{self.job}}}"
+
+    def _k(self, name: str) -> str:
+        return f"{self.base}:{name}"
+
+    # Streams and their "space freed" notification lists (backpressure wakes producers through these).
+    @property
+    def traj(self) -> str:
+        return self._k("traj")
+
+    @property
+    def grad(self) -> str:
+        return self._k("grad")
+
+    @property
+    def tasks(self) -> str:
+        return self._k("tasks")
+
+    def freed(self, stream_key: str) -> str:
+        return f"{stream_key}:freed"
+
+    # Policy store.
+    @property
+    def policy_version(self) -> str:
+        return self._k("policy:version")
+
+    def policy(self, version: int) -> str:
+        return self._k(f"policy:{int(version)}")
+
+    @property
+    def policy_events(self) -> str:
+        return self._k("policy:events")
+
+    @property
+    def optim(self) -> str:
+        return self._k("optim")
+
+    @property
+    def update_lock(self) -> str:
+        return self._k("policy:lock")
+
+    @property
+    def update_fence(self) -> str:
+        return self._k("policy:fence")
+
+    # In-flight learners: learner id -> held version, and learner id -> lease deadline (ms).
+    @property
+    def learners(self) -> str:
+        return self._k("learners")
+
+    @property
+    def learner_deadlines(self) -> str:
+        return self._k("learners:deadline")
+
+    # Parameter-function state (round counter, delta_max, decision log) lives beside the policy.
+    @property
+    def aggregator(self) -> str:
+        return self._k("aggregator")
+
+    @property
+    def decisions(self) -> str:
+        return self._k("decisions")
+
+    def activation(self, activation_id: str) -> str:
+        return self._k(f"act:{activation_id}")
+
+    def pattern(self) -> str:
+        """Glob matching every key of this job (for cleanup of this job only, never FLUSHALL)."""
+        return f"{self.base}:*"

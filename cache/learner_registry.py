@@ -1,0 +1,67 @@
+"""Which policy version each in-flight learner holds, so others can truncate against those policies (Eq. 2).
+
+A learner's entry carries a lease deadline set from the server's clock; entries whose deadline passed (the learner
+died without deregistering) are dropped on every read.
+"""
+
+from __future__ import annotations
+
+import redis
+
+from cache.keys import JobKeys
+
+_REGISTER = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+redis.call('ZADD', KEYS[2], now + tonumber(ARGV[3]), ARGV[1])
+redis.call('PEXPIRE', KEYS[1], ARGV[4])
+redis.call('PEXPIRE', KEYS[2], ARGV[4])
+return 1
+"""
+
+_HELD = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local dead = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now)
+for _, id in ipairs(dead) do
+  redis.call('HDEL', KEYS[1], id)
+  redis.call('ZREM', KEYS[2], id)
+end
+return redis.call('HGETALL', KEYS[1])
+"""
+
+
+class LearnerRegistry:
+    def __init__(self, client: redis.Redis, keys: JobKeys, *, lease_s: float = 300.0, ttl_s: float = 86400.0):
+        if lease_s <= 0:
+            raise ValueError(f"learner lease_s must be positive, got {lease_s}")
+        self.client = client
+        self.keys = keys
+        self.lease_ms = int(lease_s * 1000)
+        self.ttl_ms = int(ttl_s * 1000)
+        self._register = client.register_script(_REGISTER)
+        self._held = client.register_script(_HELD)
+
+    def register(self, learner_id: str, version: int, *, lease_s: float | None = None) -> None:
+        """Record (or refresh) that `learner_id` holds `version` until its lease runs out."""
+        lease_ms = self.lease_ms if lease_s is None else int(lease_s * 1000)
+        self._register(
+            keys=[self.keys.learners, self.keys.learner_deadlines],
+            args=[learner_id, int(version), lease_ms, self.ttl_ms],
+        )
+
+    def deregister(self, learner_id: str) -> None:
+        with self.client.pipeline(transaction=True) as pipe:
+            pipe.hdel(self.keys.learners, learner_id)
+            pipe.zrem(self.keys.learner_deadlines, learner_id)
+            pipe.execute()
+
+    def in_flight(self) -> dict[str, int]:
+        """Live learners and the version each holds (expired entries are dropped first)."""
+        flat = self._held(keys=[self.keys.learners, self.keys.learner_deadlines])
+        return {flat[i].decode(): int(flat[i + 1]) for i in range(0, len(flat), 2)}
+
+    def held_versions(self) -> list[int]:
+        """Distinct policy versions held by live learners, ascending."""
+        return sorted(set(self.in_flight().values()))

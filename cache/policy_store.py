@@ -1,0 +1,229 @@
+"""The versioned policy store: an integer version advanced atomically, and only by the holder of the update lease.
+
+Weights of the newest `keep_versions` versions are kept (truncation needs the policies other learners hold);
+older ones get a short grace TTL and then expire. Optimizer state lives beside the policy and is replaced in the
+same atomic step as the version, so the parameter function is stateless between invocations. Every publish also
+appends to a small events stream that waiters block on (XREAD BLOCK), so nobody polls for new versions.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from dataclasses import dataclass
+
+import redis
+
+from cache.errors import FencingError, LeaseUnavailable, VersionNotFound
+from cache.keys import JobKeys
+from cache.streams import MAX_BLOCK_S
+
+_INIT = """
+if redis.call('EXISTS', KEYS[1]) == 1 then return tonumber(redis.call('GET', KEYS[1])) end
+redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[3])
+if ARGV[2] ~= '' then redis.call('SET', KEYS[3], ARGV[2], 'PX', ARGV[3]) end
+redis.call('SET', KEYS[1], 0, 'PX', ARGV[3])
+redis.call('XADD', KEYS[4], 'MAXLEN', '~', 64, '*', 'v', 0)
+redis.call('PEXPIRE', KEYS[4], ARGV[3])
+return 0
+"""
+
+# KEYS: version, lock, new policy, optim, events, retired policy (or the new one when none retires)
+# ARGV: lease value, expected version, weights, optim ('' keeps the old one), ttl ms, retired grace ms
+_PUBLISH = """
+if redis.call('GET', KEYS[2]) ~= ARGV[1] then return redis.error_reply('FENCE update lease not held') end
+local cur = tonumber(redis.call('GET', KEYS[1]))
+if cur == nil then return redis.error_reply('FENCE store not initialised') end
+if cur ~= tonumber(ARGV[2]) then
+  return redis.error_reply('FENCE version is ' .. cur .. ', expected ' .. ARGV[2])
+end
+local new = cur + 1
+redis.call('SET', KEYS[3], ARGV[3], 'PX', ARGV[5])
+if ARGV[4] ~= '' then redis.call('SET', KEYS[4], ARGV[4], 'PX', ARGV[5]) end
+redis.call('SET', KEYS[1], new, 'PX', ARGV[5])
+if KEYS[6] ~= KEYS[3] then redis.call('PEXPIRE', KEYS[6], ARGV[6]) end
+redis.call('XADD', KEYS[5], 'MAXLEN', '~', 64, '*', 'v', new)
+redis.call('PEXPIRE', KEYS[5], ARGV[5])
+return new
+"""
+
+_RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('DEL', KEYS[1])
+  redis.call('LPUSH', KEYS[2], '1')
+  redis.call('LTRIM', KEYS[2], 0, 15)
+  redis.call('PEXPIRE', KEYS[2], ARGV[2])
+  return 1
+end
+return 0
+"""
+
+
+@dataclass(frozen=True)
+class UpdateLease:
+    """Proof of holding a job's update lease; `token` is a monotonically increasing fencing token."""
+
+    owner: str
+    token: int
+
+    @property
+    def value(self) -> str:
+        return f"{self.owner}:{self.token}"
+
+
+class PolicyStore:
+    def __init__(
+        self,
+        client: redis.Redis,
+        keys: JobKeys,
+        *,
+        keep_versions: int = 8,
+        ttl_s: float = 86400.0,
+        retired_grace_s: float = 60.0,
+    ) -> None:
+        if keep_versions < 1:
+            raise ValueError(f"keep_versions must be at least 1, got {keep_versions}")
+        self.client = client
+        self.keys = keys
+        self.keep_versions = keep_versions
+        self.ttl_ms = int(ttl_s * 1000)
+        self.retired_grace_ms = int(retired_grace_s * 1000)
+        self._init = client.register_script(_INIT)
+        self._publish = client.register_script(_PUBLISH)
+        self._release = client.register_script(_RELEASE)
+
+    # -- reading ----------------------------------------------------------------------------------------------
+    def version(self) -> int | None:
+        """The newest published version, or None before `initialise`."""
+        raw = self.client.get(self.keys.policy_version)
+        return None if raw is None else int(raw)
+
+    def get(self, version: int) -> bytes:
+        blob = self.client.get(self.keys.policy(version))
+        if blob is None:
+            raise VersionNotFound(
+                f"policy version {version} of job {self.keys.job!r} is not in the store "
+                f"(only the newest {self.keep_versions} versions are kept)"
+            )
+        return bytes(blob)
+
+    def get_many(self, versions: list[int]) -> dict[int, bytes]:
+        """Weights of the versions still stored (missing ones are left out)."""
+        if not versions:
+            return {}
+        blobs = self.client.mget([self.keys.policy(v) for v in versions])
+        return {v: bytes(b) for v, b in zip(versions, blobs, strict=True) if b is not None}
+
+    def latest(self) -> tuple[int, bytes]:
+        """(version, weights) read consistently in one transaction."""
+        for _ in range(16):
+            version = self.version()
+            if version is None:
+                raise VersionNotFound(f"job {self.keys.job!r} has no policy yet")
+            with self.client.pipeline(transaction=True) as pipe:
+                pipe.get(self.keys.policy_version)
+                pipe.get(self.keys.policy(version))
+                now, blob = pipe.execute()
+            if now is not None and int(now) == version and blob is not None:
+                return version, bytes(blob)
+        raise VersionNotFound(f"job {self.keys.job!r}: the policy kept changing while being read")
+
+    def optimizer_state(self) -> bytes | None:
+        blob = self.client.get(self.keys.optim)
+        return None if blob is None else bytes(blob)
+
+    # -- writing ----------------------------------------------------------------------------------------------
+    def initialise(self, weights: bytes, optimizer_state: bytes = b"") -> int:
+        """Store version 0 unless the job already has a policy; returns the current version either way."""
+        k = self.keys
+        return int(
+            self._init(
+                keys=[k.policy_version, k.policy(0), k.optim, k.policy_events],
+                args=[weights, optimizer_state, self.ttl_ms],
+            )
+        )
+
+    def acquire(self, owner: str, *, lease_s: float = 30.0, wait_s: float = 0.0) -> UpdateLease:
+        """Take the job's update lease, waiting up to `wait_s` for a holder to release it (no polling)."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            token = int(self.client.incr(self.keys.update_fence))
+            self.client.pexpire(self.keys.update_fence, self.ttl_ms)
+            lease = UpdateLease(owner=owner, token=token)
+            if self.client.set(self.keys.update_lock, lease.value, nx=True, px=int(lease_s * 1000)):
+                return lease
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                holder = self.client.get(self.keys.update_lock)
+                raise LeaseUnavailable(f"job {self.keys.job!r}: update lease held by {holder!r}")
+            # A release pushes to this list; a holder that dies is covered by the lease TTL and the timeout.
+            lock_ttl_s = max(self.client.pttl(self.keys.update_lock), 1) / 1000
+            self.client.blpop([self._released_key], timeout=min(remaining, lock_ttl_s, MAX_BLOCK_S))
+
+    @property
+    def _released_key(self) -> str:
+        return f"{self.keys.update_lock}:released"
+
+    def release(self, lease: UpdateLease) -> bool:
+        return bool(self._release(keys=[self.keys.update_lock, self._released_key], args=[lease.value, 60000]))
+
+    def publish(
+        self, lease: UpdateLease, *, expected_version: int, weights: bytes, optimizer_state: bytes = b""
+    ) -> int:
+        """Store version `expected_version + 1` if `lease` still holds and nobody published in between."""
+        k = self.keys
+        new = expected_version + 1
+        retired = new - self.keep_versions
+        try:
+            return int(
+                self._publish(
+                    keys=[
+                        k.policy_version,
+                        k.update_lock,
+                        k.policy(new),
+                        k.optim,
+                        k.policy_events,
+                        k.policy(retired) if retired >= 0 else k.policy(new),
+                    ],
+                    args=[
+                        lease.value,
+                        expected_version,
+                        weights,
+                        optimizer_state,
+                        self.ttl_ms,
+                        self.retired_grace_ms,
+                    ],
+                )
+            )
+        except redis.ResponseError as exc:
+            if "FENCE" in str(exc):
+                raise FencingError(f"job {self.keys.job!r}: publish refused: {exc}") from exc
+            raise
+
+    # -- waiting ----------------------------------------------------------------------------------------------
+    def wait_for_version(self, after: int, *, timeout_s: float) -> int | None:
+        """Block until a version newer than `after` is published; return it, or None on timeout."""
+        deadline = time.monotonic() + timeout_s
+        last = self.client.xrevrange(self.keys.policy_events, count=1)
+        last_id = last[0][0] if last else "0-0"
+        while True:
+            current = self.version()
+            if current is not None and current > after:
+                return current
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return None
+            reply = self.client.xread(
+                {self.keys.policy_events: last_id},
+                count=64,
+                block=max(1, int(min(remaining, MAX_BLOCK_S) * 1000)),
+            )
+            for _, items in reply or []:
+                last_id = items[-1][0]
+                newest = max(int(f[b"v"]) for _, f in items)
+                if newest > after:
+                    return newest
+
+
+def new_owner_id(prefix: str) -> str:
+    return f"{prefix}-{secrets.token_hex(4)}"

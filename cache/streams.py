@@ -1,0 +1,203 @@
+"""Bounded Redis Streams with consumer groups: exact length caps, backpressure, blocking reads, ack, reclaim.
+
+A producer never trims unread data: when a stream holds `maxlen` entries the add is refused inside Redis (Lua)
+and the producer blocks on the stream's "freed" list (BLPOP) until a consumer acknowledges an entry, up to a
+bounded wait that ends in `BackpressureTimeout`. Acknowledged entries are deleted, so a stream's length is the
+work that is queued or in flight. Every key written here carries a TTL.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import redis
+
+from cache.errors import BackpressureTimeout, CacheError
+
+# The longest single blocking call; longer waits loop, so a client's socket timeout never cuts one short.
+MAX_BLOCK_S = 20.0
+
+_ADD = """
+local n = tonumber(ARGV[1])
+if redis.call('XLEN', KEYS[1]) >= n then return false end
+local id = redis.call('XADD', KEYS[1], 'MAXLEN', n, '*', 'd', ARGV[3])
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+if #KEYS >= 3 then
+  local acked = 0
+  for i = 6, #ARGV do
+    if redis.call('XACK', KEYS[2], ARGV[4], ARGV[i]) == 1 then
+      redis.call('XDEL', KEYS[2], ARGV[i])
+      redis.call('LPUSH', KEYS[3], '1')
+      acked = acked + 1
+    end
+  end
+  if acked > 0 then
+    redis.call('LTRIM', KEYS[3], 0, 1023)
+    redis.call('PEXPIRE', KEYS[3], ARGV[5])
+  end
+end
+return id
+"""
+
+_ACK = """
+local acked = 0
+for i = 3, #ARGV do
+  if redis.call('XACK', KEYS[1], ARGV[1], ARGV[i]) == 1 then
+    redis.call('XDEL', KEYS[1], ARGV[i])
+    redis.call('LPUSH', KEYS[2], '1')
+    acked = acked + 1
+  end
+end
+if acked > 0 then
+  redis.call('LTRIM', KEYS[2], 0, 1023)
+  redis.call('PEXPIRE', KEYS[2], ARGV[2])
+end
+return acked
+"""
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One stream entry: its id and payload bytes."""
+
+    id: str
+    payload: bytes
+
+
+def _entry(raw_id: bytes | str, fields: dict[bytes, bytes] | None) -> Entry | None:
+    entry_id = raw_id.decode() if isinstance(raw_id, bytes) else raw_id
+    if not fields or b"d" not in fields:
+        return None  # deleted while pending, or not ours
+    return Entry(entry_id, fields[b"d"])
+
+
+class BoundedStream:
+    """One stream plus one consumer group."""
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        key: str,
+        *,
+        group: str,
+        maxlen: int,
+        ttl_s: float,
+        freed_key: str | None = None,
+    ) -> None:
+        if maxlen <= 0:
+            raise ValueError(f"maxlen of stream {key} must be positive, got {maxlen}")
+        if ttl_s <= 0:
+            raise ValueError(f"ttl_s of stream {key} must be positive, got {ttl_s}")
+        self.client = client
+        self.key = key
+        self.group = group
+        self.maxlen = maxlen
+        self.ttl_ms = int(ttl_s * 1000)
+        self.freed_key = freed_key or f"{key}:freed"
+        self._add = client.register_script(_ADD)
+        self._ack = client.register_script(_ACK)
+        self._group_ready = False
+
+    def ensure_group(self) -> None:
+        if self._group_ready:
+            return
+        try:
+            self.client.xgroup_create(self.key, self.group, id="0", mkstream=True)
+            self.client.pexpire(self.key, self.ttl_ms)
+        except redis.ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
+        self._group_ready = True
+
+    # -- producing --------------------------------------------------------------------------------------------
+    def try_add(self, payload: bytes, *, ack: tuple[BoundedStream, Sequence[str]] | None = None) -> str | None:
+        """Append unless the stream is full (then None). `ack` acknowledges entries of another stream of the
+        same job in the same atomic step, so a consumer's output is stored before its input is released."""
+        self.ensure_group()
+        keys = [self.key]
+        args: list[str | int | bytes] = [self.maxlen, self.ttl_ms, payload]
+        if ack is not None:
+            src, ids = ack
+            keys += [src.key, src.freed_key]
+            args += [src.group, src.ttl_ms, *ids]
+        try:
+            result = self._add(keys=keys, args=args)
+        except redis.ResponseError as exc:
+            raise CacheError(f"cannot add to stream {self.key}: {exc}") from exc
+        if result is None:
+            return None
+        return result.decode() if isinstance(result, bytes) else str(result)
+
+    def add(
+        self,
+        payload: bytes,
+        *,
+        timeout_s: float,
+        ack: tuple[BoundedStream, Sequence[str]] | None = None,
+    ) -> str:
+        """Append, waiting up to `timeout_s` for room (woken by acknowledgements, not by polling)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            entry_id = self.try_add(payload, ack=ack)
+            if entry_id is not None:
+                return entry_id
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise BackpressureTimeout(
+                    f"stream {self.key} stayed full ({self.maxlen} entries) for {timeout_s:.1f} s: "
+                    "consumers are not keeping up; raise its maxlen or add consumers"
+                )
+            self.client.blpop([self.freed_key], timeout=min(remaining, MAX_BLOCK_S))
+
+    # -- consuming --------------------------------------------------------------------------------------------
+    def read(self, consumer: str, *, count: int = 1, block_s: float = 0.0) -> list[Entry]:
+        """New entries for `consumer`, blocking up to `block_s` (0 = do not block) when none is ready."""
+        self.ensure_group()
+        deadline = time.monotonic() + block_s
+        while True:
+            remaining = deadline - time.monotonic()
+            block_ms = int(min(max(remaining, 0.0), MAX_BLOCK_S) * 1000)
+            reply = self.client.xreadgroup(self.group, consumer, {self.key: ">"}, count=count, block=block_ms or None)
+            entries = [e for _, items in (reply or []) for raw_id, f in items if (e := _entry(raw_id, f))]
+            if entries or deadline - time.monotonic() <= 0:
+                return entries
+
+    def ack(self, entry_ids: Sequence[str]) -> int:
+        """Acknowledge and delete entries; wakes producers waiting for room. Returns how many were pending."""
+        if not entry_ids:
+            return 0
+        return int(self._ack(keys=[self.key, self.freed_key], args=[self.group, self.ttl_ms, *entry_ids]))
+
+    def reclaim(self, consumer: str, *, min_idle_s: float, count: int = 16) -> list[Entry]:
+        """Take over entries idle for `min_idle_s` in another consumer's pending list (that consumer died)."""
+        self.ensure_group()
+        reply = self.client.xautoclaim(
+            self.key, self.group, consumer, min_idle_time=int(min_idle_s * 1000), start_id="0-0", count=count
+        )
+        items = reply[1] if reply else []
+        return [e for raw_id, f in items if (e := _entry(raw_id, f))]
+
+    def get(self, entry_id: str) -> Entry | None:
+        """Read one entry by id without consuming it (None when it is gone)."""
+        items = self.client.xrange(self.key, min=entry_id, max=entry_id, count=1)
+        return _entry(*items[0]) if items else None
+
+    # -- introspection ----------------------------------------------------------------------------------------
+    def length(self) -> int:
+        return int(self.client.xlen(self.key))
+
+    def pending(self) -> int:
+        """Entries delivered to a consumer and not yet acknowledged."""
+        self.ensure_group()
+        info = self.client.xpending(self.key, self.group)
+        return int(info["pending"])
+
+    def consumer_pending(self) -> dict[str, int]:
+        self.ensure_group()
+        info = self.client.xpending(self.key, self.group)
+        return {
+            c["name"].decode() if isinstance(c["name"], bytes) else c["name"]: int(c["pending"])
+            for c in info.get("consumers", [])
+        }

@@ -1,0 +1,129 @@
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from cache import Cache, FencingError, JobCache, JobLimits, LeaseUnavailable, VersionNotFound
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def publish_once(job: JobCache, weights: bytes, optim: bytes = b"") -> int:
+    lease = job.policies.acquire("param")
+    try:
+        current = job.policies.version()
+        assert current is not None
+        return job.policies.publish(lease, expected_version=current, weights=weights, optimizer_state=optim)
+    finally:
+        job.policies.release(lease)
+
+
+def test_initialise_is_idempotent_and_publish_advances(job: JobCache) -> None:
+    assert job.policies.version() is None
+    with pytest.raises(VersionNotFound, match="no policy yet"):
+        job.policies.latest()
+    assert job.policies.initialise(b"w0", b"o0") == 0
+    assert job.policies.initialise(b"other") == 0  # a second initialise changes nothing
+    assert job.policies.latest() == (0, b"w0")
+    assert publish_once(job, b"w1", b"o1") == 1
+    assert publish_once(job, b"w2") == 2  # empty optimizer state keeps the previous one
+    assert job.policies.latest() == (2, b"w2")
+    assert job.policies.get(1) == b"w1"
+    assert job.policies.optimizer_state() == b"o1"
+
+
+def test_only_the_newest_k_versions_are_kept(cache_conn: Cache, job_id: str) -> None:
+    job = JobCache(cache_conn.client, job_id, JobLimits(keep_versions=3, retired_grace_s=0))
+    try:
+        job.policies.initialise(b"w0")
+        for v in range(1, 6):
+            publish_once(job, f"w{v}".encode())
+        assert job.policies.get_many([0, 1, 2, 3, 4, 5]) == {3: b"w3", 4: b"w4", 5: b"w5"}
+        with pytest.raises(VersionNotFound, match="newest 3 versions"):
+            job.policies.get(2)
+    finally:
+        job.delete()
+
+
+def test_retired_versions_linger_for_their_grace_ttl(job: JobCache) -> None:
+    job.policies.initialise(b"w0")
+    for v in range(1, job.limits.keep_versions + 1):
+        publish_once(job, f"w{v}".encode())
+    ttl_ms = job.client.pttl(job.keys.policy(0))
+    assert 0 < ttl_ms <= job.limits.retired_grace_s * 1000
+    assert job.client.pttl(job.keys.policy(1)) > job.limits.retired_grace_s * 1000
+
+
+def test_publish_needs_the_lease_and_the_expected_version(job: JobCache) -> None:
+    job.policies.initialise(b"w0")
+    lease = job.policies.acquire("p1", lease_s=0.05)
+    with pytest.raises(LeaseUnavailable, match="held by"):
+        job.policies.acquire("p2")
+    with pytest.raises(FencingError, match="version is 0, expected 3"):
+        job.policies.publish(lease, expected_version=3, weights=b"x")
+    # Once the lease lapses and another owner takes it, the stale holder can no longer publish.
+    newer = job.policies.acquire("p2", wait_s=5.0)
+    assert newer.token > lease.token
+    with pytest.raises(FencingError, match="lease not held"):
+        job.policies.publish(lease, expected_version=0, weights=b"stale")
+    assert job.policies.release(lease) is False  # releasing a lost lease does not free the new holder's
+    assert job.policies.publish(newer, expected_version=0, weights=b"w1") == 1
+    with pytest.raises(FencingError, match="version is 1, expected 0"):
+        job.policies.publish(newer, expected_version=0, weights=b"again")
+    assert job.policies.latest() == (1, b"w1")
+
+
+def test_acquire_waits_for_release_without_polling(job: JobCache) -> None:
+    job.policies.initialise(b"w0")
+    lease = job.policies.acquire("holder", lease_s=30)
+    got: list = []
+    waiter = threading.Thread(target=lambda: got.append(job.policies.acquire("waiter", wait_s=20)))
+    waiter.start()
+    job.policies.release(lease)
+    waiter.join(timeout=20)
+    assert got and got[0].owner == "waiter"
+
+
+def test_wait_for_version_wakes_on_publish(job: JobCache) -> None:
+    job.policies.initialise(b"w0")
+    assert job.policies.wait_for_version(0, timeout_s=0.05) is None
+    seen: list = []
+    waiter = threading.Thread(target=lambda: seen.append(job.policies.wait_for_version(0, timeout_s=20)))
+    waiter.start()
+    publish_once(job, b"w1")
+    waiter.join(timeout=20)
+    assert seen == [1]
+    assert job.policies.wait_for_version(0, timeout_s=0) == 1  # already newer: returns at once
+
+
+def test_version_counter_under_concurrent_writer_processes(redis_server, job: JobCache) -> None:
+    job.policies.initialise(b"w0")
+    writers, each = 4, 15
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "tests.cache.workers",
+                "publish",
+                redis_server.url,
+                job.keys.job,
+                f"w{i}",
+                f"{each}",
+            ],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(writers)
+    ]
+    published: list[int] = []
+    for p in procs:
+        out, _ = p.communicate(timeout=120)
+        assert p.returncode == 0
+        published += [int(line) for line in out.split()]
+    # Every publish got its own version: none lost, none published twice.
+    assert sorted(published) == list(range(1, writers * each + 1))
+    assert job.policies.version() == writers * each

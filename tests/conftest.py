@@ -1,0 +1,40 @@
+"""Shared fixtures: one real redis-server per test session (per xdist worker), never a stand-in."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from cache import Cache, CacheSettings, JobCache, JobLimits
+from cache.server import EmbeddedRedis
+from tests.procs import pid_alive
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[EmbeddedRedis]:
+    server = EmbeddedRedis(maxmemory_bytes=1024**3).start()
+    pid = server.pid
+    assert pid is not None and pid_alive(pid)
+    yield server
+    server.stop()
+    assert not pid_alive(pid), f"redis-server pid {pid} outlived the test session"
+
+
+@pytest.fixture(scope="session")
+def cache_conn(redis_server: EmbeddedRedis) -> Iterator[Cache]:
+    with Cache(CacheSettings(url=redis_server.url)) as cache:
+        yield cache
+
+
+@pytest.fixture
+def job_id() -> str:
+    return f"test-{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+def job(cache_conn: Cache, job_id: str) -> Iterator[JobCache]:
+    jc = JobCache(cache_conn.client, job_id, JobLimits(backpressure_timeout_s=5.0))
+    yield jc
+    jc.delete()

@@ -1,0 +1,34 @@
+"""Process helpers for tests: wait for any process (not only our children) to exit, without polling."""
+
+from __future__ import annotations
+
+import os
+import select
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie still answers kill(0); treat it as gone when /proc says so.
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def wait_pid_gone(pid: int, timeout_s: float) -> bool:
+    """Block until `pid` exits (pidfd becomes readable) or `timeout_s` passes; True when it is gone."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return True
+    try:
+        ready, _, _ = select.select([fd], [], [], timeout_s)
+        return bool(ready) or not pid_alive(pid)
+    finally:
+        os.close(fd)
