@@ -10,6 +10,7 @@ from typing import Any
 import redis
 from pydantic import BaseModel, ConfigDict, Field
 
+from cache.allocator import tune_allocator
 from cache.errors import CacheError
 from cache.server import EmbeddedRedis
 
@@ -26,6 +27,7 @@ class CacheSettings(BaseModel):
     socket_timeout_s: float = Field(default=60.0, gt=0, description="per-command socket timeout")
     connect_timeout_s: float = Field(default=10.0, gt=0)
     max_connections: int = Field(default=64, gt=0, description="connection pool bound per client")
+    tune_allocator: bool = Field(default=True, description="keep freed large buffers in the heap (glibc)")
 
 
 class _GuardedRedis(redis.Redis):
@@ -50,6 +52,8 @@ class Cache:
     def __init__(self, settings: CacheSettings | None = None) -> None:
         self.settings = settings or CacheSettings(url=os.environ.get(REDIS_URL_ENV) or None)
         self.server: EmbeddedRedis | None = None
+        if self.settings.tune_allocator:
+            tune_allocator()
         url = self.settings.url
         if url is None:
             self.server = EmbeddedRedis(maxmemory_bytes=self.settings.maxmemory_bytes).start()

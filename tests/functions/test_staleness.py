@@ -1,0 +1,275 @@
+"""Paper Eq. 3–4, the aggregate, and the aggregation rules as pure decisions."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+
+import pytest
+import torch
+
+from functions.algos.staleness import (
+    AggregationRule,
+    AggregationState,
+    Decision,
+    QueueSnapshot,
+    Rule,
+    aggregate,
+    calibrate_delta_max,
+    decide,
+    decide_async,
+    decide_softsync,
+    decide_ssp,
+    decide_stellaris,
+    decide_sync,
+    gradient_scales,
+    next_round,
+    observe,
+    staleness,
+    staleness_scale,
+    staleness_threshold,
+)
+
+CALIBRATED = AggregationState(round_k=2, delta_max=4)
+
+
+def _snapshot(current: int, queued: Sequence[int], in_flight: Sequence[int] = ()) -> QueueSnapshot:
+    return QueueSnapshot(current, tuple(queued), tuple(in_flight))
+
+
+# --- equations ---------------------------------------------------------------------------------------------
+
+
+def test_staleness_is_current_minus_base() -> None:
+    assert staleness(10, [10, 8, 7]) == [0, 2, 3]
+    with pytest.raises(ValueError, match="newer"):
+        staleness(3, [4])
+
+
+def test_threshold_eq3() -> None:
+    # β_k = δ_max·d^k: 10·0.5² = 2.5;  d = 1 keeps δ_max;  d = 0 gives 0
+    assert staleness_threshold(10, d=0.5, round_k=2) == pytest.approx(2.5)
+    assert staleness_threshold(10, d=1.0, round_k=500) == 10
+    assert staleness_threshold(10, d=0.0, round_k=2) == 0
+    assert staleness_threshold(6, d=0.96, round_k=3) == pytest.approx(6 * 0.96**3)
+    with pytest.raises(ValueError):
+        staleness_threshold(10, d=1.2, round_k=2)
+
+
+def test_delta_max_is_the_maximum_not_the_mean() -> None:
+    # the original code took the mean (4) of [1, 2, 9]; paper §V-C says the maximum staleness
+    stalenesses = [1, 2, 9]
+    assert calibrate_delta_max(stalenesses) == 9
+    assert calibrate_delta_max(stalenesses) != sum(stalenesses) / len(stalenesses)
+    assert calibrate_delta_max([]) == 0
+
+
+def test_scale_eq4() -> None:
+    # 1/δ^(1/v): 8^(1/3) = 2 → 0.5;  27^(1/3) = 3 → 1/3;  δ = 0 and δ = 1 → 1
+    assert staleness_scale(8, v=3) == pytest.approx(0.5)
+    assert staleness_scale(27, v=3) == pytest.approx(1 / 3)
+    assert staleness_scale(4, v=2) == pytest.approx(0.5)
+    assert staleness_scale(0, v=3) == 1.0
+    assert staleness_scale(1, v=3) == 1.0
+    with pytest.raises(ValueError):
+        staleness_scale(2, v=0)
+
+
+def test_scale_actually_multiplies_the_applied_update() -> None:
+    # The original code's learning-rate scaling never took effect. Here a gradient with δ = 8 (v = 3) moves
+    # the parameters by α0·g/2 under SGD, half of what the same gradient moves them with δ = 0.
+    grad = {"w": torch.tensor([1.0, -2.0])}
+    moves = []
+    for delta in (0, 8):
+        weight = torch.nn.Parameter(torch.tensor([3.0, 3.0]))
+        optimizer = torch.optim.SGD([weight], lr=0.1)
+        weight.grad = aggregate([grad], [staleness_scale(delta, v=3)])["w"]
+        optimizer.step()
+        moves.append(weight.detach() - 3.0)
+    torch.testing.assert_close(moves[0], torch.tensor([-0.1, 0.2]))
+    torch.testing.assert_close(moves[1], torch.tensor([-0.05, 0.1]))
+
+
+def test_aggregate_is_one_mean_of_scaled_gradients() -> None:
+    # (1·[2, 4] + 0.5·[4, 0] + 0.25·[8, 8]) / 3 = ([2, 4] + [2, 0] + [2, 2]) / 3 = [2, 2]
+    gradients = [{"w": torch.tensor([2.0, 4.0])}, {"w": torch.tensor([4.0, 0.0])}, {"w": torch.tensor([8.0, 8.0])}]
+    torch.testing.assert_close(aggregate(gradients, [1.0, 0.5, 0.25])["w"], torch.tensor([2.0, 2.0]))
+    # one SGD step with the aggregate differs from applying the three gradients one by one (their sum)
+    weight = torch.nn.Parameter(torch.zeros(2))
+    optimizer = torch.optim.SGD([weight], lr=1.0)
+    weight.grad = aggregate(gradients, [1.0, 0.5, 0.25])["w"]
+    optimizer.step()
+    torch.testing.assert_close(weight.detach(), torch.tensor([-2.0, -2.0]))
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("count", [1, 3, 8])
+def test_aggregate_matches_slow_reference(seed: int, count: int) -> None:
+    generator = torch.Generator().manual_seed(seed)
+    shapes = {"actor.0.weight": (4, 3), "actor.0.bias": (4,), "log_std": (2,)}
+    gradients = [
+        {name: torch.randn(shape, generator=generator) for name, shape in shapes.items()} for _ in range(count)
+    ]
+    scales = torch.rand(count, generator=generator).tolist()
+    result = aggregate(gradients, scales)
+    for name, shape in shapes.items():
+        flat = [0.0] * torch.Size(shape).numel()
+        for gradient, scale in zip(gradients, scales, strict=True):
+            for i, value in enumerate(gradient[name].flatten().tolist()):
+                flat[i] += scale * value / count
+        torch.testing.assert_close(result[name].flatten().tolist(), flat)
+
+
+def test_aggregate_rejects_mismatches() -> None:
+    with pytest.raises(ValueError, match="nothing"):
+        aggregate([], [])
+    with pytest.raises(ValueError, match="scales"):
+        aggregate([{"w": torch.zeros(1)}], [1.0, 1.0])
+    with pytest.raises(ValueError, match="different parameters"):
+        aggregate([{"w": torch.zeros(1)}, {"b": torch.zeros(1)}], [1.0, 1.0])
+
+
+# --- the Stellaris rule ------------------------------------------------------------------------------------
+
+
+def test_round_one_has_no_threshold_and_records_delta_max() -> None:
+    state = AggregationState()
+    record = decide_stellaris(state, _snapshot(10, [4], [9, 10]), d=0.96)
+    assert record.decision is Decision.AGGREGATE and record.threshold is None
+    assert (record.stalenesses, record.max_staleness, record.count) == ((6,), 6, 1)
+    state = observe(state, record)
+    assert state.delta_max == 6
+    state = observe(state, decide_stellaris(state, _snapshot(11, [9, 10]), d=0.96))  # stalenesses 2, 1
+    assert state.delta_max == 6
+    state = next_round(state)
+    assert state.round_k == 2 and not state.calibrating
+    # after round 1 δ_max is fixed
+    assert observe(state, decide_stellaris(state, _snapshot(30, [0]), d=1.0)).delta_max == 6
+
+
+def test_threshold_admits_deferrs_and_flushes() -> None:
+    # δ_max = 4, d = 0.5, k = 2: β = 4·0.25 = 1.0
+    admitted = decide_stellaris(CALIBRATED, _snapshot(10, [10, 8], [10]), d=0.5)  # mean (0 + 2)/2 = 1 ≤ 1
+    assert admitted.decision is Decision.AGGREGATE and admitted.count == 2
+    assert (admitted.mean_staleness, admitted.max_staleness, admitted.threshold) == (1.0, 2, 1.0)
+    deferred = decide_stellaris(CALIBRATED, _snapshot(10, [8, 8], [10]), d=0.5)  # mean 2 > 1
+    assert deferred.decision is Decision.DEFER and deferred.count == 0 and not deferred.applies
+    flushed = decide_stellaris(CALIBRATED, _snapshot(10, [8, 8]), d=0.5)  # nothing in flight: liveness
+    assert flushed.decision is Decision.FLUSH and flushed.count == 2 and flushed.applies
+
+
+def test_d_one_is_pure_asynchrony() -> None:
+    # β_k = δ_max at every round: gradients as stale as under round 1's pure asynchrony aggregate on arrival
+    for round_k in (2, 10, 100, 1000):
+        state = AggregationState(round_k=round_k, delta_max=4)
+        for queued in ([6], [10], [6, 8]):  # stalenesses 4, 0, (4 + 2)/2
+            record = decide_stellaris(state, _snapshot(10, queued, [7, 9]), d=1.0)
+            assert record.decision is Decision.AGGREGATE
+    # whereas d = 0.96 at round 100 (β ≈ 0.067) holds the same stale gradient back
+    state = AggregationState(round_k=100, delta_max=4)
+    assert decide_stellaris(state, _snapshot(10, [6], [7, 9]), d=0.96).decision is Decision.DEFER
+
+
+@pytest.mark.parametrize("round_k", [1, 2, 7])
+def test_d_zero_is_full_synchrony(round_k: int) -> None:
+    state = AggregationState(round_k=round_k, delta_max=None if round_k == 1 else 3)
+    # even a fresh (δ = 0) gradient waits while any learner task of the round is in flight
+    assert decide_stellaris(state, _snapshot(5, [5, 5], [5]), d=0.0).decision is Decision.DEFER
+    record = decide_stellaris(state, _snapshot(5, [5, 5, 5]), d=0.0)
+    assert record.decision is Decision.AGGREGATE and record.count == 3
+
+
+def test_empty_queue_defers() -> None:
+    for record in (
+        decide_stellaris(CALIBRATED, _snapshot(3, []), d=0.96),
+        decide_sync(CALIBRATED, _snapshot(3, [])),
+        decide_async(CALIBRATED, _snapshot(3, [])),
+        decide_softsync(CALIBRATED, _snapshot(3, []), k=2),
+        decide_ssp(CALIBRATED, _snapshot(3, []), bound=1),
+    ):
+        assert record.decision is Decision.DEFER and record.count == 0 and record.mean_staleness == 0.0
+
+
+# --- baselines ---------------------------------------------------------------------------------------------
+
+
+def test_sync_waits_for_the_whole_step() -> None:
+    assert decide_sync(CALIBRATED, _snapshot(4, [4, 4], [4]), expected=3).decision is Decision.DEFER
+    assert decide_sync(CALIBRATED, _snapshot(4, [4, 4, 4]), expected=3).decision is Decision.AGGREGATE
+    # a learner was lost: nothing in flight, two of three arrived → flushed
+    assert decide_sync(CALIBRATED, _snapshot(4, [4, 4]), expected=3).decision is Decision.FLUSH
+    # without an expected count: all tasks known to the snapshot
+    assert decide_sync(CALIBRATED, _snapshot(4, [4], [4])).decision is Decision.DEFER
+    assert decide_sync(CALIBRATED, _snapshot(4, [4, 4])).decision is Decision.AGGREGATE
+
+
+def test_async_applies_on_arrival() -> None:
+    record = decide_async(CALIBRATED, _snapshot(9, [1, 5], [8, 9]))
+    assert record.decision is Decision.AGGREGATE and record.count == 2 and record.stalenesses == (8, 4)
+
+
+def test_softsync_every_k() -> None:
+    assert decide_softsync(CALIBRATED, _snapshot(5, [5, 4], [5]), k=3).decision is Decision.DEFER
+    record = decide_softsync(CALIBRATED, _snapshot(5, [3, 4, 5, 5], [5]), k=3)
+    assert record.decision is Decision.AGGREGATE and record.count == 3  # the three oldest
+    flushed = decide_softsync(CALIBRATED, _snapshot(5, [4, 5]), k=3)
+    assert flushed.decision is Decision.FLUSH and flushed.count == 2
+
+
+def test_ssp_bound() -> None:
+    # v = 10, s = 2: after the update v = 11; a learner on base 9 would be 2 behind (ok), on base 8, 3 (not ok)
+    assert decide_ssp(CALIBRATED, _snapshot(10, [10], [9, 10]), bound=2).decision is Decision.AGGREGATE
+    record = decide_ssp(CALIBRATED, _snapshot(10, [10], [8, 10]), bound=2)
+    assert record.decision is Decision.DEFER and record.threshold == 2.0
+    assert decide_ssp(CALIBRATED, _snapshot(10, [7]), bound=2).decision is Decision.AGGREGATE
+    # s = 0 makes every update wait for all in-flight learners
+    assert decide_ssp(CALIBRATED, _snapshot(10, [10], [10]), bound=0).decision is Decision.DEFER
+
+
+def test_decide_dispatches_and_scales() -> None:
+    snapshot = _snapshot(10, [8, 10], [10])
+    assert decide(AggregationRule(d=0.5), CALIBRATED, snapshot) == decide_stellaris(CALIBRATED, snapshot, d=0.5)
+    assert decide(AggregationRule(rule=Rule.SYNC), CALIBRATED, snapshot, sync_expected=2).decision is Decision.AGGREGATE
+    assert decide(AggregationRule(rule=Rule.ASYNC), CALIBRATED, snapshot).rule is Rule.ASYNC
+    assert decide(AggregationRule(rule=Rule.SOFTSYNC, softsync_k=3), CALIBRATED, snapshot).decision is Decision.DEFER
+    assert decide(AggregationRule(rule=Rule.SSP, ssp_bound=0), CALIBRATED, snapshot).decision is Decision.DEFER
+    # Eq. 4 scales only under the Stellaris rule
+    assert gradient_scales(AggregationRule(v=3.0), [0, 8]) == pytest.approx([1.0, 0.5])
+    assert gradient_scales(AggregationRule(rule=Rule.ASYNC), [0, 8]) == [1.0, 1.0]
+
+
+@pytest.mark.parametrize("seed", range(5))
+@pytest.mark.parametrize(
+    "rule",
+    [
+        AggregationRule(),
+        AggregationRule(d=0.0),
+        AggregationRule(d=1.0),
+        AggregationRule(d=0.5),
+        AggregationRule(rule=Rule.SYNC),
+        AggregationRule(rule=Rule.ASYNC),
+        AggregationRule(rule=Rule.SOFTSYNC, softsync_k=3),
+        AggregationRule(rule=Rule.SSP, ssp_bound=1),
+    ],
+)
+def test_every_round_drains_its_queue(seed: int, rule: AggregationRule) -> None:
+    """Liveness: learner tasks finish in random order, up to 4 at a time; each round ends with an empty queue."""
+    rng = random.Random(seed)
+    state, version = AggregationState(), 0
+    for _ in range(6):
+        pending, in_flight, queue = 10, [], []
+        while pending or in_flight or queue:
+            while pending and len(in_flight) < 4:
+                in_flight.append(version)
+                pending -= 1
+            if in_flight:
+                queue.append(in_flight.pop(rng.randrange(len(in_flight))))
+            record = decide(rule, state, QueueSnapshot(version, tuple(queue), tuple(in_flight)))
+            if record.applies:
+                del queue[: record.count]
+                version += 1
+                state = observe(state, record)
+            elif not in_flight and not pending:
+                pytest.fail(f"{rule} deferred with nothing in flight: {record}")
+        state = next_round(state)
+    assert state.round_k == 7 and state.delta_max is not None
