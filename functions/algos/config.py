@@ -1,0 +1,167 @@
+"""Typed, validated hyperparameters for PPO and IMPACT and the two presets of SPEC.md §4.
+
+``paper`` is Tables II and III of the Stellaris paper; where the tables are silent it takes RLlib's
+defaults, which the paper ran on (PPO: 10 epochs as in the authors' scripts, advantage standardisation;
+IMPACT: 1 epoch, gradient-norm clip 40). ``fast`` is what CleanRL and Stable-Baselines3 use for PPO
+(MuJoCo: lr 3e-4, 2048 steps, minibatches of 64, 10 epochs, clip 0.2, λ 0.95, no KL penalty, 64×64 tanh,
+observation and reward normalisation; Atari: CleanRL's ``ppo_atari`` settings).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal, Self
+
+from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
+
+from functions.algos.staleness import AggregationRule, Rule
+
+EnvKind = Literal["mujoco", "atari"]
+PresetName = Literal["paper", "fast"]
+AlgoName = Literal["ppo", "impact"]
+
+UnitInterval = Annotated[float, Field(ge=0.0, le=1.0)]
+NonNegativeFloat = Annotated[float, Field(ge=0.0)]
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class NetworkConfig(_Frozen):
+    """Policy network (``policies.build_policy``): ``auto`` picks the Atari conv net for image observations."""
+
+    kind: Literal["auto", "mlp", "atari"] = "auto"
+    hidden: tuple[PositiveInt, ...] = (256, 256)
+    activation: Literal["tanh", "relu"] = "tanh"
+
+
+class StellarisConfig(_Frozen):
+    """The Stellaris mechanisms (SPEC.md §5): aggregation rule (d, v, K, s) and truncation (ρ)."""
+
+    rule: Rule = Rule.STELLARIS
+    d: UnitInterval = 0.96
+    v: PositiveFloat = 3.0
+    rho: PositiveFloat = 1.0
+    truncation: bool = True
+    softsync_k: PositiveInt = 4
+    ssp_bound: Annotated[int, Field(ge=0)] = 2
+
+    def aggregation_rule(self) -> AggregationRule:
+        return AggregationRule(rule=self.rule, d=self.d, v=self.v, softsync_k=self.softsync_k, ssp_bound=self.ssp_bound)
+
+
+class _AlgoConfig(_Frozen):
+    """Fields shared by PPO and IMPACT; defaults are the paper's MuJoCo settings."""
+
+    lr: PositiveFloat
+    gamma: Annotated[float, Field(gt=0.0, le=1.0)] = 0.99
+    train_batch_size: PositiveInt = 4096
+    num_minibatches: PositiveInt = 4
+    num_epochs: PositiveInt
+    clip: PositiveFloat
+    kl_coef: NonNegativeFloat
+    kl_target: PositiveFloat = 0.01
+    ent_coef: NonNegativeFloat
+    vf_coef: NonNegativeFloat = 1.0
+    max_grad_norm: PositiveFloat | None = None
+    network: NetworkConfig = NetworkConfig()
+    normalize_obs: bool = False
+    normalize_reward: bool = False
+    stellaris: StellarisConfig = StellarisConfig()
+
+    @model_validator(mode="after")
+    def _minibatches_divide_batch(self) -> Self:
+        if self.train_batch_size % self.num_minibatches:
+            raise ValueError(
+                f"train_batch_size {self.train_batch_size} is not divisible by num_minibatches {self.num_minibatches}"
+            )
+        return self
+
+    @property
+    def minibatch_size(self) -> int:
+        return self.train_batch_size // self.num_minibatches
+
+    @property
+    def gradients_per_round(self) -> int:
+        """Learner tasks per round: one per (epoch, minibatch) (SPEC.md §5)."""
+        return self.num_epochs * self.num_minibatches
+
+
+class PPOConfig(_AlgoConfig):
+    """PPO: GAE(γ, λ), clipped surrogate, adaptive KL penalty, entropy, value loss (Table III defaults)."""
+
+    algo: Literal["ppo"] = "ppo"
+    lr: PositiveFloat = 5e-5
+    lam: UnitInterval = 0.95
+    num_epochs: PositiveInt = 10
+    clip: PositiveFloat = 0.3
+    kl_coef: NonNegativeFloat = 0.2
+    ent_coef: NonNegativeFloat = 0.0
+    vf_clip: PositiveFloat | None = None
+    normalize_advantages: bool = True
+
+
+class IMPACTConfig(_AlgoConfig):
+    """IMPACT: V-trace (ρ̄, c̄), target network, clipped surrogate w.r.t. it, KL, entropy (Table III)."""
+
+    algo: Literal["impact"] = "impact"
+    lr: PositiveFloat = 5e-4
+    num_epochs: PositiveInt = 1
+    clip: PositiveFloat = 0.4
+    kl_coef: NonNegativeFloat = 1.0
+    ent_coef: NonNegativeFloat = 0.01
+    max_grad_norm: PositiveFloat | None = 40.0
+    rho_bar: PositiveFloat = 1.0
+    c_bar: PositiveFloat = 1.0
+    target_update_frequency: PositiveFloat = 1.0
+
+
+AlgoConfig = PPOConfig | IMPACTConfig
+
+_FAST_MUJOCO: dict[str, object] = {
+    "lr": 3e-4,
+    "train_batch_size": 2048,
+    "num_minibatches": 32,
+    "num_epochs": 10,
+    "clip": 0.2,
+    "kl_coef": 0.0,
+    "ent_coef": 0.0,
+    "vf_coef": 0.5,
+    "max_grad_norm": 0.5,
+    "network": NetworkConfig(kind="mlp", hidden=(64, 64), activation="tanh"),
+    "normalize_obs": True,
+    "normalize_reward": True,
+}
+_FAST_ATARI: dict[str, object] = {
+    "lr": 2.5e-4,
+    "train_batch_size": 1024,
+    "num_minibatches": 4,
+    "num_epochs": 4,
+    "clip": 0.1,
+    "kl_coef": 0.0,
+    "ent_coef": 0.01,
+    "vf_coef": 0.5,
+    "max_grad_norm": 0.5,
+    "network": NetworkConfig(kind="atari"),
+}
+_PAPER_ATARI: dict[str, object] = {"train_batch_size": 256, "network": NetworkConfig(kind="atari")}
+
+
+def preset(name: PresetName, algo: AlgoName, env_kind: EnvKind) -> AlgoConfig:
+    """The ``paper`` or ``fast`` hyperparameters of ``algo`` for MuJoCo-like or Atari environments."""
+    model: type[PPOConfig] | type[IMPACTConfig]
+    if algo == "ppo":
+        model = PPOConfig
+    elif algo == "impact":
+        model = IMPACTConfig
+    else:
+        raise ValueError(f"unknown algorithm {algo!r}")
+    if name == "paper":
+        overrides = _PAPER_ATARI if env_kind == "atari" else {}
+    elif name == "fast":
+        overrides = _FAST_ATARI if env_kind == "atari" else _FAST_MUJOCO
+    else:
+        raise ValueError(f"unknown preset {name!r}")
+    if env_kind not in ("mujoco", "atari"):
+        raise ValueError(f"unknown env kind {env_kind!r}")
+    return model.model_validate(overrides)

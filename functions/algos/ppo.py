@@ -1,0 +1,115 @@
+"""PPO loss (Schulman et al. 2017) with the Stellaris truncated ratio (SPEC.md §4, §5)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+
+@dataclass(frozen=True)
+class PPOLossTerms:
+    """Named PPO loss terms; ``total`` is the one to differentiate. Diagnostics carry no gradient."""
+
+    policy_loss: Tensor
+    value_loss: Tensor
+    kl_penalty: Tensor
+    entropy: Tensor
+    total: Tensor
+    clip_fraction: Tensor
+    approx_kl: Tensor
+
+
+def truncated_ratio(ratio: Tensor, is_weights: Tensor | None) -> Tensor:
+    """r̃ = r · stopgrad(R'/r) (SPEC.md §5): valued R', with the gradient of r scaled by R'/r.
+
+    r = π_θ(a|s)/μ(a|s) is the learner policy π_θ over the behaviour policy μ; R' is the weight of paper
+    Eq. 2. Without ``is_weights`` this is r itself (vanilla PPO).
+    """
+    if is_weights is None:
+        return ratio
+    weights = is_weights.to(ratio.dtype)
+    # a ratio that underflowed to 0 has R' = 0 (R' ≤ own ratio); avoid 0/0
+    scale = torch.where(ratio > 0, weights / ratio, torch.zeros_like(ratio))
+    return ratio * scale.detach()
+
+
+def clipped_surrogate(ratio: Tensor, advantages: Tensor, *, clip: float, is_weights: Tensor | None = None) -> Tensor:
+    """Per-sample PPO objective min(r̃·A, clip(r, 1 − ε, 1 + ε)·A) (PPO Eq. 7, paper §V-A).
+
+    r = π_θ/μ with π_θ the learner policy and μ the behaviour policy; r̃ = ``truncated_ratio(r, R')``.
+    """
+    unclipped = truncated_ratio(ratio, is_weights) * advantages
+    clipped = torch.clamp(ratio, 1.0 - clip, 1.0 + clip) * advantages
+    return torch.minimum(unclipped, clipped)
+
+
+def value_loss(
+    values: Tensor, returns: Tensor, *, old_values: Tensor | None = None, vf_clip: float | None = None
+) -> Tensor:
+    """½·mean((V − R)²); with ``old_values`` and ``vf_clip`` the PPO2 clipped form ½·mean(max(·, ·))."""
+    squared = (values - returns) ** 2
+    if old_values is not None and vf_clip is not None:
+        clipped_values = old_values + torch.clamp(values - old_values, -vf_clip, vf_clip)
+        squared = torch.maximum(squared, (clipped_values - returns) ** 2)
+    return 0.5 * squared.mean()
+
+
+def ppo_loss(
+    new_log_probs: Tensor,
+    behaviour_log_probs: Tensor,
+    advantages: Tensor,
+    values: Tensor,
+    returns: Tensor,
+    entropy: Tensor,
+    kl: Tensor | None,
+    *,
+    clip: float,
+    kl_coef: float,
+    vf_coef: float,
+    ent_coef: float,
+    is_weights: Tensor | None = None,
+    old_values: Tensor | None = None,
+    vf_clip: float | None = None,
+) -> PPOLossTerms:
+    """PPO loss: −surrogate + c_v·value loss + β_KL·KL − c_e·entropy, summed here and nowhere else.
+
+    π_θ is the learner policy being trained (``new_log_probs`` = log π_θ(a|s), with gradient) and μ the
+    behaviour policy that collected the batch (``behaviour_log_probs``). ``kl`` is the per-sample
+    KL(μ ‖ π_θ) (RLlib's adaptive-KL term; may be None when ``kl_coef`` is 0), ``entropy`` the per-sample
+    entropy of π_θ, ``values`` the critic output for the batch and ``returns`` its targets. ``is_weights``
+    is R' (paper Eq. 2); with it the unclipped term uses r̃ (see ``clipped_surrogate``).
+    """
+    ratio = torch.exp(new_log_probs - behaviour_log_probs)
+    policy_loss = -clipped_surrogate(ratio, advantages, clip=clip, is_weights=is_weights).mean()
+    v_loss = value_loss(values, returns, old_values=old_values, vf_clip=vf_clip)
+    if kl is None:
+        if kl_coef != 0.0:
+            raise ValueError("kl is required when kl_coef is non-zero")
+        kl_penalty = torch.zeros((), dtype=policy_loss.dtype, device=policy_loss.device)
+    else:
+        kl_penalty = kl_coef * kl.mean()
+    mean_entropy = entropy.mean()
+    total = policy_loss + vf_coef * v_loss + kl_penalty - ent_coef * mean_entropy
+    with torch.no_grad():
+        clip_fraction = ((ratio - 1.0).abs() > clip).float().mean()
+        approx_kl = ((ratio - 1.0) - torch.log(ratio)).mean()
+    return PPOLossTerms(
+        policy_loss=policy_loss,
+        value_loss=v_loss,
+        kl_penalty=kl_penalty,
+        entropy=mean_entropy,
+        total=total,
+        clip_fraction=clip_fraction,
+        approx_kl=approx_kl,
+    )
+
+
+def adaptive_kl_coef(kl_coef: float, observed_kl: float, *, target: float) -> float:
+    """RLlib's adaptive KL rule: ×1.5 when KL > 2·target, ×0.5 when KL < ½·target, else unchanged."""
+    if observed_kl > 2.0 * target:
+        return kl_coef * 1.5
+    if observed_kl < 0.5 * target:
+        return kl_coef * 0.5
+    return kl_coef

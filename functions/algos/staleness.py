@@ -1,0 +1,294 @@
+"""Staleness-aware gradient aggregation (Stellaris paper Eq. 3–4, SPEC.md §5) and the baseline rules.
+
+The equations are pure functions (``staleness``, ``staleness_threshold``, ``calibrate_delta_max``,
+``staleness_scale``, ``aggregate``). The rules are pure decisions over an immutable ``AggregationState``
+(round counter and δ_max) and a ``QueueSnapshot`` (current version, the base versions of the queued
+gradients and of the learner tasks of the round still in flight): the parameter function evaluates
+``decide`` on every enqueue and on every learner completion, applies what the record says, then folds the
+record back with ``observe`` and moves rounds on with ``next_round``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from enum import StrEnum
+
+import torch
+from torch import Tensor
+
+
+def staleness(current_version: int, base_versions: Iterable[int]) -> list[int]:
+    """δ = current version − base version, per gradient (paper §V-C)."""
+    deltas = [current_version - base for base in base_versions]
+    if any(delta < 0 for delta in deltas):
+        raise ValueError(f"a base version is newer than the current version {current_version}")
+    return deltas
+
+
+def staleness_threshold(delta_max: float, *, d: float, round_k: int) -> float:
+    """β_k = δ_max · d^k (paper Eq. 3), for rounds k ≥ 2; d ∈ [0, 1]."""
+    if not 0.0 <= d <= 1.0:
+        raise ValueError(f"d must lie in [0, 1], got {d}")
+    if round_k < 1:
+        raise ValueError(f"rounds count from 1, got {round_k}")
+    return delta_max * d**round_k
+
+
+def calibrate_delta_max(stalenesses: Iterable[int]) -> int:
+    """δ_max = the maximum staleness seen in the unthresholded round 1 (paper §V-C); not the mean."""
+    return max(stalenesses, default=0)
+
+
+def staleness_scale(delta: int, *, v: float) -> float:
+    """Per-gradient factor 1/δ^(1/v) when δ > 0, else 1 (paper Eq. 4: α_c = α_0/ᵛ√δ_c)."""
+    if v <= 0:
+        raise ValueError(f"v must be positive, got {v}")
+    return 1.0 / delta ** (1.0 / v) if delta > 0 else 1.0
+
+
+def aggregate(gradients: Sequence[Mapping[str, Tensor]], scales: Sequence[float]) -> dict[str, Tensor]:
+    """g = (1/H)·Σ_i scale_i·g_i: one aggregate of H gradients, applied as one optimizer step with α_0.
+
+    Each gradient is a mapping parameter name → tensor; all must name the same parameters.
+    """
+    if not gradients:
+        raise ValueError("nothing to aggregate")
+    if len(gradients) != len(scales):
+        raise ValueError(f"{len(gradients)} gradients but {len(scales)} scales")
+    names = set(gradients[0])
+    if any(set(gradient) != names for gradient in gradients):
+        raise ValueError("gradients name different parameters")
+    return {
+        name: torch.stack([scale * gradient[name] for gradient, scale in zip(gradients, scales, strict=True)]).mean(0)
+        for name in gradients[0]
+    }
+
+
+class Rule(StrEnum):
+    """Aggregation rules of the parameter function (SPEC.md §5)."""
+
+    STELLARIS = "stellaris"
+    SYNC = "sync"
+    ASYNC = "async"
+    SOFTSYNC = "softsync"
+    SSP = "ssp"
+
+
+class Decision(StrEnum):
+    """AGGREGATE: the rule admits an update. FLUSH: liveness forced one. DEFER: wait for more gradients."""
+
+    AGGREGATE = "aggregate"
+    DEFER = "defer"
+    FLUSH = "flush"
+
+
+@dataclass(frozen=True)
+class QueueSnapshot:
+    """What the parameter function sees when deciding.
+
+    ``queued_base_versions``: base versions of the queued gradients, oldest first.
+    ``in_flight_base_versions``: base versions of the learner tasks of the round still computing.
+    """
+
+    current_version: int
+    queued_base_versions: tuple[int, ...]
+    in_flight_base_versions: tuple[int, ...] = ()
+
+    @property
+    def queued_stalenesses(self) -> list[int]:
+        return staleness(self.current_version, self.queued_base_versions)
+
+    @property
+    def in_flight(self) -> int:
+        return len(self.in_flight_base_versions)
+
+
+@dataclass(frozen=True)
+class AggregationState:
+    """Round counter k (from 1) and δ_max, unset until the first round's gradients are seen."""
+
+    round_k: int = 1
+    delta_max: int | None = None
+
+    @property
+    def calibrating(self) -> bool:
+        """True while δ_max is being measured: round 1, or until some gradient has been applied."""
+        return self.round_k == 1 or self.delta_max is None
+
+
+@dataclass(frozen=True)
+class DecisionRecord:
+    """One decision and the staleness values that led to it.
+
+    ``count``: how many queued gradients, oldest first, to aggregate now (0 on DEFER).
+    ``threshold``: β_k for the Stellaris rule after calibration, the SSP bound for SSP, else None.
+    """
+
+    rule: Rule
+    decision: Decision
+    count: int
+    round_k: int
+    stalenesses: tuple[int, ...]
+    mean_staleness: float
+    max_staleness: int
+    threshold: float | None = None
+
+    @property
+    def applies(self) -> bool:
+        return self.decision is not Decision.DEFER and self.count > 0
+
+
+def _record(
+    rule: Rule,
+    decision: Decision,
+    state: AggregationState,
+    snapshot: QueueSnapshot,
+    *,
+    count: int | None = None,
+    threshold: float | None = None,
+) -> DecisionRecord:
+    deltas = snapshot.queued_stalenesses
+    if not deltas:
+        decision = Decision.DEFER
+    if decision is Decision.DEFER:
+        count = 0
+    elif count is None:
+        count = len(deltas)
+    return DecisionRecord(
+        rule=rule,
+        decision=decision,
+        count=count,
+        round_k=state.round_k,
+        stalenesses=tuple(deltas),
+        mean_staleness=sum(deltas) / len(deltas) if deltas else 0.0,
+        max_staleness=max(deltas, default=0),
+        threshold=threshold,
+    )
+
+
+def decide_stellaris(state: AggregationState, snapshot: QueueSnapshot, *, d: float) -> DecisionRecord:
+    """Stellaris rule (paper §V-C, Eq. 3).
+
+    While calibrating (round 1) there is no threshold: every gradient is aggregated on arrival, and
+    ``observe`` records δ_max. At round k ≥ 2 the whole queue is aggregated iff its mean staleness
+    ≤ β_k = δ_max·d^k; otherwise it is deferred, unless no learner task of the round is still in flight,
+    in which case it is flushed (liveness). d = 1 keeps β at the staleness of pure asynchrony; d = 0 is
+    full synchrony in every round: the queue is aggregated once all learner tasks of the round have
+    finished ("d=0 removes the threshold and forces the parameter function to synchronize all learners").
+    """
+    if not 0.0 <= d <= 1.0:
+        raise ValueError(f"d must lie in [0, 1], got {d}")
+    if d == 0.0:
+        decision = Decision.AGGREGATE if snapshot.in_flight == 0 else Decision.DEFER
+        return _record(Rule.STELLARIS, decision, state, snapshot, threshold=0.0)
+    if state.calibrating:
+        return _record(Rule.STELLARIS, Decision.AGGREGATE, state, snapshot)
+    assert state.delta_max is not None
+    beta = staleness_threshold(state.delta_max, d=d, round_k=state.round_k)
+    deltas = snapshot.queued_stalenesses
+    if deltas and sum(deltas) / len(deltas) <= beta:
+        decision = Decision.AGGREGATE
+    elif snapshot.in_flight == 0:
+        decision = Decision.FLUSH
+    else:
+        decision = Decision.DEFER
+    return _record(Rule.STELLARIS, decision, state, snapshot, threshold=beta)
+
+
+def decide_sync(state: AggregationState, snapshot: QueueSnapshot, *, expected: int | None = None) -> DecisionRecord:
+    """Synchronous rule: average all learner gradients of a step once all have arrived.
+
+    ``expected`` is the number of learner tasks of the step; None means every task the snapshot knows of
+    (queued + in flight). Fewer than expected with nothing in flight (a lost learner) is flushed.
+    """
+    queued = len(snapshot.queued_base_versions)
+    if expected is None:
+        expected = queued + snapshot.in_flight
+    if queued >= expected:
+        decision = Decision.AGGREGATE
+    elif snapshot.in_flight == 0:
+        decision = Decision.FLUSH
+    else:
+        decision = Decision.DEFER
+    return _record(Rule.SYNC, decision, state, snapshot)
+
+
+def decide_async(state: AggregationState, snapshot: QueueSnapshot) -> DecisionRecord:
+    """Pure asynchrony: every queued gradient is applied on arrival."""
+    return _record(Rule.ASYNC, Decision.AGGREGATE, state, snapshot)
+
+
+def decide_softsync(state: AggregationState, snapshot: QueueSnapshot, *, k: int) -> DecisionRecord:
+    """Softsync (Zhang et al. 2016): aggregate the K oldest gradients once K are queued; flush when idle."""
+    if k < 1:
+        raise ValueError(f"k must be at least 1, got {k}")
+    if len(snapshot.queued_base_versions) >= k:
+        return _record(Rule.SOFTSYNC, Decision.AGGREGATE, state, snapshot, count=k)
+    decision = Decision.FLUSH if snapshot.in_flight == 0 else Decision.DEFER
+    return _record(Rule.SOFTSYNC, decision, state, snapshot)
+
+
+def decide_ssp(state: AggregationState, snapshot: QueueSnapshot, *, bound: int) -> DecisionRecord:
+    """Stale-synchronous parallel (Ho et al. 2013) with staleness bound s.
+
+    Applying the queue advances the version to v + 1, so an in-flight learner holding base version b will
+    deliver a gradient at least (v + 1) − b stale. The queue is aggregated on arrival iff that stays ≤ s
+    for every in-flight learner, i.e. (v + 1) − min_j b_j ≤ s; otherwise the update waits for the slowest
+    learners to deliver. With nothing in flight nothing can fall behind, so the queue is aggregated.
+    """
+    if bound < 0:
+        raise ValueError(f"bound must be non-negative, got {bound}")
+    in_flight = snapshot.in_flight_base_versions
+    lag_after = snapshot.current_version + 1 - min(in_flight) if in_flight else 0
+    decision = Decision.AGGREGATE if lag_after <= bound else Decision.DEFER
+    return _record(Rule.SSP, decision, state, snapshot, threshold=float(bound))
+
+
+@dataclass(frozen=True)
+class AggregationRule:
+    """A rule and its parameters: d, v (Stellaris), K (softsync), s (SSP)."""
+
+    rule: Rule = Rule.STELLARIS
+    d: float = 0.96
+    v: float = 3.0
+    softsync_k: int = 4
+    ssp_bound: int = 2
+
+
+def decide(
+    rule: AggregationRule, state: AggregationState, snapshot: QueueSnapshot, *, sync_expected: int | None = None
+) -> DecisionRecord:
+    """Dispatch to the rule's decision function."""
+    match rule.rule:
+        case Rule.STELLARIS:
+            return decide_stellaris(state, snapshot, d=rule.d)
+        case Rule.SYNC:
+            return decide_sync(state, snapshot, expected=sync_expected)
+        case Rule.ASYNC:
+            return decide_async(state, snapshot)
+        case Rule.SOFTSYNC:
+            return decide_softsync(state, snapshot, k=rule.softsync_k)
+        case Rule.SSP:
+            return decide_ssp(state, snapshot, bound=rule.ssp_bound)
+    raise ValueError(f"unknown rule {rule.rule!r}")
+
+
+def gradient_scales(rule: AggregationRule, stalenesses: Iterable[int]) -> list[float]:
+    """Per-gradient scales: 1/δ^(1/v) under the Stellaris rule (paper Eq. 4); 1 for the baselines."""
+    if rule.rule is Rule.STELLARIS:
+        return [staleness_scale(delta, v=rule.v) for delta in stalenesses]
+    return [1.0 for _ in stalenesses]
+
+
+def observe(state: AggregationState, record: DecisionRecord) -> AggregationState:
+    """Fold an applied decision into the state: while calibrating, δ_max = max staleness applied so far."""
+    if not record.applies or not state.calibrating:
+        return state
+    seen = record.stalenesses[: record.count]
+    return replace(state, delta_max=calibrate_delta_max([state.delta_max or 0, *seen]))
+
+
+def next_round(state: AggregationState) -> AggregationState:
+    """Start round k + 1."""
+    return replace(state, round_k=state.round_k + 1)
