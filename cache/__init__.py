@@ -12,7 +12,7 @@ from cache.errors import (
     VersionNotFound,
 )
 from cache.job import JobCache, JobLimits
-from cache.records import GradientRecord, TrajectoryBatch
+from cache.records import GradientRecord, LearnerTask, TrajectoryBatch
 
 __all__ = [
     "BackpressureTimeout",
@@ -24,6 +24,7 @@ __all__ = [
     "GradientRecord",
     "JobCache",
     "JobLimits",
+    "LearnerTask",
     "LeaseUnavailable",
     "RecordError",
     "RedisServerDied",

@@ -11,7 +11,7 @@ from cache.codec import DEFAULT_MAX_BYTES
 from cache.keys import JobKeys
 from cache.learner_registry import LearnerRegistry
 from cache.policy_store import PolicyStore
-from cache.records import GradientRecord, TrajectoryBatch
+from cache.records import GradientRecord, LearnerTask, TrajectoryBatch
 from cache.streams import BoundedStream, Entry
 
 
@@ -32,7 +32,7 @@ class JobLimits(BaseModel):
 
 
 class TrajectoryQueue:
-    """Trajectory batches on a stream with the learners' consumer group."""
+    """Trajectory batches on a stream; the control plane's consumer group forms rounds from them."""
 
     def __init__(self, stream: BoundedStream, limits: JobLimits) -> None:
         self.stream = stream
@@ -82,6 +82,12 @@ class GradientQueue:
     def take(self, consumer: str, *, count: int = 64, block_s: float = 0.0) -> list[tuple[str, GradientRecord]]:
         return self._decode(self.stream.read(consumer, count=count, block_s=block_s))
 
+    def queued(self, consumer: str, *, count: int = 1024) -> list[tuple[str, GradientRecord]]:
+        """Everything waiting for `consumer`: gradients it deferred earlier, then new ones; oldest first."""
+        entries = self.stream.read_pending(consumer, count=count)
+        entries += self.stream.read(consumer, count=count)
+        return self._decode(entries)
+
     def reclaim(self, consumer: str, *, min_idle_s: float, count: int = 64) -> list[tuple[str, GradientRecord]]:
         return self._decode(self.stream.reclaim(consumer, min_idle_s=min_idle_s, count=count))
 
@@ -101,7 +107,7 @@ class JobCache:
         self.limits = limits or JobLimits()
         lim = self.limits
         self.trajectories = TrajectoryQueue(
-            BoundedStream(client, self.keys.traj, group="learners", maxlen=lim.trajectory_maxlen, ttl_s=lim.ttl_s),
+            BoundedStream(client, self.keys.traj, group="rounds", maxlen=lim.trajectory_maxlen, ttl_s=lim.ttl_s),
             lim,
         )
         self.gradients = GradientQueue(
@@ -117,6 +123,17 @@ class JobCache:
             retired_grace_s=lim.retired_grace_s,
         )
         self.learners = LearnerRegistry(client, self.keys, lease_s=lim.learner_lease_s, ttl_s=lim.ttl_s)
+
+    def enqueue_tasks(self, tasks: Sequence[LearnerTask], *, timeout_s: float | None = None) -> list[str]:
+        timeout = self.limits.backpressure_timeout_s if timeout_s is None else timeout_s
+        return [self.tasks.add(t.encode(), timeout_s=timeout) for t in tasks]
+
+    def set_spec(self, spec_json: str) -> None:
+        self.client.set(self.keys.spec, spec_json, px=int(self.limits.ttl_s * 1000))
+
+    def spec(self) -> str | None:
+        raw = self.client.get(self.keys.spec)
+        return None if raw is None else raw.decode()
 
     def delete(self) -> int:
         """Remove this job's keys only (never FLUSHALL): SCAN the job's namespace and UNLINK in batches."""

@@ -84,6 +84,11 @@ class JobKeys:
     def learner_deadlines(self) -> str:
         return self._k("learners:deadline")
 
+    @property
+    def spec(self) -> str:
+        """The job's specification (JSON), written once by whoever creates the job."""
+        return self._k("spec")
+
     # Parameter-function state (round counter, delta_max, decision log) lives beside the policy.
     @property
     def aggregator(self) -> str:

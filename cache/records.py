@@ -133,3 +133,44 @@ class GradientRecord:
             tensors=frame.tensors(),
             stats=stats if isinstance(stats, dict) else {},
         )
+
+
+@dataclass(frozen=True)
+class LearnerTask:
+    """One (epoch, minibatch) of a round over the round's trajectory batches (SPEC.md §5); one gradient each."""
+
+    round: int
+    batch_ids: tuple[str, ...]
+    epoch: int
+    minibatch: int
+    num_minibatches: int
+
+    def encode(self) -> bytes:
+        return encode({}, {"kind": "task", **self.meta()})
+
+    def meta(self) -> dict[str, Any]:
+        return {
+            "round": self.round,
+            "batch_ids": list(self.batch_ids),
+            "epoch": self.epoch,
+            "minibatch": self.minibatch,
+            "num_minibatches": self.num_minibatches,
+        }
+
+    @classmethod
+    def decode(cls, payload: bytes) -> LearnerTask:
+        meta = _decode(payload, "learner task", 1024 * 1024).meta
+        what = "learner task"
+        ids = meta.get("batch_ids")
+        if meta.get("kind") != "task" or not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
+            raise RecordError(f"{what}: not a task record: {meta!r}")
+        task = cls(
+            round=_int(meta, "round", what),
+            batch_ids=tuple(ids),
+            epoch=_int(meta, "epoch", what),
+            minibatch=_int(meta, "minibatch", what),
+            num_minibatches=_int(meta, "num_minibatches", what),
+        )
+        if not 0 <= task.minibatch < task.num_minibatches:
+            raise RecordError(f"{what}: minibatch {task.minibatch} outside 0..{task.num_minibatches - 1}")
+        return task

@@ -215,8 +215,8 @@ def decide_sync(state: AggregationState, snapshot: QueueSnapshot, *, expected: i
 
 
 def decide_async(state: AggregationState, snapshot: QueueSnapshot) -> DecisionRecord:
-    """Pure asynchrony: every queued gradient is applied on arrival."""
-    return _record(Rule.ASYNC, Decision.AGGREGATE, state, snapshot)
+    """Pure asynchrony: each gradient is applied on its own, oldest first (one optimizer step per gradient)."""
+    return _record(Rule.ASYNC, Decision.AGGREGATE, state, snapshot, count=1)
 
 
 def decide_softsync(state: AggregationState, snapshot: QueueSnapshot, *, k: int) -> DecisionRecord:

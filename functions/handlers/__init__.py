@@ -1,0 +1,1 @@
+"""The three serverless functions: `handle(event, ctx) -> dict`. Plumbing only: event -> cache -> compute -> cache."""

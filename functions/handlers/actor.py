@@ -1,0 +1,66 @@
+"""Actor function: pull the newest policy if it changed, step the envs, push one trajectory batch tagged with μ."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+from cache import TrajectoryBatch
+from functions.context import Context
+from functions.envs import make_vector_env
+from functions.policies import ActorCritic
+from functions.rollout import EpisodeTracker, collect
+from functions.serialize import load_policy_bytes
+from functions.warm import new_policy, spec_of
+
+
+@dataclass
+class ActorState:
+    envs: gym.vector.VectorEnv
+    obs: np.ndarray
+    tracker: EpisodeTracker
+    policy: ActorCritic
+    version: int = -1
+
+
+def handle(event: dict[str, Any], ctx: Context) -> dict[str, Any]:
+    job = ctx.job(str(event["job"]))
+    actor_id = str(event.get("actor_id", "actor-0"))
+    spec = spec_of(ctx, job)
+    key = f"actor:{job.keys.job}:{actor_id}"
+    state: ActorState | None = ctx.memo.get(key)
+    if state is None:
+        seed = spec.seed + 7919 * int(event.get("actor_index", 0))
+        envs = make_vector_env(spec.env_id, spec.num_envs, seed=seed, env_kwargs=spec.env_kwargs)
+        obs, _ = envs.reset(seed=seed)
+        state = ActorState(envs, obs, EpisodeTracker.for_envs(spec.num_envs), new_policy(ctx, spec))
+        ctx.memo[key] = state
+
+    version = job.policies.version()
+    if version is None:
+        raise LookupError(f"job {job.keys.job!r} has no policy yet")
+    if version != state.version:
+        version, blob = job.policies.latest()
+        load_policy_bytes(state.policy, blob)
+        state.version = version
+
+    steps = int(event.get("steps", spec.actor_steps))
+    arrays, state.obs = collect(state.policy, state.envs, state.obs, state.tracker, steps)
+    returns, lengths = state.tracker.take()
+    batch = TrajectoryBatch(
+        actor_id=actor_id,
+        behaviour_version=state.version,
+        env_steps=steps * spec.num_envs,
+        arrays=arrays,
+        info={"episode_returns": returns, "episode_lengths": lengths},
+    )
+    batch_id = job.trajectories.put(batch)
+    return {
+        "batch_id": batch_id,
+        "version": state.version,
+        "env_steps": batch.env_steps,
+        "episode_returns": returns,
+    }

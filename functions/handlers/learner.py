@@ -1,0 +1,64 @@
+"""Learner function: take one task, register the policy version held, compute one gradient with truncation,
+push it and ACK the task in one atomic step, deregister."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cache import GradientRecord, LearnerTask, VersionNotFound
+from functions.algos.config import IMPACTConfig
+from functions.context import Context
+from functions.learn import impact_gradient, ppo_gradient
+from functions.warm import policy_at, spec_of
+
+
+def handle(event: dict[str, Any], ctx: Context) -> dict[str, Any]:
+    job = ctx.job(str(event["job"]))
+    learner_id = str(event.get("learner_id") or f"learner-{ctx.call_id}")
+    spec = spec_of(ctx, job)
+    block_s = float(event.get("block_s", 0.0))
+
+    entries = job.tasks.read(learner_id, count=1, block_s=block_s)
+    if not entries and "reclaim_idle_s" in event:  # a dead learner's task, idle past its lease
+        entries = job.tasks.reclaim(learner_id, min_idle_s=float(event["reclaim_idle_s"]), count=1)
+    if not entries:
+        return {"status": "idle"}
+    entry = entries[0]
+    task = LearnerTask.decode(entry.payload)
+
+    version = event.get("version")
+    version = int(version) if version is not None else job.policies.version()
+    assert version is not None
+    job.learners.register(learner_id, version)
+    try:
+        policy = policy_at(ctx, job, spec, version)
+        others = []
+        for v in job.learners.held_versions():
+            if v != version:
+                try:
+                    others.append(policy_at(ctx, job, spec, v))
+                except VersionNotFound:
+                    continue  # retired past the newest K versions: nothing to truncate against
+        batches = []
+        for bid in task.batch_ids:
+            batch = job.trajectories.get(bid)
+            if batch is None:
+                raise LookupError(f"trajectory batch {bid} of round {task.round} is gone from the cache")
+            batches.append(batch.arrays)
+        agg = job.client.hgetall(job.keys.aggregator)
+        kl_coef = float(agg[b"kl_coef"]) if b"kl_coef" in agg else None
+        if isinstance(spec.algo, IMPACTConfig):
+            target_version = int(agg.get(b"target_version", version))
+            try:
+                target = policy_at(ctx, job, spec, target_version)
+            except VersionNotFound:
+                target = policy
+            grads, stats = impact_gradient(policy, target, batches, task, spec.algo, others=others, kl_coef=kl_coef)
+        else:
+            grads, stats = ppo_gradient(policy, batches, task, spec.algo, others=others, kl_coef=kl_coef)
+        stats |= {"round": task.round, "epoch": task.epoch, "minibatch": task.minibatch}
+        record = GradientRecord(learner_id, version, task.batch_ids, grads, stats)
+        grad_id = job.gradients.put(record, ack=(job.tasks, [entry.id]))
+    finally:
+        job.learners.deregister(learner_id)
+    return {"status": "done", "gradient_id": grad_id, "task_id": entry.id, "base_version": version, **stats}

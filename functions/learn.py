@@ -1,0 +1,206 @@
+"""One learner task's gradient: batch arrays and policies in, named gradient tensors and statistics out. No I/O."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from cache.records import LearnerTask as Task
+from functions.algos.config import IMPACTConfig, PPOConfig
+from functions.algos.gae import gae
+from functions.algos.impact import impact_loss
+from functions.algos.ppo import ppo_loss
+from functions.algos.truncation import truncated_is_weight, truncation_stats
+from functions.policies import ActorCritic
+
+
+def _t(a: np.ndarray) -> Tensor:
+    return torch.as_tensor(np.asarray(a))
+
+
+def _flat(x: Tensor) -> Tensor:
+    return x.reshape(-1, *x.shape[2:])
+
+
+def _minibatch_index(total: int, task: Task) -> Tensor:
+    """The task's slice of a permutation fixed by (round, epoch), so the minibatches of an epoch partition it."""
+    g = torch.Generator().manual_seed(1_000_003 * task.round + task.epoch)
+    perm = torch.randperm(total, generator=g)
+    size = total // task.num_minibatches
+    return perm[task.minibatch * size : (task.minibatch + 1) * size]
+
+
+def _is_weights(
+    own_logp: Tensor, others: Sequence[ActorCritic], obs: Tensor, actions: Tensor, behaviour_logp: Tensor, rho: float
+) -> tuple[Tensor, dict[str, float]]:
+    with torch.no_grad():
+        other = [p.evaluate(obs, actions)[0] for p in others]
+        other_logp = torch.stack(other) if other else own_logp.new_zeros((0, *own_logp.shape))
+        weights = truncated_is_weight(own_logp.detach(), other_logp, behaviour_logp, rho=rho)
+        stats = truncation_stats(own_logp.detach(), other_logp, behaviour_logp, rho=rho)
+    return weights, {
+        "truncated_fraction": stats.fraction_truncated,
+        "mean_is_weight": stats.mean_weight,
+        "other_policies": float(len(others)),
+    }
+
+
+def _gradients(policy: ActorCritic, loss: Tensor, max_grad_norm: float | None) -> dict[str, Tensor]:
+    policy.zero_grad(set_to_none=True)
+    loss.backward()
+    params = [p for p in policy.parameters() if p.grad is not None]
+    if max_grad_norm is not None:
+        torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+    return {
+        name: (p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p))
+        for name, p in policy.named_parameters()
+    }
+
+
+def ppo_gradient(
+    policy: ActorCritic,
+    batches: Sequence[Mapping[str, np.ndarray]],
+    task: Task,
+    cfg: PPOConfig,
+    *,
+    others: Sequence[ActorCritic] = (),
+    kl_coef: float | None = None,
+) -> tuple[dict[str, Tensor], dict[str, float]]:
+    """PPO gradient of one minibatch; advantages by GAE over each whole batch with the actors' values."""
+    obs, actions, mu_logp, adv, ret, old_values = [], [], [], [], [], []
+    for b in batches:
+        a, r = gae(
+            _t(b["rewards"]),
+            _t(b["values"]),
+            _t(b["last_values"]),
+            _t(b["terminations"]),
+            _t(b["truncations"]),
+            gamma=cfg.gamma,
+            lam=cfg.lam,
+            truncation_values=_t(b["truncation_values"]),
+        )
+        obs.append(_flat(_t(b["observations"])))
+        actions.append(_flat(_t(b["actions"])))
+        mu_logp.append(_flat(_t(b["behaviour_log_probs"])))
+        adv.append(_flat(a))
+        ret.append(_flat(r))
+        old_values.append(_flat(_t(b["values"])))
+    idx = _minibatch_index(sum(len(o) for o in obs), task)
+    o, act, mu = torch.cat(obs)[idx], torch.cat(actions)[idx], torch.cat(mu_logp)[idx]
+    advantages, returns = torch.cat(adv)[idx], torch.cat(ret)[idx]
+    if cfg.normalize_advantages and len(advantages) > 1:
+        advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+
+    new_logp, entropy, values = policy.evaluate(o, act)
+    stats: dict[str, float] = {}
+    weights = None
+    if cfg.stellaris.truncation:
+        weights, stats = _is_weights(new_logp, others, o, act, mu, cfg.stellaris.rho)
+    log_ratio = new_logp - mu
+    kl = (log_ratio.exp() - 1) - log_ratio  # k3 estimator of KL(μ‖π_θ), per sample
+    coef = cfg.kl_coef if kl_coef is None else kl_coef
+    terms = ppo_loss(
+        new_logp,
+        mu,
+        advantages,
+        values,
+        returns,
+        entropy,
+        kl,
+        clip=cfg.clip,
+        kl_coef=coef,
+        vf_coef=cfg.vf_coef,
+        ent_coef=cfg.ent_coef,
+        is_weights=weights,
+        old_values=torch.cat(old_values)[idx] if cfg.vf_clip is not None else None,
+        vf_clip=cfg.vf_clip,
+    )
+    grads = _gradients(policy, terms.total, cfg.max_grad_norm)
+    stats |= {
+        "loss": float(terms.total.detach()),
+        "policy_loss": float(terms.policy_loss.detach()),
+        "value_loss": float(terms.value_loss.detach()),
+        "entropy": float(terms.entropy.detach()),
+        "approx_kl": float(terms.approx_kl),
+        "clip_fraction": float(terms.clip_fraction),
+        "samples": float(len(idx)),
+    }
+    return grads, stats
+
+
+def impact_gradient(
+    policy: ActorCritic,
+    target: ActorCritic,
+    batches: Sequence[Mapping[str, np.ndarray]],
+    task: Task,
+    cfg: IMPACTConfig,
+    *,
+    others: Sequence[ActorCritic] = (),
+    kl_coef: float | None = None,
+) -> tuple[dict[str, Tensor], dict[str, float]]:
+    """IMPACT gradient of one minibatch: a contiguous time chunk of every env, so V-trace runs in time order."""
+    obs, actions, mu_logp, rewards, discounts, next_obs = [], [], [], [], [], []
+    for b in batches:
+        steps = len(b["rewards"])
+        size = steps // task.num_minibatches
+        lo, hi = task.minibatch * size, (task.minibatch + 1) * size
+        o = _t(b["observations"])
+        obs.append(o[lo:hi])
+        actions.append(_t(b["actions"])[lo:hi])
+        mu_logp.append(_t(b["behaviour_log_probs"])[lo:hi])
+        rewards.append(_t(b["rewards"])[lo:hi])
+        done = _t(b["terminations"])[lo:hi] | _t(b["truncations"])[lo:hi]
+        discounts.append(cfg.gamma * (~done).float())
+        next_obs.append(o[hi] if hi < steps else _t(b["last_observations"]))
+    # Concatenate envs of all batches along the env axis: [T, N_total, ...].
+    o, act, mu = torch.cat(obs, 1), torch.cat(actions, 1), torch.cat(mu_logp, 1)
+    rew, disc, boot_obs = torch.cat(rewards, 1), torch.cat(discounts, 1), torch.cat(next_obs, 0)
+    t_len, n = rew.shape
+    flat_o, flat_a = _flat(o), _flat(act)
+    new_logp, entropy, values = policy.evaluate(flat_o, flat_a)
+    with torch.no_grad():
+        target_dist = target.distribution(flat_o)
+        target_logp = target_dist.log_prob(flat_a)
+        bootstrap = policy.value(boot_obs)
+    kl = torch.distributions.kl_divergence(target_dist, policy.distribution(flat_o))
+    stats: dict[str, float] = {}
+    weights = None
+    if cfg.stellaris.truncation:
+        weights, stats = _is_weights(new_logp, others, flat_o, flat_a, _flat(mu), cfg.stellaris.rho)
+        weights = weights.reshape(t_len, n)
+
+    def tm(x: Tensor) -> Tensor:
+        return x.reshape(t_len, n)
+
+    terms = impact_loss(
+        tm(new_logp),
+        tm(target_logp),
+        mu,
+        rew,
+        tm(values),
+        bootstrap,
+        disc,
+        tm(entropy),
+        tm(kl),
+        clip=cfg.clip,
+        kl_coef=cfg.kl_coef if kl_coef is None else kl_coef,
+        vf_coef=cfg.vf_coef,
+        ent_coef=cfg.ent_coef,
+        rho_bar=cfg.rho_bar,
+        c_bar=cfg.c_bar,
+        is_weights=weights,
+    )
+    grads = _gradients(policy, terms.total, cfg.max_grad_norm)
+    stats |= {
+        "loss": float(terms.total.detach()),
+        "policy_loss": float(terms.policy_loss.detach()),
+        "value_loss": float(terms.value_loss.detach()),
+        "entropy": float(terms.entropy.detach()),
+        "approx_kl": float(terms.mean_kl),
+        "clip_fraction": float(terms.clip_fraction),
+        "samples": float(t_len * n),
+    }
+    return grads, stats

@@ -1,0 +1,51 @@
+"""Policies and optimizer state to and from the cache's wire format (never pickle, never torch.load)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from cache.codec import decode, encode
+
+
+def policy_to_bytes(policy: nn.Module, *, version: int) -> bytes:
+    return encode({k: v.detach() for k, v in policy.state_dict().items()}, {"kind": "policy", "version": version})
+
+
+def load_policy_bytes(policy: nn.Module, blob: bytes) -> int:
+    """Load weights into `policy` (copies out of the buffer); returns the version stored with them."""
+    frame = decode(blob)
+    policy.load_state_dict(frame.tensors(), strict=True)
+    return int(frame.meta.get("version", -1))
+
+
+def optimizer_to_bytes(optimizer: torch.optim.Optimizer) -> bytes:
+    arrays: dict[str, torch.Tensor] = {}
+    for index, state in optimizer.state_dict()["state"].items():
+        for name, value in state.items():
+            tensor = value if isinstance(value, torch.Tensor) else torch.tensor(value)
+            arrays[f"{index}.{name}"] = tensor
+    return encode(arrays, {"kind": "optimizer"})
+
+
+def load_optimizer_bytes(optimizer: torch.optim.Optimizer, blob: bytes) -> None:
+    """Restore per-parameter state; hyperparameters stay those the optimizer was built with."""
+    if not blob:
+        return
+    state: dict[int, dict[str, torch.Tensor]] = {}
+    for key, tensor in decode(blob).tensors().items():
+        index, name = key.split(".", 1)
+        state.setdefault(int(index), {})[name] = tensor.clone()
+    current = optimizer.state_dict()
+    optimizer.load_state_dict({"state": state, "param_groups": current["param_groups"]})
+
+
+def build_optimizer(name: str, params: list[nn.Parameter], *, lr: float) -> torch.optim.Optimizer:
+    match name:
+        case "adam":
+            return torch.optim.Adam(params, lr=lr)
+        case "sgd":
+            return torch.optim.SGD(params, lr=lr)
+        case "rmsprop":
+            return torch.optim.RMSprop(params, lr=lr)
+    raise ValueError(f"unknown optimizer {name!r}: choose adam, sgd or rmsprop")

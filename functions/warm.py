@@ -1,0 +1,60 @@
+"""Per-instance warm state shared by the handlers: job specs, envs and policies kept across invocations."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import gymnasium as gym
+
+from cache import JobCache
+from functions.context import Context
+from functions.envs import make_vector_env
+from functions.jobspec import JobSpec, load_spec
+from functions.policies import ActorCritic, build_policy
+from functions.serialize import load_policy_bytes
+
+MAX_CACHED_POLICIES = 8
+
+
+def spec_of(ctx: Context, job: JobCache) -> JobSpec:
+    key = f"spec:{job.keys.job}"
+    if key not in ctx.memo:
+        ctx.memo[key] = load_spec(job)
+    return ctx.memo[key]
+
+
+def spaces_of(ctx: Context, spec: JobSpec) -> tuple[gym.Space, gym.Space]:
+    key = f"spaces:{spec.env_id}"
+    if key not in ctx.memo:
+        env = make_vector_env(spec.env_id, 1, seed=spec.seed, env_kwargs=spec.env_kwargs)
+        ctx.memo[key] = (env.single_observation_space, env.single_action_space)
+        env.close()
+    return ctx.memo[key]
+
+
+def new_policy(ctx: Context, spec: JobSpec) -> ActorCritic:
+    obs_space, act_space = spaces_of(ctx, spec)
+    net = spec.algo.network
+    return build_policy(
+        obs_space,
+        act_space,
+        hidden=net.hidden,
+        kind=net.kind,
+        activation=net.activation,
+        normalize_obs=spec.algo.normalize_obs,
+    )
+
+
+def policy_at(ctx: Context, job: JobCache, spec: JobSpec, version: int) -> ActorCritic:
+    """The policy of `version`, from a small per-instance LRU before the store."""
+    key = f"policies:{job.keys.job}"
+    lru: OrderedDict[int, ActorCritic] = ctx.memo.setdefault(key, OrderedDict())
+    if version in lru:
+        lru.move_to_end(version)
+        return lru[version]
+    policy = new_policy(ctx, spec)
+    load_policy_bytes(policy, job.policies.get(version))
+    lru[version] = policy
+    while len(lru) > MAX_CACHED_POLICIES:
+        lru.popitem(last=False)
+    return policy
