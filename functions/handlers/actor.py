@@ -11,6 +11,7 @@ import numpy as np
 from cache import TrajectoryBatch
 from functions.context import Context
 from functions.envs import make_vector_env
+from functions.handlers import job_id_of
 from functions.policies import ActorCritic
 from functions.rollout import EpisodeTracker, collect
 from functions.serialize import load_policy_bytes
@@ -27,7 +28,7 @@ class ActorState:
 
 
 def handle(event: dict[str, Any], ctx: Context) -> dict[str, Any]:
-    job = ctx.job(str(event["job"]))
+    job = ctx.job(job_id_of(event))
     actor_id = str(event.get("actor_id", "actor-0"))
     spec = spec_of(ctx, job)
     key = f"actor:{job.keys.job}:{actor_id}"

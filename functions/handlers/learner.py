@@ -8,12 +8,13 @@ from typing import Any
 from cache import GradientRecord, LearnerTask, VersionNotFound
 from functions.algos.config import IMPACTConfig
 from functions.context import Context
+from functions.handlers import job_id_of
 from functions.learn import impact_gradient, ppo_gradient
 from functions.warm import policy_at, spec_of
 
 
 def handle(event: dict[str, Any], ctx: Context) -> dict[str, Any]:
-    job = ctx.job(str(event["job"]))
+    job = ctx.job(job_id_of(event))
     learner_id = str(event.get("learner_id") or f"learner-{ctx.call_id}")
     spec = spec_of(ctx, job)
     block_s = float(event.get("block_s", 0.0))
@@ -48,7 +49,7 @@ def handle(event: dict[str, Any], ctx: Context) -> dict[str, Any]:
         agg = job.client.hgetall(job.keys.aggregator)
         kl_coef = float(agg[b"kl_coef"]) if b"kl_coef" in agg else None
         if isinstance(spec.algo, IMPACTConfig):
-            target_version = int(agg.get(b"target_version", version))
+            target_version = int(float(agg.get(b"target_version", version)))
             try:
                 target = policy_at(ctx, job, spec, target_version)
             except VersionNotFound:
@@ -57,8 +58,10 @@ def handle(event: dict[str, Any], ctx: Context) -> dict[str, Any]:
         else:
             grads, stats = ppo_gradient(policy, batches, task, spec.algo, others=others, kl_coef=kl_coef)
         stats |= {"round": task.round, "epoch": task.epoch, "minibatch": task.minibatch}
-        record = GradientRecord(learner_id, version, task.batch_ids, grads, stats)
-        grad_id = job.gradients.put(record, ack=(job.tasks, [entry.id]))
     finally:
+        # Done with the policy: others need not truncate against it any more. Until the push below the task
+        # itself still counts as in flight, so the parameter function cannot flush early.
         job.learners.deregister(learner_id)
+    record = GradientRecord(learner_id, version, task.batch_ids, grads, stats)
+    grad_id = job.gradients.put(record, ack=(job.tasks, [entry.id]))
     return {"status": "done", "gradient_id": grad_id, "task_id": entry.id, "base_version": version, **stats}

@@ -21,6 +21,7 @@ from functions.algos.staleness import (
     observe,
 )
 from functions.context import Context
+from functions.handlers import job_id_of
 from functions.jobspec import JobSpec
 from functions.serialize import (
     build_optimizer,
@@ -78,8 +79,9 @@ def _start_round(spec: JobSpec, fields: dict[str, float], new_round: int, versio
 def _in_flight_versions(job: JobCache, current: int) -> tuple[int, ...]:
     """Base versions of the tasks not yet turned into gradients: a task leaves the stream only when its gradient
     is stored, so the stream's length counts them; tasks not (yet) in the registry will use `current` or newer."""
-    held = list(job.learners.in_flight().values())
-    return (*held, *([current] * max(job.tasks.length() - len(held), 0)))
+    tasks = job.tasks.length()
+    held = sorted(job.learners.in_flight().values())[:tasks]
+    return (*held, *([current] * (tasks - len(held))))
 
 
 def _initialise(job: JobCache, spec: JobSpec, ctx: Context) -> dict[str, Any]:
@@ -93,7 +95,7 @@ def _initialise(job: JobCache, spec: JobSpec, ctx: Context) -> dict[str, Any]:
 
 
 def handle(event: dict[str, Any], ctx: Context) -> dict[str, Any]:
-    job = ctx.job(str(event["job"]))
+    job = ctx.job(job_id_of(event))
     spec = spec_of(ctx, job)
     if event.get("init"):
         return _initialise(job, spec, ctx)

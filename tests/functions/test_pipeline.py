@@ -127,3 +127,34 @@ def test_racing_parameter_invocations_never_publish_twice(redis_server, cache_co
     assert sorted(v + 1 for v in versions) == list(range(1, 9))  # each version published by exactly one racer
     assert job.policies.version() == 8
     assert job.gradients.queued(parameter.CONSUMER) == []
+
+
+def test_handlers_run_unchanged_behind_the_http_runtime(redis_server, cache_conn, job_id, cleanup) -> None:
+    import os
+
+    import httpx
+
+    driver = Driver(cache_conn, small_spec(job_id))
+    cleanup.append(driver.job)
+    driver.round = 1
+    driver.job.enqueue_tasks(driver.tasks(driver.collect(), range(1)))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "functions.runtime", "--handler", "functions.handlers.learner:handle"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "REDIS_URL": redis_server.url},
+    )
+    try:
+        assert proc.stdout is not None
+        port = int(proc.stdout.readline().split()[1])
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as client:
+            out = client.post("/invoke", json={"job": job_id}, headers={"X-Call-Id": "abc"})
+            assert out.status_code == 200, out.text
+            assert out.json()["status"] == "done" and out.json()["base_version"] == 0
+            bad = client.post("/invoke", json={"nojob": 1})
+            assert bad.status_code == 500 and bad.json()["error"]["type"] == "EventError"
+    finally:
+        proc.terminate()
+        assert proc.wait(timeout=30) == 0
+    assert driver.job.gradients.stream.length() == 1

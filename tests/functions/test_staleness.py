@@ -203,9 +203,9 @@ def test_sync_waits_for_the_whole_step() -> None:
     assert decide_sync(CALIBRATED, _snapshot(4, [4, 4])).decision is Decision.AGGREGATE
 
 
-def test_async_applies_on_arrival() -> None:
+def test_async_applies_each_gradient_on_its_own_oldest_first() -> None:
     record = decide_async(CALIBRATED, _snapshot(9, [1, 5], [8, 9]))
-    assert record.decision is Decision.AGGREGATE and record.count == 2 and record.stalenesses == (8, 4)
+    assert record.decision is Decision.AGGREGATE and record.count == 1 and record.stalenesses == (8, 4)
 
 
 def test_softsync_every_k() -> None:

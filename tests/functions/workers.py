@@ -6,6 +6,8 @@ import json
 import sys
 import uuid
 
+import torch
+
 from cache import Cache, CacheSettings
 from functions.context import Context, Instance
 from functions.handlers import learner, parameter
@@ -16,6 +18,7 @@ def stop_key(job: str) -> str:
 
 
 def main() -> None:
+    torch.set_num_threads(1)  # small networks; several processes share 2 cores
     role, url, job_id, worker_id = sys.argv[1:5]
     with Cache(CacheSettings(url=url)) as cache:
         instance = Instance(cache)
