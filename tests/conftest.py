@@ -12,6 +12,14 @@ from cache.server import EmbeddedRedis
 from tests.procs import pid_alive
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _one_torch_thread() -> None:
+    """xdist runs two workers on two cores: more torch threads per worker only oversubscribe them."""
+    import torch
+
+    torch.set_num_threads(1)
+
+
 @pytest.fixture(scope="session")
 def redis_server() -> Iterator[EmbeddedRedis]:
     server = EmbeddedRedis(maxmemory_bytes=1024**3).start()
