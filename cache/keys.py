@@ -104,3 +104,29 @@ class JobKeys:
     def pattern(self) -> str:
         """Glob matching every key of this job (for cleanup of this job only, never FLUSHALL)."""
         return f"{self.base}:*"
+
+
+@dataclass(frozen=True)
+class GatewayKeys:
+    """Key names of one gateway deployment (shared by all of its workers)."""
+
+    namespace: str = "gateway"
+
+    def __post_init__(self) -> None:
+        validate_job_id(self.namespace)
+
+    @property
+    def base(self) -> str:
+        return f"{PREFIX}:gw:{{{self.namespace}}}"
+
+    @property
+    def functions(self) -> str:
+        """Hash: function name -> spec JSON."""
+        return f"{self.base}:functions"
+
+    def activation(self, activation_id: str) -> str:
+        return f"{self.base}:act:{activation_id}"
+
+    def activation_done(self, activation_id: str) -> str:
+        """List pushed once when the activation ends, so any worker's waiter can block on it."""
+        return f"{self.base}:act:{activation_id}:done"

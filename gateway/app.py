@@ -1,0 +1,303 @@
+"""The invocation gateway: `create_app(settings)`, thin routes over the registry, warm pools, activations, metrics.
+
+Routes follow OpenFaaS (POST /function/{name}, POST /async-function/{name}, /system/functions) with OpenWhisk
+activation records and Lambda-style status codes (SPEC.md §6).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Annotated, Any
+
+import aiohttp
+import redis.asyncio as aioredis
+from fastapi import Depends, FastAPI, Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import BaseModel, Field
+from starlette.exceptions import HTTPException
+
+from cache import Cache, CacheSettings
+from cache.keys import GatewayKeys
+from gateway.activations import ActivationStore
+from gateway.backends.base import Backend
+from gateway.backends.process import ProcessBackend
+from gateway.metering import Metrics, charge
+from gateway.models import Activation, FunctionSpec, Status
+from gateway.pool import FunctionPool, InvocationFailed, Outcome, QueueFull
+from gateway.registry import Registry
+from gateway.settings import GatewaySettings
+
+
+class PrewarmRequest(BaseModel):
+    count: int = Field(ge=1, le=1024, description="instances wanted warm")
+    by_s: float | None = Field(default=None, ge=0, description="seconds from now; None: as soon as possible")
+
+
+def _error(status: int, kind: str, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse({"error": {"type": kind, "message": message}}, status_code=status, headers=headers)
+
+
+class Gateway:
+    """Everything a running gateway holds; created in the app's lifespan."""
+
+    def __init__(self, settings: GatewaySettings, backends: dict[str, Backend] | None = None) -> None:
+        self.settings = settings
+        self.keys = GatewayKeys(settings.namespace)
+        self.metrics = Metrics()
+        self.pools: dict[str, FunctionPool] = {}
+        self.spec_seen: dict[str, float] = {}
+        self.tasks: set[asyncio.Task[Any]] = set()
+        self._backends = backends or {}
+        self.cache: Cache | None = None
+
+    async def start(self) -> None:
+        self.cache = Cache(CacheSettings(url=self.settings.redis_url) if self.settings.redis_url else None)
+        self.redis = aioredis.Redis.from_url(self.cache.url)
+        self.registry = Registry(self.redis, self.keys)
+        self.activations = ActivationStore(self.redis, self.keys, ttl_s=self.settings.activation_ttl_s)
+        self.http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=None))
+        self._backends.setdefault("process", ProcessBackend(redis_url=self.cache.url))
+        for spec in await self.registry.all():
+            pool = self._pool_for(spec)
+            pool.adopt(await asyncio.to_thread(pool.backend.discover))
+            self.spawn(pool.ensure_min_warm())
+
+    async def stop(self) -> None:
+        for task in list(self.tasks):
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+        # Process instances never outlive the gateway; containers stay up to be found again by label.
+        await asyncio.gather(*(p.close(stop_instances=p.backend.name == "process") for p in self.pools.values()))
+        await self.http.close()
+        await self.redis.aclose()
+        if self.cache is not None:
+            self.cache.close()
+
+    def backend(self, name: str) -> Backend:
+        if name not in self._backends:
+            if name != "docker":
+                raise HTTPException(422, f"unknown backend {name!r}")
+            from gateway.backends.docker import DockerBackend
+
+            self._backends[name] = DockerBackend(redis_url=self.cache.url if self.cache else None)
+        return self._backends[name]
+
+    def _pool_for(self, spec: FunctionSpec) -> FunctionPool:
+        pool = FunctionPool(spec, self.backend(spec.backend), self.http, self.metrics)
+        self.pools[spec.name] = pool
+        self.spec_seen[spec.name] = time.monotonic()
+        return pool
+
+    async def pool(self, name: str) -> FunctionPool:
+        """This worker's pool for `name`, refreshed from the shared registry when it may be stale."""
+        pool = self.pools.get(name)
+        if pool is not None and time.monotonic() - self.spec_seen[name] < self.settings.spec_refresh_s:
+            return pool
+        spec = await self.registry.get(name)
+        if spec is None:
+            if pool is not None:
+                self.spawn(self.drop(name))
+            raise HTTPException(404, f"no function named {name!r}")
+        if pool is not None and pool.spec == spec:
+            self.spec_seen[name] = time.monotonic()
+            return pool
+        if pool is not None:
+            self.spawn(pool.close())
+        return self._pool_for(spec)
+
+    async def drop(self, name: str) -> None:
+        pool = self.pools.pop(name, None)
+        self.spec_seen.pop(name, None)
+        if pool is not None:
+            await pool.close()
+
+    def spawn(self, coro: Any) -> asyncio.Task[Any]:
+        task = asyncio.ensure_future(coro)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+        return task
+
+    async def run(self, pool: FunctionPool, act: Activation, event: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        """Invoke and complete the activation record; returns (HTTP status, body)."""
+        name = pool.spec.name
+        outcome: Outcome | None = None
+        try:
+            outcome = await pool.invoke(event, call_id=act.id)
+            code, body = 200, outcome.result or {}
+            act.status, act.result = Status.SUCCESS, outcome.result
+        except InvocationFailed as failed:
+            outcome = failed.outcome
+            code, body = failed.status_code, {"error": failed.error}
+            act.status, act.error = failed.status, failed.error
+        act.end, act.status_code = time.time(), code
+        if outcome is not None:
+            act.instance, act.cold, act.init_s = outcome.instance, outcome.cold, outcome.init_s
+            act.wait_s, act.duration_s = outcome.wait_s, outcome.duration_s
+            act.resource_seconds, act.cost_usd = charge(outcome.duration_s, pool.spec.pricing)
+            self.metrics.wait_seconds.labels(name).observe(outcome.wait_s)
+            self.metrics.duration_seconds.labels(name).observe(outcome.duration_s)
+            self.metrics.cost_usd.labels(name).inc(act.cost_usd)
+        self.metrics.invocations.labels(name, str(code)).inc()
+        return code, body
+
+
+def authorised(request: Request) -> None:
+    """Bearer-token check on every route but health (constant-time comparison)."""
+    token = request.app.state.gateway.settings.token
+    if token is None:
+        return
+    scheme, _, given = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not secrets.compare_digest(given.encode(), token.encode()):
+        raise HTTPException(401, "missing or bad bearer token", headers={"WWW-Authenticate": "Bearer"})
+
+
+Auth = Annotated[None, Depends(authorised)]
+
+
+def create_app(
+    settings: GatewaySettings | None = None,
+    *,
+    backends: dict[str, Backend] | None = None,
+    on_ready: Callable[[], None] | None = None,
+) -> FastAPI:
+    settings = settings or GatewaySettings()
+    gw = Gateway(settings, backends)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await gw.start()
+        if on_ready is not None:
+            on_ready()
+        try:
+            yield
+        finally:
+            await gw.stop()
+
+    app = FastAPI(title="Stellaris gateway", version="0.1.0", lifespan=lifespan)
+    app.state.gateway = gw
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
+        kinds = {401: "Unauthorized", 404: "NotFound", 409: "Conflict", 422: "ValidationError"}
+        return _error(exc.status_code, kinds.get(exc.status_code, "HTTPError"), str(exc.detail), exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc'] if p != 'body') or 'body'}: {e['msg']}" for e in exc.errors()
+        )
+        return _error(422, "ValidationError", problems)
+
+    @app.get("/healthz")
+    async def healthz() -> dict[str, Any]:
+        return {"status": "ok", "functions": len(gw.pools)}
+
+    @app.get("/metrics")
+    async def metrics(_: Auth) -> Response:
+        return Response(generate_latest(gw.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    # -- registry ---------------------------------------------------------------------------------------------
+    @app.post("/system/functions", status_code=201)
+    async def create_function(spec: FunctionSpec, _: Auth) -> dict[str, Any]:
+        if not await gw.registry.put(spec, create=True):
+            raise HTTPException(409, f"function {spec.name!r} exists; use PUT to update it")
+        pool = gw._pool_for(spec)
+        started = await pool.ensure_min_warm()
+        return {"function": spec.model_dump(), "warm_started": started}
+
+    @app.put("/system/functions/{name}")
+    async def update_function(name: str, spec: FunctionSpec, _: Auth) -> dict[str, Any]:
+        if spec.name != name:
+            raise HTTPException(422, f"name in the body ({spec.name!r}) differs from the path ({name!r})")
+        if await gw.registry.get(name) is None:
+            raise HTTPException(404, f"no function named {name!r}")
+        await gw.registry.put(spec, create=False)
+        old = gw.pools.pop(name, None)
+        if old is not None:
+            gw.spawn(old.close())
+        started = await gw._pool_for(spec).ensure_min_warm()
+        return {"function": spec.model_dump(), "warm_started": started}
+
+    @app.get("/system/functions")
+    async def list_functions(_: Auth) -> list[dict[str, Any]]:
+        return [s.model_dump() for s in await gw.registry.all()]
+
+    @app.get("/system/functions/{name}")
+    async def get_function(name: str, _: Auth) -> dict[str, Any]:
+        pool = await gw.pool(name)
+        return {"function": pool.spec.model_dump(), "status": pool.status()}
+
+    @app.delete("/system/functions/{name}")
+    async def delete_function(name: str, _: Auth) -> dict[str, Any]:
+        if not await gw.registry.delete(name):
+            raise HTTPException(404, f"no function named {name!r}")
+        await gw.drop(name)
+        return {"deleted": name}
+
+    @app.post("/system/functions/{name}/prewarm", status_code=202)
+    async def prewarm(name: str, req: PrewarmRequest, _: Auth) -> dict[str, Any]:
+        return (await gw.pool(name)).prewarm(req.count, by_s=req.by_s)
+
+    # -- invocation -------------------------------------------------------------------------------------------
+    async def event_of(request: Request) -> dict[str, Any]:
+        raw = await request.body()
+        try:
+            event = json.loads(raw) if raw else {}
+        except ValueError as exc:
+            raise HTTPException(422, f"body: not valid JSON ({exc})") from exc
+        if not isinstance(event, dict):
+            raise HTTPException(422, f"body: the event must be a JSON object, got {type(event).__name__}")
+        return event
+
+    @app.post("/function/{name}")
+    async def invoke(name: str, request: Request, _: Auth) -> Response:
+        pool = await gw.pool(name)
+        event = await event_of(request)
+        act = Activation(id=uuid.uuid4().hex, function=name, status=Status.RUNNING, start=time.time())
+        headers = {"X-Call-Id": act.id}
+        try:
+            code, body = await gw.run(pool, act, event)
+        except QueueFull as full:
+            gw.metrics.invocations.labels(name, "429").inc()
+            return _error(429, "TooManyRequests", str(full), {**headers, "Retry-After": f"{full.retry_after_s:.0f}"})
+        gw.spawn(gw.activations.save(act))  # the record is written after the answer leaves
+        return Response(json.dumps(body), status_code=code, media_type="application/json", headers=headers)
+
+    @app.post("/async-function/{name}", status_code=202)
+    async def invoke_async(name: str, request: Request, _: Auth) -> JSONResponse:
+        pool = await gw.pool(name)
+        event = await event_of(request)
+        if pool._slots.locked() and pool.waiting >= pool.spec.queue_max:
+            gw.metrics.invocations.labels(name, "429").inc()
+            return _error(429, "TooManyRequests", f"function {name!r}: concurrency and queue are full",
+                          {"Retry-After": "1"})  # fmt: skip
+        act = Activation(id=uuid.uuid4().hex, function=name, status=Status.QUEUED, start=time.time())
+        await gw.activations.save(act)
+
+        async def background() -> None:
+            try:
+                await gw.run(pool, act, event)
+            except QueueFull as full:
+                act.status, act.status_code, act.end = Status.REJECTED, 429, time.time()
+                act.error = {"type": "TooManyRequests", "message": str(full)}
+            await gw.activations.save(act)
+
+        gw.spawn(background())
+        return JSONResponse({"activation_id": act.id}, status_code=202, headers={"X-Call-Id": act.id})
+
+    @app.get("/activations/{activation_id}")
+    async def activation(activation_id: str, _: Auth, wait_s: float = 0.0) -> dict[str, Any]:
+        act = await gw.activations.wait(activation_id, min(max(wait_s, 0.0), 60.0))
+        if act is None:
+            raise HTTPException(404, f"no activation {activation_id!r} (unknown or expired)")
+        return act.model_dump()
+
+    return app

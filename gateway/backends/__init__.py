@@ -1,0 +1,1 @@
+"""Instance backends: one file per backend behind the Protocol in base.py."""

@@ -1,0 +1,147 @@
+"""Process backend (the embedded default): each instance is a real subprocess running the function runtime on a
+loopback port, with CPU affinity and a data-segment memory limit where the OS allows. Instances die with the
+gateway (PR_SET_PDEATHSIG), so none outlives it."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import itertools
+import os
+import resource
+import select
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from gateway.backends.base import BackendError, InstanceHandle
+from gateway.models import FunctionSpec
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _preexec(cpus: list[int] | None, memory_bytes: int) -> Callable[[], None]:
+    def setup() -> None:  # runs in the child between fork and exec
+        if sys.platform.startswith("linux"):
+            with contextlib.suppress(OSError):
+                ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+            if cpus:
+                with contextlib.suppress(OSError):
+                    os.sched_setaffinity(0, cpus)
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_DATA, (memory_bytes, memory_bytes))
+        os.setsid()  # a terminal's Ctrl-C reaches the gateway, which drains its instances
+
+    return setup
+
+
+class ProcessBackend:
+    name = "process"
+
+    def __init__(
+        self,
+        *,
+        python: str = sys.executable,
+        cwd: str | Path | None = None,
+        redis_url: str | None = None,
+        startup_timeout_s: float = 60.0,
+        extra_env: dict[str, str] | None = None,
+    ) -> None:
+        self.python = python
+        self.cwd = str(cwd) if cwd else None
+        self.redis_url = redis_url
+        self.startup_timeout_s = startup_timeout_s
+        self.extra_env = extra_env or {}
+        self._procs: dict[str, subprocess.Popen[bytes]] = {}
+        self._lock = threading.Lock()
+        self._next_cpu = itertools.count()
+
+    def _cpus(self, spec: FunctionSpec) -> list[int] | None:
+        """Round-robin whole cores over the cores this gateway may use."""
+        try:
+            available = sorted(os.sched_getaffinity(0))
+        except (AttributeError, OSError):
+            return None
+        want = max(1, int(spec.resources.cpus))
+        if want >= len(available):
+            return None
+        start = next(self._next_cpu)
+        return [available[(start + i) % len(available)] for i in range(want)]
+
+    def start(self, spec: FunctionSpec, *, instance_id: str) -> InstanceHandle:
+        if not spec.target:
+            raise BackendError(f"function {spec.name!r} has no target for the process backend")
+        cmd = [
+            self.python, "-m", "functions.runtime",
+            "--handler", spec.target,
+            "--port", "0",
+            "--concurrency", str(spec.concurrency_per_instance),
+            "--timeout-s", str(spec.timeout_s),
+        ]  # fmt: skip
+        env = {**os.environ, **self.extra_env, **spec.env, "STELLARIS_INSTANCE_ID": instance_id}
+        if self.redis_url:
+            env["REDIS_URL"] = self.redis_url
+        started = time.monotonic()
+        proc = subprocess.Popen(
+            cmd,
+            cwd=self.cwd,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            preexec_fn=_preexec(self._cpus(spec), spec.resources.memory_bytes),  # PDEATHSIG has no Popen argument
+        )
+        port = self._wait_ready(proc, spec)
+        with self._lock:
+            self._procs[instance_id] = proc
+        return InstanceHandle(
+            id=instance_id,
+            function=spec.name,
+            url=f"http://127.0.0.1:{port}",
+            backend=self.name,
+            pid=proc.pid,
+            init_s=time.monotonic() - started,
+        )
+
+    def _wait_ready(self, proc: subprocess.Popen[bytes], spec: FunctionSpec) -> int:
+        """Block on the runtime's `READY <port>` line (an event, not a poll), bounded by startup_timeout_s."""
+        assert proc.stdout is not None
+        ready, _, _ = select.select([proc.stdout], [], [], self.startup_timeout_s)
+        line = proc.stdout.readline().decode(errors="replace").strip() if ready else ""
+        if line.startswith("READY "):
+            return int(line.split()[1])
+        proc.kill()
+        code = proc.wait()
+        reason = f"exited with code {code}" if line or ready else f"not ready within {self.startup_timeout_s:.0f} s"
+        raise BackendError(f"instance of {spec.name!r} ({spec.target}) {reason}; see the gateway's stderr")
+
+    def alive(self, handle: InstanceHandle) -> bool:
+        proc = self._procs.get(handle.id)
+        return proc is not None and proc.poll() is None
+
+    def stop(self, handle: InstanceHandle, *, timeout_s: float = 10.0) -> None:
+        with self._lock:
+            proc = self._procs.pop(handle.id, None)
+        if proc is None:
+            return
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+    def kill(self, handle: InstanceHandle) -> None:
+        """SIGKILL without draining (used when an instance must go at once, e.g. a stuck handler)."""
+        proc = self._procs.get(handle.id)
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+
+    def discover(self) -> list[InstanceHandle]:
+        return []  # process instances never outlive the gateway that started them

@@ -1,0 +1,86 @@
+"""A small typed client for the gateway's HTTP API (used by the control plane and the tests)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+
+from gateway.models import Activation, FunctionSpec
+
+
+class GatewayError(RuntimeError):
+    """A non-2xx answer; `status_code` and the gateway's `error` body are kept."""
+
+    def __init__(self, status_code: int, error: dict[str, Any], headers: httpx.Headers | None = None) -> None:
+        super().__init__(f"{status_code} {error.get('type', 'Error')}: {error.get('message', '')}")
+        self.status_code = status_code
+        self.error = error
+        self.headers = headers
+
+
+class GatewayClient:
+    def __init__(self, base_url: str, *, token: str | None = None, timeout_s: float = 120.0) -> None:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.http = httpx.Client(base_url=base_url, headers=headers, timeout=timeout_s)
+
+    def _check(self, resp: httpx.Response) -> Any:
+        if resp.status_code >= 400:
+            try:
+                body = resp.json()
+                error = body.get("error", body) if isinstance(body, dict) else {"message": str(body)}
+            except ValueError:
+                error = {"type": "HTTPError", "message": resp.text}
+            raise GatewayError(resp.status_code, error, resp.headers)
+        return resp.json()
+
+    # -- registry ---------------------------------------------------------------------------------------------
+    def register(self, spec: FunctionSpec, *, replace: bool = False) -> dict[str, Any]:
+        body = spec.model_dump(mode="json")
+        if replace:
+            return self._check(self.http.put(f"/system/functions/{spec.name}", json=body))
+        return self._check(self.http.post("/system/functions", json=body))
+
+    def function(self, name: str) -> dict[str, Any]:
+        return self._check(self.http.get(f"/system/functions/{name}"))
+
+    def functions(self) -> list[dict[str, Any]]:
+        return self._check(self.http.get("/system/functions"))
+
+    def delete(self, name: str) -> dict[str, Any]:
+        return self._check(self.http.delete(f"/system/functions/{name}"))
+
+    def prewarm(self, name: str, count: int, *, by_s: float | None = None) -> dict[str, Any]:
+        return self._check(self.http.post(f"/system/functions/{name}/prewarm", json={"count": count, "by_s": by_s}))
+
+    # -- invocation -------------------------------------------------------------------------------------------
+    def invoke(self, name: str, event: dict[str, Any]) -> dict[str, Any]:
+        """Synchronous call; returns the handler's result or raises GatewayError (429, 502, 504, ...)."""
+        return self._check(self.http.post(f"/function/{name}", json=event))
+
+    def invoke_with_id(self, name: str, event: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        resp = self.http.post(f"/function/{name}", json=event)
+        return resp.headers.get("X-Call-Id", ""), self._check(resp)
+
+    def invoke_async(self, name: str, event: dict[str, Any]) -> str:
+        return str(self._check(self.http.post(f"/async-function/{name}", json=event))["activation_id"])
+
+    def activation(self, activation_id: str, *, wait_s: float = 0.0) -> Activation:
+        """The activation record; with wait_s > 0 the gateway holds the request until it ends (long poll)."""
+        resp = self.http.get(f"/activations/{activation_id}", params={"wait_s": wait_s})
+        return Activation.model_validate(self._check(resp))
+
+    def metrics(self) -> str:
+        resp = self.http.get("/metrics")
+        if resp.status_code >= 400:
+            self._check(resp)
+        return resp.text
+
+    def close(self) -> None:
+        self.http.close()
+
+    def __enter__(self) -> GatewayClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,113 @@
+"""API and registry models: function specs, activation records. Validated once at the edge."""
+
+from __future__ import annotations
+
+import re
+from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
+
+
+class Resources(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    cpus: float = Field(default=1.0, gt=0, le=1024, description="CPU cores (process: affinity; docker: nano_cpus)")
+    memory_bytes: int = Field(default=2 * 1024**3, gt=0, description="memory limit of one instance")
+    gpus: int = Field(default=0, ge=0, le=64, description="GPUs per instance (docker backend only)")
+
+
+class Pricing(BaseModel):
+    """SPEC §7: price per resource-second = instance price per second / functions per instance."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    instance_type: str = "c6a.32xlarge"
+    instance_usd_per_hour: float = Field(default=4.896, ge=0)
+    functions_per_instance: int = Field(default=128, gt=0)
+
+    @property
+    def usd_per_second(self) -> float:
+        return self.instance_usd_per_hour / 3600.0 / self.functions_per_instance
+
+
+LEARNER_PRICING = Pricing(instance_type="p3.2xlarge", instance_usd_per_hour=3.06, functions_per_instance=4)
+ACTOR_PRICING = Pricing()
+
+
+class FunctionSpec(BaseModel):
+    """A registered function: what to run, with which resources and limits."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(description="lowercase letters, digits and '-', at most 63 characters")
+    target: str | None = Field(default=None, description="module:handler (process backend)")
+    image: str | None = Field(default=None, description="container image (docker backend)")
+    backend: str = Field(default="process", description="process or docker")
+    resources: Resources = Resources()
+    timeout_s: float = Field(default=60.0, gt=0, le=3600)
+    concurrency_per_instance: int = Field(default=1, ge=1, le=1024)
+    max_concurrency: int = Field(default=8, ge=1, le=4096, description="calls running at once over all instances")
+    max_instances: int = Field(default=8, ge=1, le=1024)
+    queue_max: int = Field(default=64, ge=0, le=100_000, description="calls waiting beyond max_concurrency")
+    min_warm: int = Field(default=0, ge=0, le=1024)
+    keep_alive_s: float = Field(default=600.0, gt=0, le=86400)
+    env: dict[str, str] = Field(default_factory=dict)
+    pricing: Pricing = Pricing()
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not NAME_RE.match(v):
+            raise ValueError(f"function name {v!r} must be lowercase letters, digits and '-' (1-63 chars)")
+        return v
+
+    @field_validator("target")
+    @classmethod
+    def _target(cls, v: str | None) -> str | None:
+        if v is not None and not re.match(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$", v):
+            raise ValueError(f"target {v!r} must look like package.module:function")
+        return v
+
+    @model_validator(mode="after")
+    def _runnable(self) -> FunctionSpec:
+        if self.backend not in ("process", "docker"):
+            raise ValueError(f"backend must be 'process' or 'docker', got {self.backend!r}")
+        if self.backend == "process" and not self.target:
+            raise ValueError("a process-backend function needs 'target' (module:handler)")
+        if self.backend == "docker" and not self.image:
+            raise ValueError("a docker-backend function needs 'image'")
+        if self.min_warm > self.max_instances:
+            raise ValueError(f"min_warm {self.min_warm} exceeds max_instances {self.max_instances}")
+        return self
+
+
+class Status(StrEnum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCESS = "success"
+    ERROR = "error"  # the handler raised: 502
+    TIMEOUT = "timeout"  # 504
+    REJECTED = "rejected"  # 429
+
+
+class Activation(BaseModel):
+    """One invocation, as OpenWhisk records it."""
+
+    id: str
+    function: str
+    status: Status
+    status_code: int | None = None
+    result: dict[str, Any] | None = None
+    error: dict[str, Any] | None = None
+    start: float | None = Field(default=None, description="unix seconds when the call was accepted")
+    end: float | None = None
+    wait_s: float = 0.0
+    init_s: float | None = Field(default=None, description="instance start time, cold starts only")
+    duration_s: float | None = Field(default=None, description="handler time on the instance")
+    instance: str | None = None
+    cold: bool | None = None
+    resource_seconds: float = 0.0
+    cost_usd: float = 0.0

@@ -1,0 +1,28 @@
+"""Run the gateway under uvicorn on a socket we bind ourselves (so port 0 works and the port can be reported)."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import sys
+
+import uvicorn
+
+from gateway.app import create_app
+from gateway.settings import GatewaySettings
+
+
+def serve(settings: GatewaySettings, *, ready_line: bool = True, log_level: str = "warning") -> None:
+    """Serve until SIGINT/SIGTERM; prints `READY <port>` on stdout once requests are accepted."""
+    family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((settings.host, settings.port))
+    port = sock.getsockname()[1]
+    app = create_app(settings, on_ready=(lambda: print(f"READY {port}", flush=True)) if ready_line else None)
+
+    config = uvicorn.Config(app, log_level=log_level, access_log=False, timeout_graceful_shutdown=30)
+    server = uvicorn.Server(config)
+    signal.signal(signal.SIGTERM, lambda *_: setattr(server, "should_exit", True))
+    server.run(sockets=[sock])
+    sys.stdout.flush()

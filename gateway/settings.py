@@ -1,0 +1,39 @@
+"""Gateway settings, validated once at the edge (env vars STELLARIS_GATEWAY_* or explicit values)."""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+
+from pydantic import Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        try:
+            return all(ipaddress.ip_address(a[4][0]).is_loopback for a in socket.getaddrinfo(host, None))
+        except OSError:
+            return False
+
+
+class GatewaySettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="STELLARIS_GATEWAY_", extra="forbid", frozen=True)
+
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, ge=0, le=65535)
+    token: str | None = Field(default=None, description="bearer token; required to bind a non-loopback address")
+    redis_url: str | None = Field(default=None, description="None: $REDIS_URL, else an embedded redis-server")
+    namespace: str = Field(default="gateway", description="registry namespace shared by this gateway's workers")
+    backend: str = Field(default="process", description="default backend for functions that name none")
+    activation_ttl_s: float = Field(default=86400.0, gt=0)
+    stop_timeout_s: float = Field(default=10.0, gt=0)
+    spec_refresh_s: float = Field(default=2.0, ge=0, description="how stale a worker's copy of a spec may get")
+
+    @model_validator(mode="after")
+    def _token_for_remote(self) -> GatewaySettings:
+        if not is_loopback(self.host) and not self.token:
+            raise ValueError(f"refusing to bind non-loopback address {self.host!r} without a token")
+        return self
