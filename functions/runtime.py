@@ -468,7 +468,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout-s", type=float, default=60.0, help="per call; past it 504 and recycle")
     parser.add_argument("--drain-timeout-s", type=float, default=None, help="SIGTERM grace (default: timeout)")
     parser.add_argument("--allow-remote", action="store_true", help="allow a non-loopback host, e.g. 0.0.0.0")
-    parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    parser.add_argument(
+        "--log-level",
+        default=os.environ.get("STELLARIS_LOG_LEVEL", "INFO"),
+        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+    )
     args = parser.parse_args(argv)
     try:
         settings = RuntimeSettings(

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+from typing import Any
+
 import redis.asyncio as aioredis
 
 from cache.keys import GatewayKeys
@@ -11,17 +14,43 @@ FINAL = {Status.SUCCESS, Status.ERROR, Status.TIMEOUT, Status.REJECTED}
 
 
 class ActivationStore:
-    def __init__(self, client: aioredis.Redis, keys: GatewayKeys, *, ttl_s: float) -> None:
+    def __init__(self, client: aioredis.Redis, keys: GatewayKeys, *, ttl_s: float, batch_max: int = 512) -> None:
         self.client = client
         self.keys = keys
         self.ttl_ms = int(ttl_s * 1000)
+        self.batch_max = batch_max
+        self._pending: list[Activation] = []
+        self._flush: asyncio.Task[None] | None = None
+
+    def save_later(self, act: Activation) -> None:
+        """Queue a record written after the answer has left: one pipeline per event-loop turn, not per call."""
+        self._pending.append(act)
+        if self._flush is None or self._flush.done():
+            self._flush = asyncio.ensure_future(self._write_pending())
+
+    async def _write_pending(self) -> None:
+        await asyncio.sleep(0)  # let the other answers of this loop turn queue their records too
+        while self._pending:
+            batch, self._pending = self._pending[: self.batch_max], self._pending[self.batch_max :]
+            async with self.client.pipeline(transaction=False) as pipe:
+                for act in batch:
+                    self._queue_writes(pipe, act)
+                await pipe.execute()
+
+    async def drain(self) -> None:
+        if self._flush is not None:
+            await self._flush
+        await self._write_pending()
+
+    def _queue_writes(self, pipe: Any, act: Activation) -> None:
+        pipe.set(self.keys.activation(act.id), act.model_dump_json(), px=self.ttl_ms)
+        if act.status in FINAL:
+            pipe.rpush(self.keys.activation_done(act.id), 1)
+            pipe.pexpire(self.keys.activation_done(act.id), self.ttl_ms)
 
     async def save(self, act: Activation) -> None:
         async with self.client.pipeline(transaction=True) as pipe:
-            pipe.set(self.keys.activation(act.id), act.model_dump_json(), px=self.ttl_ms)
-            if act.status in FINAL:
-                pipe.rpush(self.keys.activation_done(act.id), 1)
-                pipe.pexpire(self.keys.activation_done(act.id), self.ttl_ms)
+            self._queue_writes(pipe, act)
             await pipe.execute()
 
     async def get(self, activation_id: str) -> Activation | None:
