@@ -40,6 +40,7 @@ from gateway.settings import GatewaySettings
 class PrewarmRequest(BaseModel):
     count: int = Field(ge=1, le=1024, description="instances wanted warm")
     by_s: float | None = Field(default=None, ge=0, description="seconds from now; None: as soon as possible")
+    wait_s: float = Field(default=0.0, ge=0, le=600, description="hold the answer until they are up (bounded)")
 
 
 def _error(status: int, kind: str, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
@@ -246,7 +247,7 @@ def create_app(
 
     @app.post("/system/functions/{name}/prewarm", status_code=202)
     async def prewarm(name: str, req: PrewarmRequest, _: Auth) -> dict[str, Any]:
-        return (await gw.pool(name)).prewarm(req.count, by_s=req.by_s)
+        return await (await gw.pool(name)).prewarm(req.count, by_s=req.by_s, wait_s=req.wait_s)
 
     # -- invocation -------------------------------------------------------------------------------------------
     async def event_of(request: Request) -> dict[str, Any]:
@@ -279,7 +280,15 @@ def create_app(
         gw.activations.save_later(act)
         return Response(json.dumps(body), status_code=code, media_type="application/json", headers=headers)
 
-    app.router.routes.append(Route("/function/{name}", invoke, methods=["POST"]))
+    app.router.routes.insert(0, Route("/function/{name}", invoke, methods=["POST"]))
+
+    @app.post(
+        "/function/{name}",
+        responses={200: {"description": "the handler's result"}, 404: {}, 422: {}, 429: {}, 502: {}, 504: {}},
+    )
+    async def invoke_documented(name: str, event: dict[str, Any], _: Auth) -> dict[str, Any]:
+        """Synchronous invocation (OpenAPI entry only: the raw route above serves every request)."""
+        raise HTTPException(500, "unreachable: served by the raw route")
 
     @app.post("/async-function/{name}", status_code=202)
     async def invoke_async(name: str, request: Request, _: Auth) -> JSONResponse:

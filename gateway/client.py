@@ -50,8 +50,9 @@ class GatewayClient:
     def delete(self, name: str) -> dict[str, Any]:
         return self._check(self.http.delete(f"/system/functions/{name}"))
 
-    def prewarm(self, name: str, count: int, *, by_s: float | None = None) -> dict[str, Any]:
-        return self._check(self.http.post(f"/system/functions/{name}/prewarm", json={"count": count, "by_s": by_s}))
+    def prewarm(self, name: str, count: int, *, by_s: float | None = None, wait_s: float = 0.0) -> dict[str, Any]:
+        body = {"count": count, "by_s": by_s, "wait_s": wait_s}
+        return self._check(self.http.post(f"/system/functions/{name}/prewarm", json=body))
 
     # -- invocation -------------------------------------------------------------------------------------------
     def invoke(self, name: str, event: dict[str, Any]) -> dict[str, Any]:

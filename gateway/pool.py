@@ -244,12 +244,14 @@ class FunctionPool:
             self._changed.notify_all()
         return True
 
-    def prewarm(self, count: int, *, by_s: float | None) -> dict[str, Any]:
-        """Have `count` instances warm by `by_s` seconds from now (as soon as possible when None)."""
+    async def prewarm(self, count: int, *, by_s: float | None, wait_s: float = 0.0) -> dict[str, Any]:
+        """Have `count` instances warm by `by_s` seconds from now (as soon as possible when None): each start is
+        scheduled `init_estimate_s` (measured start time) before the deadline. Waits up to `wait_s` for them."""
         missing = min(count, self.spec.max_instances) - len(self.instances) - self.starting
         delay = max(0.0, (by_s or 0.0) - self.init_estimate_s)
-        for _ in range(max(missing, 0)):
-            self._spawn(self._warm_one(delay))
+        tasks = [self._spawn(self._warm_one(delay)) for _ in range(max(missing, 0))]
+        if tasks and wait_s > 0:
+            await asyncio.wait(tasks, timeout=wait_s)
         return {
             "function": self.spec.name,
             "starting": max(missing, 0),
@@ -298,10 +300,11 @@ class FunctionPool:
             "keep_alive_idle_s": round(self.idle_seconds, 3),
         }
 
-    def _spawn(self, coro: Any) -> None:
+    def _spawn(self, coro: Any) -> asyncio.Future[Any]:
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return task
 
     def _gauges(self) -> None:
         self.metrics.warm_instances.labels(self.spec.name).set(len(self.instances))

@@ -137,10 +137,13 @@ def test_min_warm_and_prewarm(client: GatewayClient, fname: str) -> None:
     assert out["warm_started"] == 2 and len(pids(client, fname)) == 2
     act_id, _ = client.invoke_with_id(fname, {})
     assert client.activation(act_id, wait_s=5).cold is False  # served by a pre-started instance
-    plan = client.prewarm(fname, 3)
-    assert plan["starting"] == 1
-    threads_done = client.function(fname)["status"]
-    assert len(threads_done["instances"]) + threads_done["starting"] >= 2
+    plan = client.prewarm(fname, 3, wait_s=30)
+    assert plan["starting"] == 1 and plan["start_in_s"] == 0
+    assert len(pids(client, fname)) == 3
+    # A deadline far beyond the measured start time schedules the start later, not now.
+    later = client.prewarm(fname, 4, by_s=60)
+    assert later["starting"] == 1 and later["start_in_s"] > 50
+    assert len(pids(client, fname)) == 3
 
 
 def test_killed_instance_fails_its_call_with_502_and_is_replaced(
