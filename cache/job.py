@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import redis
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from cache.codec import DEFAULT_MAX_BYTES
 from cache.keys import JobKeys
@@ -15,10 +16,11 @@ from cache.records import GradientRecord, LearnerTask, TrajectoryBatch
 from cache.streams import BoundedStream, Entry
 
 
-class JobLimits(BaseModel):
-    """Every bound of a job's cache footprint; all configurable."""
+class JobLimits(BaseSettings):
+    """Every bound of a job's cache footprint; all configurable, also from STELLARIS_JOB_<FIELD> env vars (how a
+    control plane bounds the instances it starts, e.g. how far serverful actors may run ahead of learners)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = SettingsConfigDict(frozen=True, extra="forbid", env_prefix="STELLARIS_JOB_")
 
     trajectory_maxlen: int = Field(default=64, gt=0, description="batches queued or in flight")
     gradient_maxlen: int = Field(default=256, gt=0, description="gradients waiting for aggregation")

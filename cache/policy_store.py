@@ -22,10 +22,10 @@ _INIT = """
 if redis.call('EXISTS', KEYS[1]) == 1 then return tonumber(redis.call('GET', KEYS[1])) end
 redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[3])
 if ARGV[2] ~= '' then redis.call('SET', KEYS[3], ARGV[2], 'PX', ARGV[3]) end
-redis.call('SET', KEYS[1], 0, 'PX', ARGV[3])
-redis.call('XADD', KEYS[4], 'MAXLEN', '~', 64, '*', 'v', 0)
+redis.call('SET', KEYS[1], ARGV[4], 'PX', ARGV[3])
+redis.call('XADD', KEYS[4], 'MAXLEN', '~', 64, '*', 'v', ARGV[4])
 redis.call('PEXPIRE', KEYS[4], ARGV[3])
-return 0
+return tonumber(ARGV[4])
 """
 
 # KEYS: version, lock, new policy, optim, events, retired policy (or the new one when none retires)
@@ -133,13 +133,14 @@ class PolicyStore:
         return None if blob is None else bytes(blob)
 
     # -- writing ----------------------------------------------------------------------------------------------
-    def initialise(self, weights: bytes, optimizer_state: bytes = b"") -> int:
-        """Store version 0 unless the job already has a policy; returns the current version either way."""
+    def initialise(self, weights: bytes, optimizer_state: bytes = b"", *, version: int = 0) -> int:
+        """Store `version` (0 for a new job; a checkpoint's version on resume) unless the job already has a
+        policy; returns the current version either way."""
         k = self.keys
         return int(
             self._init(
-                keys=[k.policy_version, k.policy(0), k.optim, k.policy_events],
-                args=[weights, optimizer_state, self.ttl_ms],
+                keys=[k.policy_version, k.policy(version), k.optim, k.policy_events],
+                args=[weights, optimizer_state, self.ttl_ms, version],
             )
         )
 

@@ -11,25 +11,21 @@ from __future__ import annotations
 
 import atexit
 import collections
-import contextlib
-import ctypes
 import os
 import secrets
 import shutil
-import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import threading
 from pathlib import Path
 from types import TracebackType
 
 from cache.errors import RedisServerDied, RedisStartError
+from cache.lifetime import die_with_parent
 
 _READY = "Ready to accept connections"
 _PORT_IN_USE = "Address already in use"
-_PR_SET_PDEATHSIG = 1
 
 
 def find_redis_server() -> str:
@@ -51,13 +47,6 @@ def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def _die_with_parent() -> None:  # runs in the child between fork and exec
-    if sys.platform.startswith("linux"):
-        with contextlib.suppress(OSError):
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    os.setsid()  # Ctrl-C in the terminal reaches the owner only; the owner shuts the server down.
 
 
 class EmbeddedRedis:
@@ -151,7 +140,7 @@ class EmbeddedRedis:
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             text=True,
-            preexec_fn=_die_with_parent,  # PDEATHSIG has no Popen argument
+            preexec_fn=die_with_parent,  # PDEATHSIG has no Popen argument
             close_fds=True,
         )
         self._reader = threading.Thread(target=self._drain, args=(self._proc,), daemon=True)

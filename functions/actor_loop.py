@@ -67,3 +67,25 @@ class ActorPool:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def main() -> None:
+    """`python -m functions.actor_loop JOB ACTOR_ID INDEX` with $REDIS_URL: one serverful actor until SIGTERM."""
+    import os
+    import signal
+    import sys
+    import threading
+
+    job, actor_id, index = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: object) -> None:
+        raise SystemExit(0)  # also interrupts a producer blocked on backpressure
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    actor_loop(os.environ["REDIS_URL"], job, actor_id, index, stop)  # type: ignore[arg-type]
+
+
+if __name__ == "__main__":
+    main()

@@ -7,7 +7,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from cache import JobCache
-from functions.algos.config import IMPACTConfig, PPOConfig
+from functions.algos.config import IMPACTConfig, PPOConfig, preset
 
 AlgoConfig = Annotated[PPOConfig | IMPACTConfig, Field(discriminator="algo")]
 
@@ -33,3 +33,49 @@ def load_spec(job: JobCache) -> JobSpec:
     if raw is None:
         raise LookupError(f"job {job.keys.job!r} has no spec in the cache; create the job first")
     return JobSpec.model_validate_json(raw)
+
+
+class JobRequest(BaseModel):
+    """What a control plane asks for: a preset plus overrides. The functions side resolves it into a JobSpec,
+    so control planes need no algorithm code (SPEC §1: they talk to functions only through the gateway)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    job: str
+    env_id: str
+    algo: str = "ppo"
+    preset: str = "paper"
+    overrides: dict[str, Any] = Field(default_factory=dict, description="algorithm fields; 'stellaris' nests")
+    num_envs: int = Field(default=1, gt=0)
+    actors: int = Field(default=1, gt=0)
+    seed: int = 0
+    env_kwargs: dict[str, Any] = Field(default_factory=dict)
+
+
+def env_kind(env_id: str) -> str:
+    return "atari" if env_id.startswith("ALE/") else "mujoco"
+
+
+def resolve(request: JobRequest) -> JobSpec:
+    """Preset + overrides -> a validated JobSpec; each actor invocation collects its share of one round."""
+    base = preset(request.preset, request.algo, env_kind(request.env_id))  # type: ignore[arg-type]
+    fields = base.model_dump()
+    for key, value in request.overrides.items():
+        if key == "stellaris" and isinstance(value, dict):
+            fields["stellaris"] = {**fields["stellaris"], **value}
+        elif key == "network" and isinstance(value, dict):
+            fields["network"] = {**fields["network"], **value}
+        else:
+            fields[key] = value
+    algo = type(base).model_validate(fields)
+    per_invocation = request.actors * request.num_envs
+    actor_steps = max(1, -(-algo.train_batch_size // per_invocation))
+    return JobSpec(
+        job=request.job,
+        env_id=request.env_id,
+        algo=algo,
+        num_envs=request.num_envs,
+        actor_steps=actor_steps,
+        seed=request.seed,
+        env_kwargs=request.env_kwargs,
+    )

@@ -36,6 +36,11 @@ from gateway.pool import FunctionPool, InvocationFailed, Outcome, QueueFull
 from gateway.registry import Registry
 from gateway.settings import GatewaySettings
 
+# The metering part of the activation record rides on the synchronous answer, so a caller that accounts for
+# cost (the control plane) needs no second request per call.
+METER_HEADER = "X-Activation-Meter"
+METER_FIELDS = {"start", "end", "cold", "init_s", "wait_s", "duration_s", "instance", "resource_seconds", "cost_usd"}
+
 
 class PrewarmRequest(BaseModel):
     count: int = Field(ge=1, le=1024, description="instances wanted warm")
@@ -90,7 +95,13 @@ class Gateway:
                 raise HTTPException(422, f"unknown backend {name!r}")
             from gateway.backends.docker import DockerBackend
 
-            self._backends[name] = DockerBackend(redis_url=self.cache.url if self.cache else None)
+            st = self.settings
+            self._backends[name] = DockerBackend(
+                redis_url=self.cache.url if self.cache else None,
+                python=st.docker_python,
+                volumes=st.docker_volumes or None,
+                working_dir=st.docker_workdir,
+            )
         return self._backends[name]
 
     def _pool_for(self, spec: FunctionSpec) -> FunctionPool:
@@ -278,6 +289,7 @@ def create_app(
             gw.metrics.invocations.labels(name, "429").inc()
             return _error(429, "TooManyRequests", str(full), {**headers, "Retry-After": f"{full.retry_after_s:.0f}"})
         gw.activations.save_later(act)
+        headers[METER_HEADER] = act.model_dump_json(include=METER_FIELDS)
         return Response(json.dumps(body), status_code=code, media_type="application/json", headers=headers)
 
     app.router.routes.insert(0, Route("/function/{name}", invoke, methods=["POST"]))

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import httpx
 
-from gateway.models import Activation, FunctionSpec
+from gateway.models import Activation, FunctionSpec, Status
 
 
 class GatewayError(RuntimeError):
@@ -62,6 +63,14 @@ class GatewayClient:
     def invoke_with_id(self, name: str, event: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         resp = self.http.post(f"/function/{name}", json=event)
         return resp.headers.get("X-Call-Id", ""), self._check(resp)
+
+    def invoke_metered(self, name: str, event: dict[str, Any]) -> tuple[dict[str, Any], Activation]:
+        """Synchronous call returning (result, the activation's metering: times, cold, cost; no result copy)."""
+        resp = self.http.post(f"/function/{name}", json=event)
+        result = self._check(resp)
+        meter = json.loads(resp.headers.get("X-Activation-Meter", "{}"))
+        act = Activation(id=resp.headers.get("X-Call-Id", ""), function=name, status=Status.SUCCESS, **meter)
+        return result, act
 
     def invoke_async(self, name: str, event: dict[str, Any]) -> str:
         return str(self._check(self.http.post(f"/async-function/{name}", json=event))["activation_id"])

@@ -31,6 +31,10 @@ class GatewaySettings(BaseSettings):
     activation_ttl_s: float = Field(default=86400.0, gt=0)
     stop_timeout_s: float = Field(default=10.0, gt=0)
     spec_refresh_s: float = Field(default=2.0, ge=0, description="how stale a worker's copy of a spec may get")
+    # Docker backend: host-Python mode runs the project's own interpreter from read-only bind mounts (bare images).
+    docker_python: str | None = Field(default=None, description="interpreter path inside the container")
+    docker_volumes: dict[str, str] = Field(default_factory=dict, description="host path -> container path (ro)")
+    docker_workdir: str | None = None
 
     @model_validator(mode="after")
     def _token_for_remote(self) -> GatewaySettings:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import signal
 import threading
+from pathlib import Path
 
 import typer
 
@@ -57,3 +58,64 @@ def demo() -> None:
     """The main job on the embedded default. (Until the training job lands: the cache benchmark.)"""
     _sigterm_as_exit()
     bench_cache(seconds=0.5, repeats=3)
+
+
+@app.command()
+def train(
+    config: Path | None = typer.Option(None, "--config", help="YAML file with TrainConfig fields"),
+    env: str | None = typer.Option(None, help="Gymnasium env id, e.g. Hopper-v5"),
+    algo: str | None = typer.Option(None, help="ppo or impact"),
+    preset: str | None = typer.Option(None, help="paper or fast (SPEC §4)"),
+    mode: str | None = typer.Option(None, help="stellaris, sync, async, softsync or ssp"),
+    rounds: int | None = typer.Option(None),
+    total_steps: int | None = typer.Option(None, "--total-steps"),
+    max_minutes: float | None = typer.Option(None, "--max-minutes"),
+    actors: int | None = typer.Option(None),
+    actor_kind: str | None = typer.Option(None, "--actor-kind", help="serverful or serverless"),
+    envs_per_actor: int | None = typer.Option(None, "--envs-per-actor"),
+    learners: int | None = typer.Option(None, help="learner capacity: max concurrent learner functions"),
+    d: float | None = typer.Option(None, "--d"),
+    v: float | None = typer.Option(None, "--v"),
+    rho: float | None = typer.Option(None, "--rho"),
+    no_truncation: bool = typer.Option(False, "--no-truncation"),
+    seed: int | None = typer.Option(None),
+    out: Path | None = typer.Option(None, help="run directory"),
+    redis_url: str | None = typer.Option(None, "--redis-url", envvar="REDIS_URL"),
+    gateway_url: str | None = typer.Option(None, "--gateway-url", envvar="STELLARIS_GATEWAY_URL"),
+    gateway_token: str | None = typer.Option(None, "--gateway-token", envvar="STELLARIS_GATEWAY_TOKEN"),
+    resume: Path | None = typer.Option(None, help="continue the run in this directory"),
+) -> None:
+    """Train with the Stellaris workflow through the gateway and the cache."""
+    from stellaris.config import ConfigError, load_config
+    from stellaris.control.run import run_training
+
+    _sigterm_as_exit()
+    flags = {
+        "env": env, "algo": algo, "preset": preset, "mode": mode, "rounds": rounds, "total_steps": total_steps,
+        "max_minutes": max_minutes, "actors": actors, "actor_kind": actor_kind, "envs_per_actor": envs_per_actor,
+        "learners": learners, "d": d, "v": v, "rho": rho, "truncation": False if no_truncation else None,
+        "seed": seed, "out": out, "redis_url": redis_url, "gateway_url": gateway_url, "gateway_token": gateway_token,
+    }  # fmt: skip
+    try:
+        if resume is not None:
+            cfg = load_config(resume / "config.yaml", flags, section="config")
+            cfg.out = resume
+        else:
+            cfg = load_config(config, flags)
+    except ConfigError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    raise typer.Exit(run_training(cfg, resume=resume is not None))
+
+
+@app.command("eval")
+def evaluate(
+    run_dir: Path = typer.Argument(..., help="a run directory with policy.safetensors"),
+    episodes: int = typer.Option(10, min=1),
+    seed: int = typer.Option(12345),
+) -> None:
+    """Run the run's final policy for N episodes (deterministic actions) and print the mean return."""
+    from stellaris.evaluate import evaluate_run
+
+    returns = evaluate_run(run_dir, episodes=episodes, seed=seed)
+    typer.echo(f"mean return {sum(returns) / len(returns):.2f} over {len(returns)} episodes")

@@ -22,7 +22,7 @@ from functions.algos.staleness import (
 )
 from functions.context import Context
 from functions.handlers import job_id_of
-from functions.jobspec import JobSpec
+from functions.jobspec import JobRequest, JobSpec, resolve, save_spec
 from functions.serialize import (
     build_optimizer,
     load_optimizer_bytes,
@@ -84,21 +84,28 @@ def _in_flight_versions(job: JobCache, current: int) -> tuple[int, ...]:
     return (*held, *([current] * (tasks - len(held))))
 
 
-def _initialise(job: JobCache, spec: JobSpec, ctx: Context) -> dict[str, Any]:
-    """Publish version 0: the seeded initial policy (a no-op when the job already has one)."""
+def _initialise(job: JobCache, request: Any, ctx: Context) -> dict[str, Any]:
+    """Create the job: resolve a JobRequest (when given) into the stored spec, then publish version 0, the seeded
+    initial policy. Both are no-ops for what the job already has (a resumed job keeps its policy)."""
     import torch
 
+    if isinstance(request, dict):
+        spec = resolve(JobRequest.model_validate({**request, "job": job.keys.job}))
+        if job.spec() is None:
+            save_spec(job, spec)
+        ctx.memo.pop(f"spec:{job.keys.job}", None)
+    spec = spec_of(ctx, job)
     torch.manual_seed(spec.seed)
     policy = new_policy(ctx, spec)
     version = job.policies.initialise(policy_to_bytes(policy, version=0))
-    return {"status": "ok", "version": version, "decisions": []}
+    return {"status": "ok", "version": version, "decisions": [], "spec": spec.model_dump(mode="json")}
 
 
 def handle(event: dict[str, Any], ctx: Context) -> dict[str, Any]:
     job = ctx.job(job_id_of(event))
-    spec = spec_of(ctx, job)
     if event.get("init"):
-        return _initialise(job, spec, ctx)
+        return _initialise(job, event["init"], ctx)
+    spec = spec_of(ctx, job)
     rule = spec.algo.stellaris.aggregation_rule()
     max_updates = int(event.get("max_updates", 1_000_000))
     try:

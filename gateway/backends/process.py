@@ -5,12 +5,10 @@ gateway (PR_SET_PDEATHSIG), so none outlives it."""
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import itertools
 import os
 import resource
 import select
-import signal
 import subprocess
 import sys
 import threading
@@ -18,23 +16,19 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from cache.lifetime import die_with_parent
 from gateway.backends.base import BackendError, InstanceHandle
 from gateway.models import FunctionSpec
-
-_PR_SET_PDEATHSIG = 1
 
 
 def _preexec(cpus: list[int] | None, memory_bytes: int) -> Callable[[], None]:
     def setup() -> None:  # runs in the child between fork and exec
-        if sys.platform.startswith("linux"):
-            with contextlib.suppress(OSError):
-                ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-            if cpus:
-                with contextlib.suppress(OSError):
-                    os.sched_setaffinity(0, cpus)
+        if cpus:
+            with contextlib.suppress(OSError, AttributeError):
+                os.sched_setaffinity(0, cpus)
         with contextlib.suppress(ValueError, OSError):
             resource.setrlimit(resource.RLIMIT_DATA, (memory_bytes, memory_bytes))
-        os.setsid()  # a terminal's Ctrl-C reaches the gateway, which drains its instances
+        die_with_parent()  # and a terminal's Ctrl-C reaches the gateway, which drains its instances
 
     return setup
 

@@ -1,0 +1,118 @@
+"""The training job's configuration: YAML file + flag overrides, validated before anything starts."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+Mode = Literal["stellaris", "sync", "async", "softsync", "ssp"]
+
+
+class ConfigError(ValueError):
+    """A bad configuration; the message names the field."""
+
+
+class TrainConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    env: str = Field(default="Hopper-v5", description="Gymnasium env id (Box or Discrete actions)")
+    algo: Literal["ppo", "impact"] = "ppo"
+    preset: Literal["paper", "fast"] = "fast"
+    mode: Mode = "stellaris"
+    rounds: int | None = Field(default=None, gt=0)
+    total_steps: int | None = Field(default=None, gt=0)
+    max_minutes: float | None = Field(default=None, gt=0, description="stop after this much wall-clock time")
+    actors: int = Field(default=2, ge=1, le=1024)
+    actor_kind: Literal["serverful", "serverless"] = "serverful"
+    envs_per_actor: int = Field(default=1, ge=1, le=1024)
+    actor_run_ahead: int = Field(default=2, ge=1, le=64, description="batches per actor queued before it blocks")
+    learners: int = Field(default=4, ge=1, le=256, description="max concurrent learner functions")
+    d: float = Field(default=0.96, ge=0.0, le=1.0)
+    v: float = Field(default=3.0, gt=0)
+    rho: float = Field(default=1.0, gt=0)
+    truncation: bool = True
+    softsync_k: int = Field(default=4, ge=1)
+    ssp_bound: int = Field(default=2, ge=0)
+    seed: int = 0
+    overrides: dict[str, Any] = Field(default_factory=dict, description="algorithm fields, e.g. {lr: 1e-4}")
+    out: Path | None = Field(default=None, description="run directory (default runs/<env>-<mode>-<time>)")
+    redis_url: str | None = None
+    gateway_url: str | None = None
+    gateway_token: str | None = None
+    torch_threads: int = Field(default=1, ge=1, le=64, description="torch threads per function instance")
+
+    @field_validator("env")
+    @classmethod
+    def _env_exists(cls, env: str) -> str:
+        import gymnasium as gym
+
+        if env.startswith("ALE/"):
+            import ale_py
+
+            gym.register_envs(ale_py)
+        try:
+            gym.spec(env)
+        except gym.error.Error as exc:
+            raise ValueError(f"unknown Gymnasium env id {env!r} ({exc})") from exc
+        return env
+
+    @model_validator(mode="after")
+    def _budget(self) -> TrainConfig:
+        if self.rounds is None and self.total_steps is None and self.max_minutes is None:
+            raise ValueError("give rounds, total_steps or max_minutes")
+        return self
+
+    def run_dir(self) -> Path:
+        if self.out is None:
+            stamp = time.strftime("%Y%m%d-%H%M%S")
+            self.out = Path("runs") / f"{self.env.replace('/', '-')}-{self.mode}-{stamp}"
+        return self.out
+
+    def job_request(self, job: str) -> dict[str, Any]:
+        """What the parameter function resolves into the job's spec (preset + overrides)."""
+        stellaris = {
+            "rule": self.mode,
+            "d": self.d,
+            "v": self.v,
+            "rho": self.rho,
+            "truncation": self.truncation,
+            "softsync_k": self.softsync_k,
+            "ssp_bound": self.ssp_bound,
+        }
+        overrides = {**self.overrides, "stellaris": {**stellaris, **self.overrides.get("stellaris", {})}}
+        return {
+            "job": job,
+            "env_id": self.env,
+            "algo": self.algo,
+            "preset": self.preset,
+            "overrides": overrides,
+            "num_envs": self.envs_per_actor,
+            "actors": self.actors,
+            "seed": self.seed,
+        }
+
+
+def load_config(path: Path | None, overrides: dict[str, Any], *, section: str | None = None) -> TrainConfig:
+    """YAML file (optional; `section` picks a sub-mapping) with flag overrides on top; raises ConfigError naming
+    the bad field."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        try:
+            loaded = yaml.safe_load(path.read_text())
+        except (OSError, yaml.YAMLError) as exc:
+            raise ConfigError(f"cannot read config {path}: {exc}") from exc
+        if loaded is not None and not isinstance(loaded, dict):
+            raise ConfigError(f"config {path} must be a mapping of fields, got {type(loaded).__name__}")
+        data = dict(loaded or {})
+        if section is not None:
+            data = dict(data.get(section) or {})
+    data.update({k: v for k, v in overrides.items() if v is not None})
+    try:
+        return TrainConfig.model_validate(data)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'config'}: {e['msg']}" for e in exc.errors())
+        raise ConfigError(f"invalid configuration: {problems}") from exc

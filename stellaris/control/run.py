@@ -1,0 +1,74 @@
+"""`stellaris train`: platform up, trainer loop with live progress, clean stop on Ctrl-C, exit code."""
+
+from __future__ import annotations
+
+import math
+import time
+
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from stellaris.config import TrainConfig
+from stellaris.control.outputs import RunDir
+from stellaris.control.platform import Platform
+from stellaris.control.trainer import Trainer
+
+
+def _fmt(x: float, spec: str = ".1f") -> str:
+    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
+
+
+def _progress(trainer: Trainer, row: dict | None, steps_per_s: float) -> Table:
+    table = Table.grid(padding=(0, 2))
+    cfg = trainer.cfg
+    budget = cfg.rounds or "-"
+    table.add_row(
+        f"[bold]{cfg.env}[/] {cfg.algo}/{cfg.preset} mode={cfg.mode}",
+        f"round {trainer.round}/{budget}",
+        f"env steps {trainer.env_steps:,}",
+        f"{steps_per_s:,.0f} steps/s",
+    )
+    if row is not None:
+        table.add_row(
+            f"reward {_fmt(row['eval_reward_mean'])} (max {_fmt(row['eval_reward_max'])})",
+            f"staleness {_fmt(row['staleness_mean'], '.2f')} bound {_fmt(row['staleness_bound'], '.2f')}",
+            f"learners in flight {row.get('max_in_flight', 0)}/{cfg.learners}",
+            f"cost ${trainer.cost:.4f}",
+        )
+    return table
+
+
+def run_training(cfg: TrainConfig, *, resume: bool = False) -> int:
+    console = Console(stderr=True)
+    run = RunDir(cfg.run_dir())
+    state = run.load_state() if resume else None
+    if resume and state is None:
+        console.print(f"[red]error:[/] {run.path} has no checkpoint (state.json) to resume from")
+        return 2
+    console.print(f"run directory: {run.path}")
+    trainer: Trainer | None = None
+    try:
+        with Platform(redis_url=cfg.redis_url, gateway_url=cfg.gateway_url, gateway_token=cfg.gateway_token) as p:
+            trainer = Trainer(cfg, p, run, state=state)
+            try:
+                trainer.setup()
+                start_steps, t0 = trainer.env_steps, time.monotonic()
+                row = None
+                with Live(_progress(trainer, None, 0.0), console=console, refresh_per_second=4) as live:
+                    while not trainer.done():
+                        row = trainer.step()
+                        rate = (trainer.env_steps - start_steps) / max(time.monotonic() - t0, 1e-9)
+                        live.update(_progress(trainer, row, rate))
+            finally:
+                trainer.close()
+    except KeyboardInterrupt:
+        console.print(f"[yellow]interrupted[/]: stopped cleanly; resume with `stellaris train --resume {run.path}`")
+        return 130
+    finally:
+        run.close()
+    console.print(
+        f"done: {trainer.round if trainer else 0} rounds, cost ${trainer.cost if trainer else 0:.4f}; "
+        f"outputs in {run.path}"
+    )
+    return 0

@@ -1,0 +1,41 @@
+"""`stellaris eval RUN_DIR`: the run's final policy on fresh episodes, deterministic actions."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+import yaml
+from safetensors.torch import load_file
+
+from functions.envs import make_vector_env
+from functions.jobspec import JobSpec
+from functions.policies import build_policy
+
+
+def evaluate_run(run_dir: Path, *, episodes: int, seed: int) -> list[float]:
+    spec = JobSpec.model_validate(yaml.safe_load((run_dir / "config.yaml").read_text())["job_spec"])
+    env = make_vector_env(spec.env_id, 1, seed=seed, env_kwargs=spec.env_kwargs)
+    net = spec.algo.network
+    policy = build_policy(
+        env.single_observation_space, env.single_action_space, hidden=net.hidden, kind=net.kind,
+        activation=net.activation, normalize_obs=spec.algo.normalize_obs,
+    )  # fmt: skip
+    policy.load_state_dict(load_file(str(run_dir / "policy.safetensors")))
+    returns: list[float] = []
+    obs, _ = env.reset(seed=seed)
+    total = 0.0
+    space = env.single_action_space
+    while len(returns) < episodes:
+        action, _, _ = policy.act(torch.as_tensor(obs), deterministic=True)
+        a = action.numpy()
+        if hasattr(space, "low"):
+            a = np.clip(a, space.low, space.high)
+        obs, reward, term, trunc, _ = env.step(a)
+        total += float(reward[0])
+        if term[0] or trunc[0]:
+            returns.append(total)
+            total = 0.0
+    env.close()
+    return returns
