@@ -119,3 +119,7 @@ def evaluate(
 
     returns = evaluate_run(run_dir, episodes=episodes, seed=seed)
     typer.echo(f"mean return {sum(returns) / len(returns):.2f} over {len(returns)} episodes")
+
+
+if __name__ == "__main__":
+    app()

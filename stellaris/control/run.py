@@ -60,6 +60,12 @@ def run_training(cfg: TrainConfig, *, resume: bool = False) -> int:
                         row = trainer.step()
                         rate = (trainer.env_steps - start_steps) / max(time.monotonic() - t0, 1e-9)
                         live.update(_progress(trainer, row, rate))
+                        if not console.is_terminal:  # logs and CI get one plain line per round
+                            console.print(
+                                f"round {row['round_id']} env_steps {row['env_steps']} "
+                                f"reward {_fmt(row['eval_reward_mean'])} cost {row['cost']:.6f}",
+                                highlight=False,
+                            )
             finally:
                 trainer.close()
     except KeyboardInterrupt:

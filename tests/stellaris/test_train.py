@@ -1,0 +1,162 @@
+"""`stellaris train` end to end: real CLI process, embedded Redis, local gateway, subprocess instances."""
+
+from __future__ import annotations
+
+import csv
+import math
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from stellaris.control.outputs import INFO_COLUMNS, INVOCATION_COLUMNS, TIMELINE_COLUMNS
+from tests.procs import wait_pid_gone
+
+ROOT = Path(__file__).resolve().parents[2]
+FAST_CARTPOLE = {
+    "env": "CartPole-v1",
+    "algo": "ppo",
+    "preset": "paper",
+    "actors": 2,
+    "learners": 2,
+    "overrides": {
+        "lr": 2.5e-3, "train_batch_size": 512, "num_minibatches": 4, "num_epochs": 4, "clip": 0.2, "kl_coef": 0.0,
+        "ent_coef": 0.0, "vf_coef": 0.5, "max_grad_norm": 0.5, "network": {"kind": "mlp", "hidden": [64, 64]},
+    },
+}  # fmt: skip
+
+
+def train_cmd(tmp_path: Path, *args: str, **config: object) -> list[str]:
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text(yaml.safe_dump({**FAST_CARTPOLE, **config}))
+    return [sys.executable, "-m", "stellaris.cli", "train", "--config", str(cfg), *args]
+
+
+def run_train(cmd: list[str], timeout_s: float = 600) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "STELLARIS_GATEWAY_URL")}
+    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout_s)
+
+
+def rows(path: Path) -> list[dict[str, str]]:
+    with path.open() as f:
+        return list(csv.DictReader(f))
+
+
+def header(path: Path) -> list[str]:
+    with path.open() as f:
+        return next(csv.reader(f))
+
+
+def check_outputs(out: Path, *, serverless: bool) -> list[dict[str, str]]:
+    assert header(out / "info.csv") == INFO_COLUMNS
+    assert header(out / "timeline.csv") == TIMELINE_COLUMNS
+    assert header(out / "invocations.csv") == INVOCATION_COLUMNS
+    info = rows(out / "info.csv")
+    invocations = rows(out / "invocations.csv")
+    invoked = sum(float(r["cost"]) for r in invocations)
+    assert invoked > 0 and all(float(r["resource_seconds"]) >= 0 for r in invocations)
+    final_cost = float(info[-1]["cost"])
+    if serverless:  # every cost is an invocation's
+        assert final_cost == pytest.approx(invoked, rel=1e-6)
+    else:  # plus the serverful actors' lifetime
+        assert final_cost > invoked
+    costs = [float(r["cost"]) for r in info]
+    assert costs == sorted(costs)  # cumulative
+    assert {r["function"].rsplit("-", 1)[1] for r in invocations} >= {"learner", "parameter"}
+    assert (out / "policy.safetensors").exists() and (out / "config.yaml").exists()
+    return info
+
+
+def mean_reward(row: dict[str, str]) -> float:
+    value = float(row["eval_reward_mean"])
+    return 0.0 if math.isnan(value) else value
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("mode", "actor_kind"), [("stellaris", "serverful"), ("sync", "serverless")])
+def test_train_learns_cartpole_through_gateway_and_cache(tmp_path: Path, mode: str, actor_kind: str) -> None:
+    out = tmp_path / "run"
+    proc = run_train(train_cmd(tmp_path, "--rounds", "40", "--out", str(out), mode=mode, actor_kind=actor_kind))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    info = check_outputs(out, serverless=actor_kind == "serverless")
+    assert [int(r["round_id"]) for r in info] == list(range(1, 41))
+    first, best_late = mean_reward(info[0]), max(mean_reward(r) for r in info[-10:])
+    print(f"{mode}: round 1 mean return {first:.1f}, best of the last 10 rounds {best_late:.1f}")
+    assert best_late >= max(150.0, 3 * first)
+    if mode == "stellaris":
+        assert any(float(r["staleness_max"]) > 0 for r in info)  # learners really overlapped
+    else:
+        assert all(float(r["staleness_max"]) == 0 for r in info)
+    evaluated = subprocess.run(
+        [sys.executable, "-m", "stellaris.cli", "eval", str(out), "--episodes", "3"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert evaluated.returncode == 0 and "mean return" in evaluated.stdout
+
+
+def descendants(pid: int) -> set[int]:
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    found, todo = set(), [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.add(child)
+            todo.append(child)
+    return found
+
+
+def test_ctrl_c_stops_cleanly_and_resume_continues(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "STELLARIS_GATEWAY_URL")}
+    proc = subprocess.Popen(
+        train_cmd(tmp_path, "--rounds", "1000", "--out", str(out)),
+        cwd=ROOT, env=env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
+    )  # fmt: skip
+    assert proc.stderr is not None
+    for line in proc.stderr:  # the per-round log line is the event we wait for
+        if line.startswith("round 2 "):
+            break
+    kids = descendants(proc.pid)
+    assert len(kids) >= 4  # redis-server, gateway, actors, instances
+    proc.send_signal(signal.SIGINT)
+    rest = proc.stderr.read()
+    assert proc.wait(timeout=120) == 130, rest[-2000:]
+    assert "interrupted" in rest
+    for pid in kids:
+        assert wait_pid_gone(pid, 30), f"process {pid} outlived the run"
+    done = rows(out / "info.csv")
+    assert len(done) >= 2
+
+    resumed = run_train([sys.executable, "-m", "stellaris.cli", "train", "--resume", str(out), "--rounds",
+                         str(len(done) + 2)])  # fmt: skip
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    info = rows(out / "info.csv")
+    assert [int(r["round_id"]) for r in info] == list(range(1, len(done) + 3))
+    assert float(info[-1]["cost"]) > float(done[-1]["cost"])
+    assert int(info[-1]["env_steps"]) > int(done[-1]["env_steps"])
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--env", "NoSuchEnv-v9"], "env: Value error, unknown Gymnasium env id 'NoSuchEnv-v9'"),
+        (["--d", "1.5"], "d: Input should be less than or equal to 1"),
+        (["--learners", "0"], "learners: Input should be greater than or equal to 1"),
+        (["--mode", "bogus"], "mode: Input should be"),
+    ],
+)
+def test_bad_configuration_fails_before_anything_starts(tmp_path: Path, args: list[str], message: str) -> None:
+    proc = run_train(train_cmd(tmp_path, "--rounds", "1", "--out", str(tmp_path / "run"), *args), timeout_s=60)
+    assert proc.returncode == 2 and message in proc.stderr
+    assert not (tmp_path / "run").exists()
