@@ -199,3 +199,15 @@ def test_refuses_non_loopback_bind_without_token() -> None:
     with pytest.raises(ValueError, match="without a token"):
         GatewaySettings(host="0.0.0.0")
     assert GatewaySettings(host="0.0.0.0", token="t").host == "0.0.0.0"
+
+
+def test_process_instances_get_cpu_affinity_and_a_memory_limit(client: GatewayClient, fname: str) -> None:
+    from gateway.models import Resources
+
+    client.register(spec(fname, "count", resources=Resources(cpus=1, memory_bytes=1536 * 1024**2)))
+    pid = client.invoke(fname, {})["pid"]
+    if len(os.sched_getaffinity(0)) > 1:
+        assert len(os.sched_getaffinity(pid)) == 1
+    with open(f"/proc/{pid}/limits") as f:
+        data = next(line for line in f if line.startswith("Max data size"))
+    assert data.split()[3] == str(1536 * 1024**2)
