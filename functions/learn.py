@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -14,7 +15,7 @@ from functions.algos.gae import gae
 from functions.algos.impact import impact_loss
 from functions.algos.ppo import ppo_loss
 from functions.algos.truncation import truncated_is_weight, truncation_stats
-from functions.policies import ActorCritic
+from functions.policies import ActorCritic, batch_moments
 
 
 def _t(a: np.ndarray) -> Tensor:
@@ -60,17 +61,21 @@ def _gradients(policy: ActorCritic, loss: Tensor, max_grad_norm: float | None) -
     }
 
 
-def ppo_gradient(
-    policy: ActorCritic,
-    batches: Sequence[Mapping[str, np.ndarray]],
-    task: Task,
-    cfg: PPOConfig,
-    *,
-    others: Sequence[ActorCritic] = (),
-    kl_coef: float | None = None,
-) -> tuple[dict[str, Tensor], dict[str, float]]:
-    """PPO gradient of one minibatch; advantages by GAE over each whole batch with the actors' values."""
-    obs, actions, mu_logp, adv, ret, old_values = [], [], [], [], [], []
+@dataclass(frozen=True)
+class PPORound:
+    """A round's samples flattened over time and envs, with GAE advantages and returns (from the actors' values,
+    so the same for every task of the round: computed once per learner instance and round)."""
+
+    obs: Tensor
+    actions: Tensor
+    behaviour_log_probs: Tensor
+    advantages: Tensor
+    returns: Tensor
+    values: Tensor
+
+
+def prepare_ppo_round(batches: Sequence[Mapping[str, np.ndarray]], *, gamma: float, lam: float) -> PPORound:
+    parts: dict[str, list[Tensor]] = {k: [] for k in ("obs", "act", "mu", "adv", "ret", "val")}
     for b in batches:
         a, r = gae(
             _t(b["rewards"]),
@@ -78,19 +83,33 @@ def ppo_gradient(
             _t(b["last_values"]),
             _t(b["terminations"]),
             _t(b["truncations"]),
-            gamma=cfg.gamma,
-            lam=cfg.lam,
+            gamma=gamma,
+            lam=lam,
             truncation_values=_t(b["truncation_values"]),
         )
-        obs.append(_flat(_t(b["observations"])))
-        actions.append(_flat(_t(b["actions"])))
-        mu_logp.append(_flat(_t(b["behaviour_log_probs"])))
-        adv.append(_flat(a))
-        ret.append(_flat(r))
-        old_values.append(_flat(_t(b["values"])))
-    idx = _minibatch_index(sum(len(o) for o in obs), task)
-    o, act, mu = torch.cat(obs)[idx], torch.cat(actions)[idx], torch.cat(mu_logp)[idx]
-    advantages, returns = torch.cat(adv)[idx], torch.cat(ret)[idx]
+        parts["obs"].append(_flat(_t(b["observations"])))
+        parts["act"].append(_flat(_t(b["actions"])))
+        parts["mu"].append(_flat(_t(b["behaviour_log_probs"])))
+        parts["adv"].append(_flat(a))
+        parts["ret"].append(_flat(r))
+        parts["val"].append(_flat(_t(b["values"])))
+    c = {k: torch.cat(v) for k, v in parts.items()}
+    return PPORound(c["obs"], c["act"], c["mu"], c["adv"], c["ret"], c["val"])
+
+
+def ppo_gradient(
+    policy: ActorCritic,
+    data: PPORound,
+    task: Task,
+    cfg: PPOConfig,
+    *,
+    others: Sequence[ActorCritic] = (),
+    kl_coef: float | None = None,
+) -> tuple[dict[str, Tensor], dict[str, float]]:
+    """PPO gradient of one minibatch of the round (advantages by GAE over each whole batch)."""
+    idx = _minibatch_index(len(data.obs), task)
+    o, act, mu = data.obs[idx], data.actions[idx], data.behaviour_log_probs[idx]
+    advantages, returns = data.advantages[idx], data.returns[idx]
     if cfg.normalize_advantages and len(advantages) > 1:
         advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
 
@@ -115,7 +134,7 @@ def ppo_gradient(
         vf_coef=cfg.vf_coef,
         ent_coef=cfg.ent_coef,
         is_weights=weights,
-        old_values=torch.cat(old_values)[idx] if cfg.vf_clip is not None else None,
+        old_values=data.values[idx] if cfg.vf_clip is not None else None,
         vf_clip=cfg.vf_clip,
     )
     grads = _gradients(policy, terms.total, cfg.max_grad_norm)
@@ -204,3 +223,15 @@ def impact_gradient(
         "samples": float(t_len * n),
     }
     return grads, stats
+
+
+OBS_MOMENTS = ("_obs_mean", "_obs_var", "_obs_count")
+
+
+def obs_moments(policy: ActorCritic, batches: Sequence[Mapping[str, np.ndarray]]) -> dict[str, Tensor]:
+    """Mean, variance and count of the encoded observations of all `batches` (for the running normaliser)."""
+    assert policy.obs_normalizer is not None
+    with torch.no_grad():
+        feats = torch.cat([policy.encoder(_flat(_t(b["observations"]))) for b in batches])
+    mean, var, count = batch_moments(feats, policy.obs_normalizer.mean.shape)
+    return {"_obs_mean": mean, "_obs_var": var, "_obs_count": torch.tensor(count, dtype=torch.float64)}

@@ -26,6 +26,12 @@ ActionKind = Literal["gaussian", "categorical"]
 _ACTIVATIONS: dict[str, type[nn.Module]] = {"tanh": nn.Tanh, "relu": nn.ReLU}
 
 
+def batch_moments(x: Tensor, shape: Sequence[int]) -> tuple[Tensor, Tensor, float]:
+    """(mean, population variance, count) of a batch of observations of `shape`."""
+    batch = x.detach().reshape(-1, *shape).to(torch.float64)
+    return batch.mean(dim=0), batch.var(dim=0, unbiased=False), float(batch.shape[0])
+
+
 class RunningNormalizer(nn.Module):
     """Running mean/variance of observations, kept as buffers so they travel in the state_dict.
 
@@ -47,10 +53,12 @@ class RunningNormalizer(nn.Module):
 
     @torch.no_grad()
     def update(self, x: Tensor) -> None:
-        batch = x.detach().reshape(-1, *self.mean.shape).to(torch.float64)
-        batch_mean = batch.mean(dim=0)
-        batch_var = batch.var(dim=0, unbiased=False)
-        batch_count = batch.shape[0]
+        self.update_from_moments(*batch_moments(x, self.mean.shape))
+
+    @torch.no_grad()
+    def update_from_moments(self, batch_mean: Tensor, batch_var: Tensor, batch_count: float) -> None:
+        """Fold in a batch summarised elsewhere (a learner's minibatch), so stats travel without the batch."""
+        batch_mean, batch_var = batch_mean.to(torch.float64), batch_var.to(torch.float64)
         delta = batch_mean - self.mean
         total = self.count + batch_count
         m2 = self.var * self.count + batch_var * batch_count + delta**2 * self.count * batch_count / total

@@ -39,6 +39,33 @@ class EpisodeTracker:
         return out
 
 
+@dataclass
+class RewardScaler:
+    """Rewards divided by the running std of the discounted return (Stable-Baselines3's VecNormalize, CleanRL's
+    NormalizeReward), clipped; per actor, so it never crosses the wire. Episode returns are logged unscaled."""
+
+    gamma: float
+    returns: np.ndarray
+    mean: float = 0.0
+    var: float = 1.0
+    count: float = 1e-4
+    clip: float = 10.0
+
+    @classmethod
+    def for_envs(cls, num_envs: int, gamma: float) -> RewardScaler:
+        return cls(gamma, np.zeros(num_envs))
+
+    def __call__(self, rewards: np.ndarray, done: np.ndarray) -> np.ndarray:
+        self.returns = self.returns * self.gamma + rewards
+        n, batch_mean, batch_var = len(self.returns), float(self.returns.mean()), float(self.returns.var())
+        delta, total = batch_mean - self.mean, self.count + n
+        self.var = (self.var * self.count + batch_var * n + delta**2 * self.count * n / total) / total
+        self.mean += delta * n / total
+        self.count = total
+        self.returns[done] = 0.0
+        return np.clip(rewards / np.sqrt(self.var + 1e-8), -self.clip, self.clip)
+
+
 def _env_action(action: torch.Tensor, space: gym.Space) -> np.ndarray:
     a = action.numpy()
     if isinstance(space, gym.spaces.Box):
@@ -47,7 +74,12 @@ def _env_action(action: torch.Tensor, space: gym.Space) -> np.ndarray:
 
 
 def collect(
-    policy: ActorCritic, envs: gym.vector.VectorEnv, obs: np.ndarray, tracker: EpisodeTracker, steps: int
+    policy: ActorCritic,
+    envs: gym.vector.VectorEnv,
+    obs: np.ndarray,
+    tracker: EpisodeTracker,
+    steps: int,
+    reward_scaler: RewardScaler | None = None,
 ) -> tuple[dict[str, np.ndarray], np.ndarray]:
     """Step `envs` for `steps` steps from `obs`; return time-major arrays [T, N, ...] and the next observation.
 
@@ -72,8 +104,11 @@ def collect(
         act_buf[t] = action.numpy()
         logp[t], values[t] = lp.numpy(), value.numpy()
         obs, reward, term, trunc, info = envs.step(_env_action(action, space))
+        done = np.logical_or(term, trunc)
+        tracker.step(np.asarray(reward, np.float64), done)
+        if reward_scaler is not None:
+            reward = reward_scaler(np.asarray(reward, np.float64), done)
         rewards[t], terms[t], truncs[t] = reward, term, trunc
-        tracker.step(np.asarray(reward, np.float64), np.logical_or(term, trunc))
         cut = np.flatnonzero(np.logical_and(trunc, np.logical_not(term)))
         if cut.size and "final_obs" in info:
             final = np.stack([info["final_obs"][i] for i in cut]).astype(obs.dtype)

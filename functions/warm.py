@@ -52,9 +52,9 @@ def policy_at(ctx: Context, job: JobCache, spec: JobSpec, version: int) -> Actor
     if version in lru:
         lru.move_to_end(version)
         return lru[version]
-    policy = new_policy(ctx, spec)
-    load_policy_bytes(policy, job.policies.get(version))
+    blob = job.policies.get(version)
+    # Reuse the least recently used module once the cache is full: building one costs more than loading weights.
+    policy = lru.popitem(last=False)[1] if len(lru) >= MAX_CACHED_POLICIES else new_policy(ctx, spec)
+    load_policy_bytes(policy, blob)
     lru[version] = policy
-    while len(lru) > MAX_CACHED_POLICIES:
-        lru.popitem(last=False)
     return policy

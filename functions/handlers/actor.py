@@ -13,7 +13,7 @@ from functions.context import Context
 from functions.envs import make_vector_env
 from functions.handlers import job_id_of
 from functions.policies import ActorCritic
-from functions.rollout import EpisodeTracker, collect
+from functions.rollout import EpisodeTracker, RewardScaler, collect
 from functions.serialize import load_policy_bytes
 from functions.warm import new_policy, spec_of
 
@@ -24,6 +24,7 @@ class ActorState:
     obs: np.ndarray
     tracker: EpisodeTracker
     policy: ActorCritic
+    reward_scaler: RewardScaler | None
     version: int = -1
 
 
@@ -37,7 +38,8 @@ def handle(event: dict[str, Any], ctx: Context) -> dict[str, Any]:
         seed = spec.seed + 7919 * int(event.get("actor_index", 0))
         envs = make_vector_env(spec.env_id, spec.num_envs, seed=seed, env_kwargs=spec.env_kwargs)
         obs, _ = envs.reset(seed=seed)
-        state = ActorState(envs, obs, EpisodeTracker.for_envs(spec.num_envs), new_policy(ctx, spec))
+        scaler = RewardScaler.for_envs(spec.num_envs, spec.algo.gamma) if spec.algo.normalize_reward else None
+        state = ActorState(envs, obs, EpisodeTracker.for_envs(spec.num_envs), new_policy(ctx, spec), scaler)
         ctx.memo[key] = state
 
     version = job.policies.version()
@@ -49,7 +51,7 @@ def handle(event: dict[str, Any], ctx: Context) -> dict[str, Any]:
         state.version = version
 
     steps = int(event.get("steps", spec.actor_steps))
-    arrays, state.obs = collect(state.policy, state.envs, state.obs, state.tracker, steps)
+    arrays, state.obs = collect(state.policy, state.envs, state.obs, state.tracker, steps, state.reward_scaler)
     returns, lengths = state.tracker.take()
     batch = TrajectoryBatch(
         actor_id=actor_id,

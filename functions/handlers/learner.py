@@ -5,12 +5,22 @@ from __future__ import annotations
 
 from typing import Any
 
-from cache import GradientRecord, LearnerTask, VersionNotFound
+from cache import GradientRecord, JobCache, LearnerTask, VersionNotFound
 from functions.algos.config import IMPACTConfig
 from functions.context import Context
 from functions.handlers import job_id_of
-from functions.learn import impact_gradient, ppo_gradient
+from functions.learn import impact_gradient, obs_moments, ppo_gradient, prepare_ppo_round
 from functions.warm import policy_at, spec_of
+
+
+def _batches(job: JobCache, task: LearnerTask) -> list[Any]:
+    out = []
+    for bid in task.batch_ids:
+        batch = job.trajectories.get(bid)
+        if batch is None:
+            raise LookupError(f"trajectory batch {bid} of round {task.round} is gone from the cache")
+        out.append(batch.arrays)
+    return out
 
 
 def handle(event: dict[str, Any], ctx: Context) -> dict[str, Any]:
@@ -40,12 +50,6 @@ def handle(event: dict[str, Any], ctx: Context) -> dict[str, Any]:
                     others.append(policy_at(ctx, job, spec, v))
                 except VersionNotFound:
                     continue  # retired past the newest K versions: nothing to truncate against
-        batches = []
-        for bid in task.batch_ids:
-            batch = job.trajectories.get(bid)
-            if batch is None:
-                raise LookupError(f"trajectory batch {bid} of round {task.round} is gone from the cache")
-            batches.append(batch.arrays)
         agg = job.client.hgetall(job.keys.aggregator)
         kl_coef = float(agg[b"kl_coef"]) if b"kl_coef" in agg else None
         if isinstance(spec.algo, IMPACTConfig):
@@ -54,10 +58,23 @@ def handle(event: dict[str, Any], ctx: Context) -> dict[str, Any]:
                 target = policy_at(ctx, job, spec, target_version)
             except VersionNotFound:
                 target = policy
-            grads, stats = impact_gradient(policy, target, batches, task, spec.algo, others=others, kl_coef=kl_coef)
+            grads, stats = impact_gradient(
+                policy, target, _batches(job, task), task, spec.algo, others=others, kl_coef=kl_coef
+            )
         else:
-            grads, stats = ppo_gradient(policy, batches, task, spec.algo, others=others, kl_coef=kl_coef)
+            key = f"ppo-round:{job.keys.job}:{','.join(task.batch_ids)}"
+            data = ctx.memo.get(key)
+            if data is None:  # first task of this round on this instance; keep only the newest round
+                for old in [k for k in ctx.memo if k.startswith(f"ppo-round:{job.keys.job}:")]:
+                    del ctx.memo[old]
+                data = prepare_ppo_round(_batches(job, task), gamma=spec.algo.gamma, lam=spec.algo.lam)
+                ctx.memo[key] = data
+            grads, stats = ppo_gradient(policy, data, task, spec.algo, others=others, kl_coef=kl_coef)
         stats |= {"round": task.round, "epoch": task.epoch, "minibatch": task.minibatch}
+        if policy.obs_normalizer is not None and task.epoch == 0 and task.minibatch == 0:
+            # Once per round: the round's observation moments, folded into the normaliser by the parameter
+            # function, so actors and learners of one version always share its statistics.
+            grads |= obs_moments(policy, _batches(job, task))
     finally:
         # Done with the policy: others need not truncate against it any more. Until the push below the task
         # itself still counts as in flight, so the parameter function cannot flush early.

@@ -23,6 +23,7 @@ from functions.algos.staleness import (
 from functions.context import Context
 from functions.handlers import job_id_of
 from functions.jobspec import JobRequest, JobSpec, resolve, save_spec
+from functions.learn import OBS_MOMENTS
 from functions.serialize import (
     build_optimizer,
     load_optimizer_bytes,
@@ -74,6 +75,18 @@ def _start_round(spec: JobSpec, fields: dict[str, float], new_round: int, versio
         if new_round - last >= cfg.target_update_frequency:
             fields["target_version"], fields["target_round"] = float(version), float(new_round)
     fields["round_k"] = float(new_round)
+
+
+def _gradient_part(tensors: Any) -> dict[str, Any]:
+    return {k: v for k, v in tensors.items() if k not in OBS_MOMENTS}
+
+
+def _fold_obs_moments(policy: Any, records: list[Any]) -> None:
+    if policy.obs_normalizer is None:
+        return
+    for t in records:
+        if "_obs_mean" in t:
+            policy.obs_normalizer.update_from_moments(t["_obs_mean"], t["_obs_var"], float(t["_obs_count"]))
 
 
 def _in_flight_versions(job: JobCache, current: int) -> tuple[int, ...]:
@@ -151,9 +164,11 @@ def handle(event: dict[str, Any], ctx: Context) -> dict[str, Any]:
                 break
             used = queue[: record.count]
             scales = gradient_scales(rule, record.stalenesses[: record.count])
-            grads = aggregate([r.tensors for _, r in used], scales)
+            grads = aggregate([_gradient_part(r.tensors) for _, r in used], scales)
 
-            policy = new_policy(ctx, spec)  # a fresh module: cached policies are read-only snapshots
+            # One scratch module per instance, overwritten from the store: cached policies are read-only snapshots.
+            policy = ctx.memo.get(f"param-policy:{job.keys.job}") or new_policy(ctx, spec)
+            ctx.memo[f"param-policy:{job.keys.job}"] = policy
             _, blob = job.policies.latest()
             load_policy_bytes(policy, blob)
             optimizer = build_optimizer(event.get("optimizer", "adam"), list(policy.parameters()), lr=spec.algo.lr)
@@ -161,6 +176,7 @@ def handle(event: dict[str, Any], ctx: Context) -> dict[str, Any]:
             for name, p in policy.named_parameters():
                 p.grad = grads[name].clone()
             optimizer.step()
+            _fold_obs_moments(policy, [r.tensors for _, r in used])
             job.policies.publish(
                 lease,
                 expected_version=current,
