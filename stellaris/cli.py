@@ -54,10 +54,22 @@ def bench_cache(
 
 
 @app.command()
-def demo() -> None:
-    """The main job on the embedded default. (Until the training job lands: the cache benchmark.)"""
+def demo(
+    minutes: float = typer.Option(3.0, help="training budget"),
+    env: str = typer.Option("Hopper-v5", help="Gymnasium env id"),
+) -> None:
+    """The main job on the embedded default: a short Stellaris training run, then an evaluation of its policy."""
+    from stellaris.config import TrainConfig
+    from stellaris.control.run import run_training
+    from stellaris.evaluate import evaluate_run
+
     _sigterm_as_exit()
-    bench_cache(seconds=0.5, repeats=3)
+    cfg = TrainConfig(env=env, preset="fast", mode="stellaris", max_minutes=minutes)
+    code = run_training(cfg)
+    if code == 0 and cfg.out is not None:
+        returns = evaluate_run(cfg.out, episodes=3, seed=12345)
+        typer.echo(f"evaluation of {cfg.out}/policy.safetensors: mean return {sum(returns) / len(returns):.1f}")
+    raise typer.Exit(code)
 
 
 @app.command()
