@@ -6,7 +6,9 @@ import contextlib
 import ctypes
 import os
 import signal
+import subprocess
 import sys
+from typing import Any
 
 _PR_SET_PDEATHSIG = 1
 
@@ -18,3 +20,14 @@ def die_with_parent() -> None:
         with contextlib.suppress(OSError):
             ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     os.setsid()
+
+
+def stop_process(proc: subprocess.Popen[Any], timeout_s: float) -> None:
+    """SIGTERM, then SIGKILL if it has not exited after `timeout_s`; always reaps it."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

@@ -22,7 +22,7 @@ from pathlib import Path
 from types import TracebackType
 
 from cache.errors import RedisServerDied, RedisStartError
-from cache.lifetime import die_with_parent
+from cache.lifetime import die_with_parent, stop_process
 
 _READY = "Ready to accept connections"
 _PORT_IN_USE = "Address already in use"
@@ -179,13 +179,7 @@ class EmbeddedRedis:
         """Shut the server down (SIGTERM, then SIGKILL after `timeout_s`) and remove its directory."""
         proc, self._proc = self._proc, None
         if proc is not None:
-            if proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(timeout=timeout_s)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
+            stop_process(proc, timeout_s)
             if self._reader is not None:
                 self._reader.join(timeout=5)
         if self.workdir is not None:

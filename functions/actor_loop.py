@@ -6,14 +6,17 @@ learners fall behind; it stops at the next iteration boundary once its stop even
 
 from __future__ import annotations
 
+import logging
 import multiprocessing as mp
 import uuid
 from multiprocessing.synchronize import Event
 from typing import Any
 
-from cache import Cache, CacheSettings
+from cache import BackpressureTimeout, Cache, CacheSettings
 from functions.context import Context, Instance
 from functions.handlers import actor
+
+log = logging.getLogger("stellaris.actor")
 
 
 def actor_loop(
@@ -27,7 +30,13 @@ def actor_loop(
         pushed = 0
         while not stop.is_set() and (max_batches is None or pushed < max_batches):
             event: dict[str, Any] = {"job": job, "actor_id": actor_id, "actor_index": actor_index}
-            actor.handle(event, Context(uuid.uuid4().hex[:12], instance))
+            try:
+                actor.handle(event, Context(uuid.uuid4().hex[:12], instance))
+            except BackpressureTimeout as exc:
+                # Learners are behind for longer than the bounded wait: drop this batch and keep going rather
+                # than die; the queue bound keeps the data fresh.
+                log.warning("%s: %s", actor_id, exc)
+                continue
             pushed += 1
 
 

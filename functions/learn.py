@@ -12,8 +12,8 @@ from torch import Tensor
 from cache.records import LearnerTask as Task
 from functions.algos.config import IMPACTConfig, PPOConfig
 from functions.algos.gae import gae
-from functions.algos.impact import impact_loss
-from functions.algos.ppo import ppo_loss
+from functions.algos.impact import IMPACTLossTerms, impact_loss
+from functions.algos.ppo import PPOLossTerms, ppo_loss
 from functions.algos.truncation import truncated_is_weight, truncation_stats
 from functions.policies import ActorCritic, batch_moments
 
@@ -97,6 +97,18 @@ def prepare_ppo_round(batches: Sequence[Mapping[str, np.ndarray]], *, gamma: flo
     return PPORound(c["obs"], c["act"], c["mu"], c["adv"], c["ret"], c["val"])
 
 
+def _loss_stats(terms: PPOLossTerms | IMPACTLossTerms, *, kl: Tensor, samples: int) -> dict[str, float]:
+    return {
+        "loss": float(terms.total.detach()),
+        "policy_loss": float(terms.policy_loss.detach()),
+        "value_loss": float(terms.value_loss.detach()),
+        "entropy": float(terms.entropy.detach()),
+        "approx_kl": float(kl),
+        "clip_fraction": float(terms.clip_fraction),
+        "samples": float(samples),
+    }
+
+
 def ppo_gradient(
     policy: ActorCritic,
     data: PPORound,
@@ -138,16 +150,7 @@ def ppo_gradient(
         vf_clip=cfg.vf_clip,
     )
     grads = _gradients(policy, terms.total, cfg.max_grad_norm)
-    stats |= {
-        "loss": float(terms.total.detach()),
-        "policy_loss": float(terms.policy_loss.detach()),
-        "value_loss": float(terms.value_loss.detach()),
-        "entropy": float(terms.entropy.detach()),
-        "approx_kl": float(terms.approx_kl),
-        "clip_fraction": float(terms.clip_fraction),
-        "samples": float(len(idx)),
-    }
-    return grads, stats
+    return grads, stats | _loss_stats(terms, kl=terms.approx_kl, samples=len(idx))
 
 
 def impact_gradient(
@@ -213,16 +216,7 @@ def impact_gradient(
         is_weights=weights,
     )
     grads = _gradients(policy, terms.total, cfg.max_grad_norm)
-    stats |= {
-        "loss": float(terms.total.detach()),
-        "policy_loss": float(terms.policy_loss.detach()),
-        "value_loss": float(terms.value_loss.detach()),
-        "entropy": float(terms.entropy.detach()),
-        "approx_kl": float(terms.mean_kl),
-        "clip_fraction": float(terms.clip_fraction),
-        "samples": float(t_len * n),
-    }
-    return grads, stats
+    return grads, stats | _loss_stats(terms, kl=terms.mean_kl, samples=t_len * n)
 
 
 OBS_MOMENTS = ("_obs_mean", "_obs_var", "_obs_count")

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from cache.lifetime import die_with_parent
+from cache.lifetime import die_with_parent, stop_process
 from gateway.backends.base import BackendError, InstanceHandle
 from gateway.models import FunctionSpec
 
@@ -121,13 +121,7 @@ class ProcessBackend:
             proc = self._procs.pop(handle.id, None)
         if proc is None:
             return
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop_process(proc, timeout_s)
         if proc.stdout is not None:
             proc.stdout.close()
 

@@ -9,7 +9,7 @@ import sys
 from types import TracebackType
 
 from cache import Cache, CacheSettings
-from cache.lifetime import die_with_parent
+from cache.lifetime import die_with_parent, stop_process
 from gateway.client import GatewayClient
 
 
@@ -65,12 +65,7 @@ class Platform:
         if self.gateway is not None:
             self.gateway.close()
         if self.gateway_proc is not None:
-            self.gateway_proc.terminate()
-            try:
-                self.gateway_proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.gateway_proc.kill()
-                self.gateway_proc.wait()
+            stop_process(self.gateway_proc, 60)
         if self.cache is not None:
             self.cache.close()
 

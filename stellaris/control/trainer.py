@@ -72,37 +72,12 @@ class Trainer:
             "STELLARIS_LOG_LEVEL": os.environ.get("STELLARIS_LOG_LEVEL", "WARNING"),
             "STELLARIS_JOB_TRAJECTORY_MAXLEN": str(self._queue_bound()),
         }
-        specs = [
-            FunctionSpec(
-                name=self.names["learner"], target="functions.handlers.learner:handle", timeout_s=3600,
-                max_concurrency=self.cfg.learners, max_instances=self.cfg.learners, queue_max=self.cfg.learners,
-                env=env, pricing=LEARNER_PRICING,
-            ),
+        self._register(
             FunctionSpec(
                 name=self.names["parameter"], target="functions.handlers.parameter:handle", timeout_s=3600,
                 max_concurrency=1, max_instances=1, queue_max=4, min_warm=1, env=env, pricing=LEARNER_PRICING,
-            ),
-        ]  # fmt: skip
-        if self.cfg.actor_kind == "serverless":
-            specs.append(
-                FunctionSpec(
-                    name=self.names["actor"],
-                    target="functions.handlers.actor:handle",
-                    timeout_s=3600,
-                    max_concurrency=self.cfg.actors,
-                    max_instances=self.cfg.actors,
-                    queue_max=self.cfg.actors,
-                    env=env,
-                    pricing=ACTOR_PRICING,
-                )
             )
-        for spec in specs:
-            try:
-                self.gateway.register(spec)
-            except GatewayError as exc:
-                if exc.status_code != 409:
-                    raise
-                self.gateway.register(spec, replace=True)
+        )  # fmt: skip
         self._restore()
         result, act = self.gateway.invoke_metered(
             self.names["parameter"], {"job": self.job_id, "init": self.cfg.job_request(self.job_id)}
@@ -110,8 +85,38 @@ class Trainer:
         self._charge([act])
         self.spec = result["spec"]
         self.run.write_config(self.cfg.model_dump(mode="json"), self.spec)
+        # A round's gradients may all wait in the queue (the staleness rule can defer them to the round's flush),
+        # so the gradient and task streams are sized for whole rounds, not the generic defaults.
+        per_round = int(self.spec["algo"]["num_epochs"]) * int(self.spec["algo"]["num_minibatches"])
+        env |= {
+            "STELLARIS_JOB_GRADIENT_MAXLEN": str(max(256, 2 * per_round)),
+            "STELLARIS_JOB_TASK_MAXLEN": str(max(4096, 2 * per_round)),
+        }
+        self._register(
+            FunctionSpec(
+                name=self.names["learner"], target="functions.handlers.learner:handle", timeout_s=3600,
+                max_concurrency=self.cfg.learners, max_instances=self.cfg.learners, queue_max=self.cfg.learners,
+                env=env, pricing=LEARNER_PRICING,
+            )
+        )  # fmt: skip
+        if self.cfg.actor_kind == "serverless":
+            self._register(
+                FunctionSpec(
+                    name=self.names["actor"], target="functions.handlers.actor:handle", timeout_s=3600,
+                    max_concurrency=self.cfg.actors, max_instances=self.cfg.actors, queue_max=self.cfg.actors,
+                    env=env, pricing=ACTOR_PRICING,
+                )
+            )  # fmt: skip
         if self.cfg.actor_kind == "serverful":
             self._start_actors()
+
+    def _register(self, spec: FunctionSpec) -> None:
+        try:
+            self.gateway.register(spec)
+        except GatewayError as exc:
+            if exc.status_code != 409:
+                raise
+            self.gateway.register(spec, replace=True)
 
     def _restore(self) -> None:
         """On resume, put the checkpoint back into the cache: the policy at its version, optimizer state, and the
@@ -162,11 +167,18 @@ class Trainer:
         ids = [bid for bid, _ in batches]
         algo = self.spec["algo"]
         m, epochs = algo["num_minibatches"], algo["num_epochs"]
-        plan = [range(e, e + 1) for e in range(epochs)] if self.cfg.mode == "sync" else [range(epochs)]
-        for epoch_range in plan:
-            tasks = [LearnerTask(self.round, tuple(ids), e, i, m) for e in epoch_range for i in range(m)]
+        tasks = [LearnerTask(self.round, tuple(ids), e, i, m) for e in range(epochs) for i in range(m)]
+        if self.cfg.mode == "sync":
+            # A synchronous step: one task per learner, all on the same version, averaged into one update; the
+            # next step's learners wait for that version (SPEC §5's `sync` baseline).
+            step = self.cfg.learners
+            for lo in range(0, len(tasks), step):
+                chunk = tasks[lo : lo + step]
+                self.job.enqueue_tasks(chunk)
+                self._run_tasks(len(chunk), rs, sync_expected=len(chunk))
+        else:
             self.job.enqueue_tasks(tasks)
-            self._run_tasks(len(tasks), rs, sync_expected=m if self.cfg.mode == "sync" else None)
+            self._run_tasks(len(tasks), rs, sync_expected=None)
         self.job.trajectories.ack(ids)
         return self._record(batches, rs, time.monotonic() - t0, actor_time)
 
@@ -293,7 +305,7 @@ class Trainer:
             "staleness_min": s_min,
             "staleness_std": s_std,
             "learner_loss": sum(losses) / len(losses) if losses else math.nan,
-            "cost": round(self.cost, 8),
+            "cost": self.cost,
             "staleness_bound": thresholds[-1] if thresholds else math.nan,
             "env_steps": self.env_steps,
             "truncated_fraction": sum(truncated) / len(truncated) if truncated else math.nan,

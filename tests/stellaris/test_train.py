@@ -160,3 +160,21 @@ def test_bad_configuration_fails_before_anything_starts(tmp_path: Path, args: li
     proc = run_train(train_cmd(tmp_path, "--rounds", "1", "--out", str(tmp_path / "run"), *args), timeout_s=60)
     assert proc.returncode == 2 and message in proc.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_train_drives_a_running_deployment_given_its_urls(redis_server, tmp_path: Path) -> None:
+    from tests.gateway.conftest import TOKEN, start_gateway, stop_gateway
+
+    gw = start_gateway(redis_server.url)
+    try:
+        out = tmp_path / "run"
+        cmd = train_cmd(tmp_path, "--rounds", "2", "--out", str(out), "--redis-url", redis_server.url,
+                        "--gateway-url", gw.url, "--gateway-token", TOKEN)  # fmt: skip
+        proc = run_train(cmd)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        with gw.client() as client:
+            names = {f["name"].rsplit("-", 1)[1] for f in client.functions()}
+        assert {"learner", "parameter"} <= names  # registered on, and run by, the given gateway
+        assert len(rows(out / "info.csv")) == 2
+    finally:
+        stop_gateway(gw)
