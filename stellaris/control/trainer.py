@@ -19,7 +19,7 @@ from typing import Any
 from cache import JobCache, JobLimits, LearnerTask, TrajectoryBatch
 from cache.lifetime import die_with_parent
 from gateway.client import GatewayClient, GatewayError
-from gateway.models import ACTOR_PRICING, LEARNER_PRICING, Activation, FunctionSpec
+from gateway.models import ACTOR_PRICING, LEARNER_PRICING, Activation, FunctionSpec, Pricing
 from stellaris.config import TrainConfig
 from stellaris.control.outputs import RunDir, stats
 from stellaris.control.platform import Platform
@@ -92,23 +92,18 @@ class Trainer:
             "STELLARIS_JOB_GRADIENT_MAXLEN": str(max(256, 2 * per_round)),
             "STELLARIS_JOB_TASK_MAXLEN": str(max(4096, 2 * per_round)),
         }
-        self._register(
-            FunctionSpec(
-                name=self.names["learner"], target="functions.handlers.learner:handle", timeout_s=3600,
-                max_concurrency=self.cfg.learners, max_instances=self.cfg.learners, queue_max=self.cfg.learners,
-                env=env, pricing=LEARNER_PRICING,
-            )
-        )  # fmt: skip
+        self._register(self._pool_spec("learner", self.cfg.learners, env, LEARNER_PRICING))
         if self.cfg.actor_kind == "serverless":
-            self._register(
-                FunctionSpec(
-                    name=self.names["actor"], target="functions.handlers.actor:handle", timeout_s=3600,
-                    max_concurrency=self.cfg.actors, max_instances=self.cfg.actors, queue_max=self.cfg.actors,
-                    env=env, pricing=ACTOR_PRICING,
-                )
-            )  # fmt: skip
-        if self.cfg.actor_kind == "serverful":
+            self._register(self._pool_spec("actor", self.cfg.actors, env, ACTOR_PRICING))
+        else:
             self._start_actors()
+
+    def _pool_spec(self, role: str, size: int, env: dict[str, str], pricing: Pricing) -> FunctionSpec:
+        """Up to `size` single-call instances of a handler: the capacity the control plane fills on demand."""
+        return FunctionSpec(
+            name=self.names[role], target=f"functions.handlers.{role}:handle", timeout_s=3600,
+            max_concurrency=size, max_instances=size, queue_max=size, env=env, pricing=pricing,
+        )  # fmt: skip
 
     def _register(self, spec: FunctionSpec) -> None:
         try:
