@@ -306,7 +306,7 @@ def create_app(
     async def invoke_async(name: str, request: Request, _: Auth) -> JSONResponse:
         pool = await gw.pool(name)
         event = await event_of(request)
-        if pool._slots.locked() and pool.waiting >= pool.spec.queue_max:
+        if pool.full():
             gw.metrics.invocations.labels(name, "429").inc()
             return _error(429, "TooManyRequests", f"function {name!r}: concurrency and queue are full",
                           {"Retry-After": "1"})  # fmt: skip

@@ -73,8 +73,12 @@ class FunctionPool:
         self._closed = False
 
     # -- admission and invocation -----------------------------------------------------------------------------
+    def full(self) -> bool:
+        """Every slot busy and the wait queue at its bound: a new call would be refused (429)."""
+        return self._slots.locked() and self.waiting >= self.spec.queue_max
+
     async def invoke(self, event: dict[str, Any], *, call_id: str) -> Outcome:
-        if self._slots.locked() and self.waiting >= self.spec.queue_max:
+        if self.full():
             raise QueueFull(self.spec.name, retry_after_s=max(1.0, self.spec.timeout_s / 10))
         accepted = time.monotonic()
         self.waiting += 1

@@ -59,6 +59,7 @@ class Trainer:
         self.learners = ThreadPoolExecutor(max_workers=cfg.learners, thread_name_prefix="learner-call")
         self.in_flight = 0
         self.collect_estimate_s = 0.0
+        self.last_policy: bytes | None = None  # the newest checkpointed weights, written as safetensors at the end
         self.spec: dict[str, Any] = {}
         self.names = {role: f"{self.job_id}-{role}" for role in ("actor", "learner", "parameter")}
 
@@ -338,6 +339,5 @@ class Trainer:
                 proc.kill()
                 proc.wait()
         self.learners.shutdown(wait=False, cancel_futures=True)
-        policy = getattr(self, "last_policy", None)
-        if policy is not None:
-            self.run.write_final_policy(policy)
+        if self.last_policy is not None:
+            self.run.write_final_policy(self.last_policy)
