@@ -90,6 +90,7 @@ def train(
     v: float | None = typer.Option(None, "--v"),
     rho: float | None = typer.Option(None, "--rho"),
     no_truncation: bool = typer.Option(False, "--no-truncation"),
+    billing: str | None = typer.Option(None, help="serverless (metered invocations) or serverful (held resources)"),
     seed: int | None = typer.Option(None),
     out: Path | None = typer.Option(None, help="run directory"),
     redis_url: str | None = typer.Option(None, "--redis-url", envvar="REDIS_URL"),
@@ -106,7 +107,8 @@ def train(
         "env": env, "algo": algo, "preset": preset, "mode": mode, "rounds": rounds, "total_steps": total_steps,
         "max_minutes": max_minutes, "actors": actors, "actor_kind": actor_kind, "envs_per_actor": envs_per_actor,
         "learners": learners, "d": d, "v": v, "rho": rho, "truncation": False if no_truncation else None,
-        "seed": seed, "out": out, "redis_url": redis_url, "gateway_url": gateway_url, "gateway_token": gateway_token,
+        "billing": billing, "seed": seed, "out": out, "redis_url": redis_url, "gateway_url": gateway_url,
+        "gateway_token": gateway_token,
     }  # fmt: skip
     try:
         if resume is not None:
@@ -118,6 +120,26 @@ def train(
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from exc
     raise typer.Exit(run_training(cfg, resume=resume is not None))
+
+
+@app.command()
+def experiment(
+    suite: str = typer.Argument(..., help="algorithms, cost, ablation, sensitivity or breakdown"),
+    preset: str = typer.Option("quick", help="quick (≤15 min per suite on 2 cores) or paper (50 rounds, Table III)"),
+    seeds: int | None = typer.Option(None, help="seeds per configuration (default: quick 2, paper 10)"),
+    out: Path = typer.Option(Path("results"), help="output root; suites under one root share identical runs"),
+    parallel: int = typer.Option(2, help="training runs at a time"),
+) -> None:
+    """Run a suite of the paper's evaluation (same as `python -m experiments.run`)."""
+    from experiments.run import run_suite
+
+    _sigterm_as_exit()
+    try:
+        code = run_suite(suite, preset=preset, seeds=seeds, out=out, parallel=parallel)
+    except ValueError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    raise typer.Exit(code)
 
 
 @app.command("eval")

@@ -43,6 +43,11 @@ class TrainConfig(BaseModel):
     redis_url: str | None = None
     gateway_url: str | None = None
     gateway_token: str | None = None
+    billing: Literal["serverless", "serverful"] = Field(
+        default="serverless",
+        description="serverless: each invocation's metered cost; serverful: actors, learner capacity and the "
+        "parameter server charged for the whole wall-clock time (SPEC §7)",
+    )
     torch_threads: int = Field(default=1, ge=1, le=64, description="torch threads per function instance")
 
     @field_validator("env")

@@ -3,6 +3,7 @@ push it and ACK the task in one atomic step, deregister."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from cache import GradientRecord, JobCache, LearnerTask, VersionNotFound
@@ -41,6 +42,7 @@ def handle(event: dict[str, Any], ctx: Context) -> dict[str, Any]:
     version = int(version) if version is not None else job.policies.version()
     assert version is not None
     job.learners.register(learner_id, version)
+    compute_s = 0.0  # time in the algorithm; the rest of the handler is cache I/O and (de)serialisation
     try:
         policy = policy_at(ctx, job, spec, version)
         others = []
@@ -58,27 +60,39 @@ def handle(event: dict[str, Any], ctx: Context) -> dict[str, Any]:
                 target = policy_at(ctx, job, spec, target_version)
             except VersionNotFound:
                 target = policy
-            grads, stats = impact_gradient(
-                policy, target, _batches(job, task), task, spec.algo, others=others, kl_coef=kl_coef
-            )
+            batches = _batches(job, task)
+            t0 = time.perf_counter()
+            grads, stats = impact_gradient(policy, target, batches, task, spec.algo, others=others, kl_coef=kl_coef)
+            compute_s += time.perf_counter() - t0
         else:
             key = f"ppo-round:{job.keys.job}:{','.join(task.batch_ids)}"
             data = ctx.memo.get(key)
             if data is None:  # first task of this round on this instance; keep only the newest round
                 for old in [k for k in ctx.memo if k.startswith(f"ppo-round:{job.keys.job}:")]:
                     del ctx.memo[old]
-                data = prepare_ppo_round(_batches(job, task), gamma=spec.algo.gamma, lam=spec.algo.lam)
+                batches = _batches(job, task)
+                t0 = time.perf_counter()
+                data = prepare_ppo_round(batches, gamma=spec.algo.gamma, lam=spec.algo.lam)
+                compute_s += time.perf_counter() - t0
                 ctx.memo[key] = data
+            t0 = time.perf_counter()
             grads, stats = ppo_gradient(policy, data, task, spec.algo, others=others, kl_coef=kl_coef)
+            compute_s += time.perf_counter() - t0
         stats |= {"round": task.round, "epoch": task.epoch, "minibatch": task.minibatch}
         if policy.obs_normalizer is not None and task.epoch == 0 and task.minibatch == 0:
             # Once per round: the round's observation moments, folded into the normaliser by the parameter
             # function, so actors and learners of one version always share its statistics.
-            grads |= obs_moments(policy, _batches(job, task))
+            batches = _batches(job, task)
+            t0 = time.perf_counter()
+            grads |= obs_moments(policy, batches)
+            compute_s += time.perf_counter() - t0
     finally:
         # Done with the policy: others need not truncate against it any more. Until the push below the task
         # itself still counts as in flight, so the parameter function cannot flush early.
         job.learners.deregister(learner_id)
     record = GradientRecord(learner_id, version, task.batch_ids, grads, stats)
     grad_id = job.gradients.put(record, ack=(job.tasks, [entry.id]))
-    return {"status": "done", "gradient_id": grad_id, "task_id": entry.id, "base_version": version, **stats}
+    return {
+        "status": "done", "gradient_id": grad_id, "task_id": entry.id, "base_version": version,
+        "compute_s": compute_s, **stats,
+    }  # fmt: skip

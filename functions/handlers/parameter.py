@@ -5,6 +5,7 @@ the cache, and the update lease (a fencing token checked inside Redis) lets one 
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 from cache import JobCache, LeaseUnavailable
@@ -129,6 +130,7 @@ def handle(event: dict[str, Any], ctx: Context) -> dict[str, Any]:
         return {"status": "busy", "decisions": []}
 
     decisions: list[dict[str, Any]] = []
+    compute_s = 0.0  # aggregation and the optimizer step; the rest of the handler is cache I/O and (de)serialisation
     try:
         while len([d for d in decisions if d["applied"]]) < max_updates:
             current = job.policies.version()
@@ -163,8 +165,10 @@ def handle(event: dict[str, Any], ctx: Context) -> dict[str, Any]:
                 _save_state(job, fields)
                 break
             used = queue[: record.count]
+            t0 = time.perf_counter()
             scales = gradient_scales(rule, record.stalenesses[: record.count])
             grads = aggregate([_gradient_part(r.tensors) for _, r in used], scales)
+            compute_s += time.perf_counter() - t0
 
             # One scratch module per instance, overwritten from the store: cached policies are read-only snapshots.
             policy = ctx.memo.get(f"param-policy:{job.keys.job}") or new_policy(ctx, spec)
@@ -173,10 +177,12 @@ def handle(event: dict[str, Any], ctx: Context) -> dict[str, Any]:
             load_policy_bytes(policy, blob)
             optimizer = build_optimizer(event.get("optimizer", "adam"), list(policy.parameters()), lr=spec.algo.lr)
             load_optimizer_bytes(optimizer, job.policies.optimizer_state() or b"")
+            t0 = time.perf_counter()
             for name, p in policy.named_parameters():
                 p.grad = grads[name].clone()
             optimizer.step()
             _fold_obs_moments(policy, [r.tensors for _, r in used])
+            compute_s += time.perf_counter() - t0
             job.policies.publish(
                 lease,
                 expected_version=current,
@@ -197,4 +203,4 @@ def handle(event: dict[str, Any], ctx: Context) -> dict[str, Any]:
             _save_state(job, fields)
     finally:
         job.policies.release(lease)
-    return {"status": "ok", "version": job.policies.version(), "decisions": decisions}
+    return {"status": "ok", "version": job.policies.version(), "decisions": decisions, "compute_s": compute_s}

@@ -20,6 +20,8 @@ INFO_COLUMNS = [
     "eval_reward_max", "eval_reward_mean", "eval_reward_min", "eval_reward_std",
     "staleness_max", "staleness_mean", "staleness_min", "staleness_std",
     "learner_loss", "cost", "staleness_bound", "env_steps", "truncated_fraction", "aggregations", "flushes",
+    "parameter_time", "learner_compute_time", "parameter_compute_time", "cache_time", "invocation_overhead",
+    "cost_learner", "cost_actor",
 ]  # fmt: skip
 TIMELINE_COLUMNS = ["wall_clock_s", "episodic_reward"]
 INVOCATION_COLUMNS = [

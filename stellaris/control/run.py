@@ -66,6 +66,7 @@ def run_training(cfg: TrainConfig, *, resume: bool = False) -> int:
                                 f"reward {_fmt(row['eval_reward_mean'])} cost {row['cost']:.6f}",
                                 highlight=False,
                             )
+                trainer.finish()
             finally:
                 trainer.close()
     except KeyboardInterrupt:

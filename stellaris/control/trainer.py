@@ -37,6 +37,30 @@ class RoundStats:
     decisions: list[dict[str, Any]] = field(default_factory=list)
     activations: list[Activation] = field(default_factory=list)
     max_in_flight: int = 0
+    # Latency breakdown (paper Fig. 14), seconds summed over the round's calls: algorithm time inside learner and
+    # parameter handlers, the rest of their handler time (cache I/O, (de)serialisation), and invocation overhead
+    # (client-observed latency minus handler time: HTTP, gateway queueing, instance dispatch).
+    learner_compute_s: float = 0.0
+    parameter_compute_s: float = 0.0
+    cache_s: float = 0.0
+    invocation_s: float = 0.0
+
+    def add(self, call: Call, *, kind: str) -> None:
+        result, act, latency = call
+        self.activations.append(act)
+        handler = act.duration_s or 0.0
+        self.invocation_s += max(0.0, latency - handler)
+        if kind == "actor":
+            return
+        compute = min(float(result.get("compute_s", 0.0)), handler)
+        self.cache_s += handler - compute
+        if kind == "learner":
+            self.learner_compute_s += compute
+        else:
+            self.parameter_compute_s += compute
+
+
+Call = tuple[dict[str, Any], Activation, float]  # result, metering, client-observed latency in seconds
 
 
 class Trainer:
@@ -51,11 +75,13 @@ class Trainer:
         self.job = JobCache(self.cache.client, self.job_id, JobLimits(trajectory_maxlen=self._queue_bound()))
         self.round = int(self.state.get("round", 0))
         self.env_steps = int(self.state.get("env_steps", 0))
-        self.cost = float(self.state.get("cost", 0.0))
         self.elapsed_before = float(self.state.get("elapsed_s", 0.0))
         self.started = time.monotonic()
         self.actor_procs: list[subprocess.Popen[bytes]] = []
         self.actors_charged_until = time.monotonic()
+        self.serverful_charged_until = time.monotonic()
+        self.cost_learner = float(self.state.get("cost_learner", self.state.get("cost", 0.0)))
+        self.cost_actor = float(self.state.get("cost_actor", 0.0))
         self.learners = ThreadPoolExecutor(max_workers=cfg.learners, thread_name_prefix="learner-call")
         self.in_flight = 0
         self.collect_estimate_s = 0.0
@@ -80,9 +106,7 @@ class Trainer:
             )
         )  # fmt: skip
         self._restore()
-        result, act = self.gateway.invoke_metered(
-            self.names["parameter"], {"job": self.job_id, "init": self.cfg.job_request(self.job_id)}
-        )
+        result, act, _ = self._call("parameter", {"job": self.job_id, "init": self.cfg.job_request(self.job_id)})
         self._charge([act])
         self.spec = result["spec"]
         self.run.write_config(self.cfg.model_dump(mode="json"), self.spec)
@@ -182,17 +206,10 @@ class Trainer:
         need = int(self.spec["algo"]["train_batch_size"])
         t0 = time.monotonic()
         if self.cfg.actor_kind == "serverless":
-            calls = [
-                self.learners.submit(
-                    self.gateway.invoke_metered,
-                    self.names["actor"],
-                    {"job": self.job_id, "actor_id": f"actor-{i}", "actor_index": i},
-                )
-                for i in range(self.cfg.actors)
-            ]
+            events = [{"job": self.job_id, "actor_id": f"actor-{i}", "actor_index": i} for i in range(self.cfg.actors)]
+            calls = [self.learners.submit(self._call, "actor", event) for event in events]
             for call in calls:
-                _, act = call.result()
-                rs.activations.append(act)
+                rs.add(call.result(), kind="actor")
         batches: list[tuple[str, TrajectoryBatch]] = []
         steps = 0
         deadline = time.monotonic() + BATCH_WAIT_S
@@ -205,24 +222,27 @@ class Trainer:
         self.env_steps += steps
         return batches, time.monotonic() - t0
 
-    def _learner_call(self, reclaim: bool) -> tuple[dict[str, Any], Activation]:
+    def _call(self, role: str, event: dict[str, Any]) -> Call:
+        t0 = time.perf_counter()
+        result, act = self.gateway.invoke_metered(self.names[role], event)
+        return result, act, time.perf_counter() - t0
+
+    def _learner_call(self, reclaim: bool) -> Call:
         event: dict[str, Any] = {"job": self.job_id}
         if reclaim:
             event["reclaim_idle_s"] = 0.0
-        return self.gateway.invoke_metered(self.names["learner"], event)
+        return self._call("learner", event)
 
     def _parameter_call(self, rs: RoundStats, sync_expected: int | None) -> dict[str, Any]:
-        result, act = self.gateway.invoke_metered(
-            self.names["parameter"], {"job": self.job_id, "sync_expected": sync_expected, "wait_s": 30.0}
-        )
-        rs.activations.append(act)
-        rs.decisions += result.get("decisions", [])
-        return result
+        call = self._call("parameter", {"job": self.job_id, "sync_expected": sync_expected, "wait_s": 30.0})
+        rs.add(call, kind="parameter")
+        rs.decisions += call[0].get("decisions", [])
+        return call[0]
 
     def _run_tasks(self, n: int, rs: RoundStats, *, sync_expected: int | None) -> None:
         """Invoke learners on demand, one task each, at most `learners` at once; the parameter function after
         every gradient; then flush until the round's queue is empty."""
-        pending: set[Future[tuple[dict[str, Any], Activation]]] = set()
+        pending: set[Future[Call]] = set()
         launched, reclaim = 0, False
         while launched < n or pending:
             while launched < n and len(pending) < self.cfg.learners:
@@ -234,16 +254,16 @@ class Trainer:
             done, pending = wait(pending, return_when=FIRST_COMPLETED)
             for fut in done:
                 try:
-                    result, act = fut.result()
+                    call = fut.result()
                 except GatewayError as exc:
                     if exc.status_code not in (502, 504):
                         raise
                     launched -= 1  # its task stays pending under a dead consumer: the next call reclaims it
                     reclaim = True
                     continue
-                rs.activations.append(act)
-                if result.get("status") == "done":
-                    rs.learner_results.append(result)
+                rs.add(call, kind="learner")
+                if call[0].get("status") == "done":
+                    rs.learner_results.append(call[0])
             self._parameter_call(rs, sync_expected)
         self.in_flight = 0
         for _ in range(16):  # liveness: nothing in flight now, so the rule flushes what it deferred
@@ -254,19 +274,31 @@ class Trainer:
         raise TrainingError("the parameter function did not drain the round's gradients")
 
     # -- accounting -------------------------------------------------------------------------------------------
-    def _charge(self, acts: list[Activation]) -> float:
+    def _charge(self, acts: list[Activation]) -> None:
+        """Record the activations; under serverless billing charge each its metered cost (SPEC §7)."""
         self.run.record_invocations(acts)
-        total = sum(a.cost_usd for a in acts)
-        self.cost += total
-        return total
+        if self.cfg.billing == "serverful":
+            return  # held resources are charged by the wall clock instead, in _charge_held
+        actor = self.names["actor"]
+        self.cost_actor += sum(a.cost_usd for a in acts if a.function == actor)
+        self.cost_learner += sum(a.cost_usd for a in acts if a.function != actor)
 
-    def _charge_serverful_actors(self) -> None:
-        """Serverful actors hold their cores the whole time: charged per actor-second of lifetime (SPEC §7)."""
+    def _charge_held(self) -> None:
+        """Serverful resources are charged for the whole wall-clock time they are held (SPEC §7): serverful actors
+        always (one core each); under serverful billing also every actor and the learner capacity plus the parameter
+        server, at the same per-resource-second prices the meter uses."""
         now = time.monotonic()
-        if self.actor_procs:
-            seconds = (now - self.actors_charged_until) * len(self.actor_procs)
-            self.cost += seconds * ACTOR_PRICING.usd_per_second
+        if self.actor_procs or self.cfg.billing == "serverful":
+            self.cost_actor += (now - self.actors_charged_until) * self.cfg.actors * ACTOR_PRICING.usd_per_second
         self.actors_charged_until = now
+        if self.cfg.billing == "serverful":
+            slots = self.cfg.learners + 1
+            self.cost_learner += (now - self.serverful_charged_until) * slots * LEARNER_PRICING.usd_per_second
+        self.serverful_charged_until = now
+
+    @property
+    def cost(self) -> float:
+        return self.cost_learner + self.cost_actor
 
     def _record(
         self, batches: list[tuple[str, TrajectoryBatch]], rs: RoundStats, duration: float, actor_time: float
@@ -278,12 +310,13 @@ class Trainer:
         deltas = [float(s) for d in applied for s in d["stalenesses"][: d["count"]]]
         thresholds = [d["threshold"] for d in applied if d.get("threshold") is not None]
         self._charge(rs.activations)
-        self._charge_serverful_actors()
+        self._charge_held()
         r_max, r_mean, r_min, r_std = stats(returns)
         s_max, s_mean, s_min, s_std = stats(deltas)
         losses = [r["loss"] for r in rs.learner_results if "loss" in r]
         truncated = [r["truncated_fraction"] for r in rs.learner_results if "truncated_fraction" in r]
         learner_time = sum(a.duration_s or 0.0 for a in rs.activations if a.function == self.names["learner"])
+        parameter_time = sum(a.duration_s or 0.0 for a in rs.activations if a.function == self.names["parameter"])
         row = {
             "round_id": self.round,
             "duration": round(duration, 4),
@@ -307,6 +340,13 @@ class Trainer:
             "truncated_fraction": sum(truncated) / len(truncated) if truncated else math.nan,
             "aggregations": len(applied),
             "flushes": sum(1 for d in applied if d["decision"] == "flush"),
+            "parameter_time": round(parameter_time, 4),
+            "learner_compute_time": round(rs.learner_compute_s, 4),
+            "parameter_compute_time": round(rs.parameter_compute_s, 4),
+            "cache_time": round(rs.cache_s, 4),
+            "invocation_overhead": round(rs.invocation_s, 4),
+            "cost_learner": self.cost_learner,
+            "cost_actor": self.cost_actor,
         }
         self.run.info.write([row])
         self._checkpoint()
@@ -322,6 +362,8 @@ class Trainer:
             "version": version,
             "env_steps": self.env_steps,
             "cost": self.cost,
+            "cost_learner": self.cost_learner,
+            "cost_actor": self.cost_actor,
             "elapsed_s": self.elapsed_s(),
             "aggregator": aggregator,
         }
@@ -329,7 +371,19 @@ class Trainer:
         self.last_policy = policy
 
     # -- teardown ---------------------------------------------------------------------------------------------
-    def close(self) -> None:
+    def finish(self) -> None:
+        """After the last round: the job's functions and cache data go (the run directory has the checkpoint), so a
+        shared deployment keeps no idle instances or keys of finished jobs."""
+        self._stop_actors()
+        for name in self.names.values():
+            try:
+                self.gateway.delete(name)
+            except GatewayError as exc:
+                if exc.status_code != 404:
+                    raise
+        self.job.delete()
+
+    def _stop_actors(self) -> None:
         for proc in self.actor_procs:
             proc.terminate()
         for proc in self.actor_procs:
@@ -338,6 +392,10 @@ class Trainer:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+        self.actor_procs.clear()
+
+    def close(self) -> None:
+        self._stop_actors()
         self.learners.shutdown(wait=False, cancel_futures=True)
         if self.last_policy is not None:
             self.run.write_final_policy(self.last_policy)

@@ -1,0 +1,172 @@
+"""`python -m experiments.run SUITE --preset quick|paper --seeds N --out DIR`: a suite of the paper's evaluation.
+
+Output layout under DIR: `runs/<run-id>/` (each a training run directory: info.csv, timeline.csv, invocations.csv,
+config, checkpoint, log.txt) and `<suite>/` (runs.csv, summary.csv, PNG figures). Suites share runs under one DIR.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from experiments import figures
+from experiments.runner import Deployment, Outcome, execute, run_dir
+from experiments.suites import PRESETS, SUITES, RunPlan, plan
+from experiments.summary import RunResult, run_result, write_outputs
+
+console = Console(stderr=True)
+
+
+def _deployment(stack: ExitStack, redis_url: str | None, gateway_url: str | None, token: str | None) -> Deployment:
+    """The given deployment, or an embedded Redis and a local gateway shared by every run of the suite."""
+    from stellaris.control.platform import Platform
+
+    platform = stack.enter_context(Platform(redis_url=redis_url, gateway_url=gateway_url, gateway_token=token))
+    assert platform.cache is not None and platform.gateway_url is not None
+    return Deployment(platform.cache.url, platform.gateway_url, platform.gateway_token)
+
+
+def make_figures(
+    suite: str, suite_dir: Path, root: Path, plans: list[RunPlan], results: list[RunResult], note: str
+) -> list[Path]:
+    groups = list(dict.fromkeys(p.group for p in plans))
+    made: list[Path] = []
+    if suite == "algorithms":
+        for algo, fig in (("ppo", "Fig. 6"), ("impact", "Fig. 7")):
+            made.append(
+                figures.reward_figure(
+                    suite_dir / f"algorithms_{algo}.png", root, plans, [g for g in groups if g.startswith(algo)],
+                    ["vanilla", "stellaris"], f"{algo.upper()}: vanilla vs Stellaris (cf. paper {fig})", note,
+                )
+            )  # fmt: skip
+    elif suite == "cost":
+        made.append(figures.cost_figure(suite_dir / "cost.png", results, groups, note))
+    elif suite == "ablation":
+        made.append(figures.ablation_figure(suite_dir / "ablation.png", root, plans, note))
+    elif suite == "sensitivity":
+        made.append(figures.sensitivity_figure(suite_dir / "sensitivity.png", results, note))
+    else:
+        made.append(figures.breakdown_figure(suite_dir / "breakdown.png", results, groups, note))
+    return made
+
+
+def _fmt(x: Any, spec: str) -> str:
+    return "-" if isinstance(x, float) and math.isnan(x) else format(x, spec)
+
+
+def print_summary(suite: str, rows: list[dict[str, Any]]) -> None:
+    table = Table(title=f"{suite}: final reward (mean ± std over seeds), cost, ratios vs baseline")
+    for col in ("group", "variant", "seeds", "reward", "wall s", "cost $", "reward ratio", "cost ratio", "overhead"):
+        table.add_column(col, justify="left" if col in ("group", "variant") else "right")
+    for r in rows:
+        table.add_row(
+            r["group"], r["variant"], str(r["seeds"]),
+            f"{_fmt(r['final_reward_mean'], '.1f')} ± {_fmt(r['final_reward_std'], '.1f')}",
+            _fmt(r["wall_clock_s_mean"], ".0f"), _fmt(r["cost_usd_mean"], ".4f"),
+            _fmt(r["reward_ratio"], ".2f"), _fmt(r["cost_ratio"], ".2f"),
+            _fmt(100 * r["overhead_share_mean"], ".1f") + "%",
+        )  # fmt: skip
+    Console().print(table)
+
+
+def run_suite(
+    suite: str,
+    *,
+    preset: str = "quick",
+    seeds: int | None = None,
+    out: Path = Path("results"),
+    parallel: int = 2,
+    redis_url: str | None = None,
+    gateway_url: str | None = None,
+    gateway_token: str | None = None,
+) -> int:
+    """Run (or resume) the suite, then write its CSVs and figures; returns the exit code."""
+    budget = PRESETS.get(preset)
+    n_seeds = seeds if seeds is not None else (budget.default_seeds if budget else 1)
+    plans = plan(suite, preset, n_seeds)  # raises ValueError naming a bad suite, preset or seed count
+    assert budget is not None
+    if parallel < 1:
+        raise ValueError(f"parallel must be at least 1, got {parallel}")
+    unique = {p.run_id for p in plans}
+    console.print(f"[bold]{suite}[/] suite, preset [bold]{preset}[/]: {budget.description}")
+    console.print(f"{len(unique)} runs ({n_seeds} seeds), {parallel} in parallel; output under {out}")
+    outcomes: list[Outcome] = []
+    t0 = time.monotonic()
+    code = 0
+    with ExitStack() as stack:
+        progress = stack.enter_context(
+            Progress(
+                TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                console=console, transient=False,
+            )
+        )  # fmt: skip
+        task = progress.add_task(f"{suite} runs", total=len(unique))
+
+        def on_outcome(o: Outcome) -> None:
+            outcomes.append(o)
+            progress.advance(task)
+            if o.status != "skipped":
+                style = {"done": "green", "failed": "red"}.get(o.status, "yellow")
+                progress.console.print(
+                    f"[{style}]{o.status}[/] {o.plan.run_id} ({o.seconds:.0f} s) {o.detail}", highlight=False
+                )
+
+        try:
+            deployment = _deployment(stack, redis_url, gateway_url, gateway_token)
+            execute(out, plans, deployment, parallel=parallel, on_outcome=on_outcome)
+        except KeyboardInterrupt:
+            console.print(f"[yellow]interrupted[/]: finished runs are kept; run the same command to resume ({out})")
+            code = 130
+    failed = [o for o in outcomes if o.status == "failed"]
+    results = [r for p in plans if (r := run_result(p, run_dir(out, p))) is not None]
+    suite_dir = out / suite
+    rows = write_outputs(suite_dir, suite, results)
+    note = f"preset {preset}: {budget.description}"
+    made = make_figures(suite, suite_dir, out, plans, results, note) if results else []
+    print_summary(suite, rows)
+    console.print(
+        f"{sum(o.status == 'done' for o in outcomes)} runs done, {sum(o.status == 'skipped' for o in outcomes)} "
+        f"already finished, {len(failed)} failed in {time.monotonic() - t0:.0f} s; "
+        f"wrote {suite_dir / 'summary.csv'}, {suite_dir / 'runs.csv'}" + "".join(f", {p}" for p in made)
+    )
+    for o in failed:
+        console.print(f"[red]failed[/] {o.plan.run_id}: {o.detail} (log: {run_dir(out, o.plan) / 'log.txt'})")
+    return code or (1 if failed else 0)
+
+
+app = typer.Typer(add_completion=False)
+
+
+@app.command()
+def main(
+    suite: str = typer.Argument(..., help=f"one of: {', '.join(SUITES)}"),
+    preset: str = typer.Option("quick", help="quick (≤15 min per suite on 2 cores) or paper (50 rounds, Table III)"),
+    seeds: int | None = typer.Option(None, help="seeds per configuration (default: quick 2, paper 10)"),
+    out: Path = typer.Option(Path("results"), help="output root; suites under one root share identical runs"),
+    parallel: int = typer.Option(2, help="training runs at a time"),
+    redis_url: str | None = typer.Option(None, "--redis-url", help="use this Redis instead of an embedded one"),
+    gateway_url: str | None = typer.Option(None, "--gateway-url", help="use this gateway instead of a local one"),
+    gateway_token: str | None = typer.Option(None, "--gateway-token", envvar="STELLARIS_GATEWAY_TOKEN"),
+) -> None:
+    """Run one suite of the paper's evaluation and write its summary.csv and figures."""
+    try:
+        code = run_suite(
+            suite, preset=preset, seeds=seeds, out=out, parallel=parallel,
+            redis_url=redis_url, gateway_url=gateway_url, gateway_token=gateway_token,
+        )  # fmt: skip
+    except ValueError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    raise typer.Exit(code)
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,124 @@
+"""Run a suite's training runs: each one a `stellaris train` subprocess against one shared deployment (an embedded
+Redis and a local gateway, or the URLs given), up to `parallel` at a time. A finished run is never redone; an
+interrupted one resumes from its checkpoint."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from cache.lifetime import die_with_parent
+from experiments.suites import RunPlan
+
+
+@dataclass(frozen=True)
+class Deployment:
+    redis_url: str
+    gateway_url: str
+    gateway_token: str | None
+
+
+@dataclass
+class Outcome:
+    plan: RunPlan
+    status: str  # "done", "skipped" (finished before), "failed", "interrupted"
+    seconds: float = 0.0
+    detail: str = ""
+
+
+def run_dir(root: Path, plan: RunPlan) -> Path:
+    return root / "runs" / plan.run_id
+
+
+def rounds_done(path: Path) -> int:
+    state = path / "state.json"
+    if not state.exists():
+        return 0
+    try:
+        return int(json.loads(state.read_text()).get("round", 0))
+    except (ValueError, OSError):
+        return 0
+
+
+def is_finished(root: Path, plan: RunPlan) -> bool:
+    return rounds_done(run_dir(root, plan)) >= plan.rounds
+
+
+def _command(path: Path, plan: RunPlan, deployment: Deployment) -> list[str]:
+    cmd = [sys.executable, "-m", "stellaris.cli", "train"]
+    if rounds_done(path) > 0:
+        cmd += ["--resume", str(path)]
+    else:
+        if path.exists():  # started but never checkpointed a round: nothing worth keeping
+            shutil.rmtree(path)
+        path.mkdir(parents=True)
+        (path / "plan.yaml").write_text(yaml.safe_dump(plan.config, sort_keys=True))
+        cmd += ["--config", str(path / "plan.yaml"), "--out", str(path)]
+    cmd += ["--redis-url", deployment.redis_url, "--gateway-url", deployment.gateway_url]
+    if deployment.gateway_token:
+        cmd += ["--gateway-token", deployment.gateway_token]
+    return cmd
+
+
+def execute(
+    root: Path,
+    plans: list[RunPlan],
+    deployment: Deployment,
+    *,
+    parallel: int,
+    on_outcome: Callable[[Outcome], None],
+    on_start: Callable[[RunPlan], None] = lambda plan: None,
+) -> list[Outcome]:
+    """Run every unfinished plan (distinct run ids once), `parallel` at a time; each run's output goes to log.txt in
+    its directory. Stops launching new runs once one is interrupted (Ctrl-C reaches the children too)."""
+    stop = threading.Event()
+    unique = list({p.run_id: p for p in plans}.values())
+
+    def one(plan: RunPlan) -> Outcome:
+        path = run_dir(root, plan)
+        if is_finished(root, plan):
+            return Outcome(plan, "skipped")
+        if stop.is_set():
+            return Outcome(plan, "interrupted", detail="not started")
+        on_start(plan)
+        cmd = _command(path, plan, deployment)
+        t0 = time.monotonic()
+        with (path / "log.txt").open("a") as log:
+            log.write(f"$ {' '.join(cmd)}\n")
+            log.flush()
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent)
+            code = proc.wait()
+        seconds = time.monotonic() - t0
+        if code == 0 and is_finished(root, plan):
+            return Outcome(plan, "done", seconds)
+        if code in (130, -2):
+            stop.set()
+            return Outcome(plan, "interrupted", seconds, "interrupted; run the suite again to resume")
+        tail = (path / "log.txt").read_text(errors="replace").strip().splitlines()[-3:]
+        return Outcome(plan, "failed", seconds, f"exit code {code}: {' | '.join(tail)}")
+
+    def tracked(plan: RunPlan) -> Outcome:
+        outcome = one(plan)
+        on_outcome(outcome)
+        return outcome
+
+    pool = ThreadPoolExecutor(max_workers=parallel, thread_name_prefix="run")
+    futures = [pool.submit(tracked, plan) for plan in unique]
+    try:
+        return [f.result() for f in futures]
+    except KeyboardInterrupt:
+        stop.set()  # the running children got the SIGINT too and checkpoint; queued runs never start
+        pool.shutdown(wait=True, cancel_futures=True)
+        raise
+    finally:
+        pool.shutdown(wait=True)

@@ -1,0 +1,182 @@
+"""The paper's evaluation (seeds/001 §VIII) as run plans: which training runs each suite needs, under which preset.
+
+A run is named by what it trains (env, algorithm, variant, seed) plus a digest of its whole configuration, so two
+suites that need the same run (the algorithms and cost suites, the ablation's Stellaris row) share one directory
+under the same output root and it runs once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+SuiteName = Literal["algorithms", "cost", "ablation", "sensitivity", "breakdown"]
+PresetName = Literal["quick", "paper"]
+SUITES: tuple[str, ...] = ("algorithms", "cost", "ablation", "sensitivity", "breakdown")
+
+MUJOCO = ("Hopper-v5", "Walker2d-v5", "Humanoid-v5")
+ATARI = ("ALE/SpaceInvaders-v5", "ALE/Qbert-v5", "ALE/Gravitar-v5")
+ENVS = MUJOCO + ATARI
+ALGOS = ("ppo", "impact")
+
+# Vanilla: the algorithm as a serverful distributed job (synchronous learners, resources held for the whole run);
+# Stellaris: serverless asynchronous learners with staleness-aware aggregation and truncation, metered per call.
+VARIANTS: dict[str, dict[str, Any]] = {
+    "vanilla": {"mode": "sync", "billing": "serverful"},
+    "stellaris": {"mode": "stellaris", "billing": "serverless"},
+}
+ABLATION: dict[str, dict[str, Any]] = {
+    "stellaris": VARIANTS["stellaris"],
+    "softsync": {"mode": "softsync", "billing": "serverless"},
+    "ssp": {"mode": "ssp", "billing": "serverless"},
+    "async": {"mode": "async", "billing": "serverless"},
+    "no-truncation": {**VARIANTS["stellaris"], "truncation": False},
+}
+SENSITIVITY: dict[str, tuple[float, ...]] = {
+    "d": (0.92, 0.94, 0.96, 0.98, 1.0),
+    "v": (1.0, 2.0, 3.0, 4.0),
+    "rho": (0.6, 0.8, 1.0, 1.2),
+}
+SENSITIVITY_DEFAULTS = {"d": 0.96, "v": 3.0, "rho": 1.0}
+
+
+@dataclass(frozen=True)
+class Budget:
+    """What a preset gives each run; baselines and Stellaris get the same (SPEC §5)."""
+
+    description: str
+    default_seeds: int
+    learners: int
+    actors: int
+    rounds: dict[str, int]  # by env kind
+    suite_rounds: dict[str, dict[str, int]] = field(default_factory=dict)  # suite -> env kind -> rounds, if not rounds
+    preset: str = "paper"  # the algorithm preset (SPEC §4)
+    overrides: dict[str, dict[str, Any]] = field(default_factory=dict)  # env kind -> algorithm fields
+
+
+PRESETS: dict[str, Budget] = {
+    "paper": Budget(
+        description="the paper's settings: 50 rounds, Table III hyperparameters (4096 / 256 env steps per round, "
+        "4 minibatches, PPO 10 epochs, IMPACT 1), 4 learner functions, 10 seeds",
+        default_seeds=10,
+        learners=4,
+        actors=2,
+        rounds={"mujoco": 50, "atari": 50},
+    ),
+    "quick": Budget(
+        description="QUICK preset, a far smaller budget than the paper's: rounds of 2048 env steps (MuJoCo) or 512 "
+        "(Atari), 8 rounds per run (ablation 30, sensitivity 12, breakdown 4), 4 minibatches x 4 epochs per round, "
+        "the fast (CleanRL) hyperparameters, 2 learner functions, 2 seeds. Early-training numbers, not the paper's",
+        preset="fast",
+        default_seeds=2,
+        learners=2,
+        actors=2,
+        rounds={"mujoco": 8, "atari": 8},
+        suite_rounds={
+            "ablation": {"mujoco": 30},
+            "sensitivity": {"mujoco": 12},
+            "breakdown": {"mujoco": 4, "atari": 4},
+        },
+        overrides={
+            "mujoco": {"num_minibatches": 4, "num_epochs": 4},
+            "atari": {"train_batch_size": 512, "num_minibatches": 4, "num_epochs": 2},
+        },
+    ),
+}
+
+
+def env_kind(env: str) -> str:
+    return "atari" if env.startswith("ALE/") else "mujoco"
+
+
+def env_label(env: str) -> str:
+    """Hopper-v5 -> Hopper, ALE/SpaceInvaders-v5 -> SpaceInvaders."""
+    return env.removeprefix("ALE/").rsplit("-v", 1)[0]
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """One training run of a suite: `group` is what it is compared within (e.g. ppo/Hopper), `variant` its row."""
+
+    group: str
+    variant: str
+    seed: int
+    config: dict[str, Any]  # TrainConfig fields, without the run directory or deployment URLs
+
+    @property
+    def run_id(self) -> str:
+        digest = hashlib.sha256(json.dumps(self.config, sort_keys=True).encode()).hexdigest()[:8]
+        algo, env, mode = self.config["algo"], env_label(self.config["env"]).lower(), self.config["mode"]
+        return f"{env}-{algo}-{mode}-s{self.seed}-{digest}"  # from the configuration alone, so equal runs coincide
+
+    @property
+    def rounds(self) -> int:
+        return int(self.config["rounds"])
+
+
+def _config(suite: str, budget: Budget, env: str, algo: str, seed: int, fields: dict[str, Any]) -> dict[str, Any]:
+    kind = env_kind(env)
+    rounds = budget.suite_rounds.get(suite, {}).get(kind, budget.rounds[kind])
+    return {
+        "env": env,
+        "algo": algo,
+        "preset": budget.preset,
+        "rounds": rounds,
+        "learners": budget.learners,
+        "actors": budget.actors,
+        "seed": seed,
+        "overrides": dict(budget.overrides.get(kind, {})),
+        **fields,
+    }
+
+
+def plan(suite: str, preset: str, seeds: int) -> list[RunPlan]:
+    """The runs of `suite` under `preset` for seeds 0..seeds-1; raises ValueError naming a bad argument."""
+    if suite not in SUITES:
+        raise ValueError(f"unknown suite {suite!r}; choose one of {', '.join(SUITES)}")
+    if preset not in PRESETS:
+        raise ValueError(f"unknown preset {preset!r}; choose quick or paper")
+    if seeds < 1:
+        raise ValueError(f"seeds must be at least 1, got {seeds}")
+    budget = PRESETS[preset]
+    runs: list[RunPlan] = []
+    for seed in range(seeds):
+        if suite in ("algorithms", "cost"):
+            for algo in ALGOS:
+                for env in ENVS:
+                    for variant, fields in VARIANTS.items():
+                        group = f"{algo}/{env_label(env)}"
+                        runs.append(RunPlan(group, variant, seed, _config(suite, budget, env, algo, seed, fields)))
+        elif suite == "breakdown":
+            for env in ENVS:
+                config = _config(suite, budget, env, "ppo", seed, VARIANTS["stellaris"])
+                runs.append(RunPlan(f"ppo/{env_label(env)}", "stellaris", seed, config))
+        elif suite == "ablation":
+            for variant, fields in ABLATION.items():
+                config = _config(suite, budget, "Hopper-v5", "ppo", seed, fields)
+                runs.append(RunPlan("ppo/Hopper", variant, seed, config))
+        else:
+            for name, values in SENSITIVITY.items():
+                for value in values:
+                    fields = {**VARIANTS["stellaris"], **SENSITIVITY_DEFAULTS, name: value}
+                    config = _config(suite, budget, "Hopper-v5", "ppo", seed, fields)
+                    runs.append(RunPlan(name, f"{name}={value:g}", seed, config))
+    return runs
+
+
+BASELINES: dict[str, str | None] = {
+    # The row every other row of its group is compared with (ratios = row / baseline).
+    "algorithms": "vanilla",
+    "cost": "vanilla",
+    "ablation": "stellaris",
+    "sensitivity": None,  # per group: the paper's default value of that parameter
+    "breakdown": None,
+}
+
+
+def baseline_of(suite: str, group: str) -> str | None:
+    if suite == "sensitivity":
+        return f"{group}={SENSITIVITY_DEFAULTS[group]:g}"
+    return BASELINES[suite]

@@ -1,0 +1,188 @@
+"""From run directories to numbers: one row per run (runs.csv) and one per suite row over its seeds (summary.csv)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from experiments.suites import RunPlan, baseline_of
+
+BREAKDOWN = {
+    # column in info.csv -> label (paper Fig. 14); seconds per round, summed over the round's calls
+    "actor_time": "actors (batch collection)",
+    "learner_compute_time": "learners (gradient compute)",
+    "parameter_compute_time": "parameter function (aggregate + step)",
+    "invocation_overhead": "invocation overhead",
+    "cache_time": "cache I/O + serialisation",
+}
+FINAL_SHARE = 0.2  # the final reward is taken over the last 20% of rounds (at least one with episodes)
+
+
+def read_info(path: Path) -> list[dict[str, float]]:
+    """info.csv as floats (NaN for blanks)."""
+    with (path / "info.csv").open(newline="") as f:
+        return [{k: float(v) if v not in ("", None) else math.nan for k, v in row.items()} for row in csv.DictReader(f)]
+
+
+def curve(rows: list[dict[str, float]]) -> tuple[np.ndarray, np.ndarray]:
+    """(training wall-clock at the end of each round in s, mean episodic reward of the round)."""
+    t = np.cumsum([r["duration"] for r in rows])
+    return t, np.asarray([r["eval_reward_mean"] for r in rows])
+
+
+def final_reward(rows: list[dict[str, float]]) -> float:
+    """Episode-weighted mean reward of the rounds in the last FINAL_SHARE of the run that finished episodes."""
+    tail = rows[-max(1, math.ceil(len(rows) * FINAL_SHARE)) :]
+    with_eps = [r for r in tail if r["episodes"] > 0] or [r for r in rows if r["episodes"] > 0][-1:]
+    if not with_eps:
+        return math.nan
+    weights = np.asarray([r["episodes"] for r in with_eps])
+    return float(np.average([r["eval_reward_mean"] for r in with_eps], weights=weights))
+
+
+@dataclass
+class RunResult:
+    run_id: str
+    group: str
+    variant: str
+    seed: int
+    rounds: int
+    env_steps: int
+    final_reward: float
+    wall_clock_s: float
+    cost_usd: float
+    cost_learner_usd: float
+    cost_actor_usd: float
+    staleness_mean: float
+    round_s: float
+    actor_s: float
+    learner_compute_s: float
+    parameter_compute_s: float
+    invocation_s: float
+    cache_s: float
+    overhead_share: float
+
+    @classmethod
+    def columns(cls) -> list[str]:
+        return [f.name for f in fields(cls)]
+
+
+def _mean(rows: list[dict[str, float]], key: str) -> float:
+    values = [r[key] for r in rows if not math.isnan(r.get(key, math.nan))]
+    return float(np.mean(values)) if values else math.nan
+
+
+def run_result(plan: RunPlan, path: Path) -> RunResult | None:
+    """The run's numbers, or None when it has not finished a round."""
+    if not (path / "info.csv").exists():
+        return None
+    rows = read_info(path)
+    if not rows:
+        return None
+    state = json.loads((path / "state.json").read_text()) if (path / "state.json").exists() else {}
+    # Steady-state rounds for the latency breakdown: round 1 also waits for actors to start.
+    steady = rows[1:] or rows
+    parts = ("learner_compute_time", "parameter_compute_time", "invocation_overhead", "cache_time")
+    functions = sum(_mean(steady, k) for k in parts)
+    overhead = _mean(steady, "invocation_overhead") + _mean(steady, "cache_time")
+    last = rows[-1]
+    return RunResult(
+        run_id=plan.run_id,
+        group=plan.group,
+        variant=plan.variant,
+        seed=plan.seed,
+        rounds=len(rows),
+        env_steps=int(last["env_steps"]),
+        final_reward=final_reward(rows),
+        wall_clock_s=float(state.get("elapsed_s", sum(r["duration"] for r in rows))),
+        cost_usd=last["cost"],
+        cost_learner_usd=last.get("cost_learner", math.nan),
+        cost_actor_usd=last.get("cost_actor", math.nan),
+        staleness_mean=_mean(rows, "staleness_mean"),
+        round_s=_mean(steady, "duration"),
+        actor_s=_mean(steady, "actor_time"),
+        learner_compute_s=_mean(steady, "learner_compute_time"),
+        parameter_compute_s=_mean(steady, "parameter_compute_time"),
+        invocation_s=_mean(steady, "invocation_overhead"),
+        cache_s=_mean(steady, "cache_time"),
+        overhead_share=overhead / functions if functions > 0 else math.nan,
+    )
+
+
+SUMMARY_COLUMNS = [
+    "group", "variant", "seeds", "rounds", "env_steps", "final_reward_mean", "final_reward_std", "wall_clock_s_mean",
+    "cost_usd_mean", "cost_usd_std", "cost_learner_usd_mean", "cost_actor_usd_mean", "staleness_mean",
+    "overhead_share_mean", "baseline", "reward_ratio", "cost_ratio", "time_ratio",
+]  # fmt: skip
+
+
+def _stats(values: list[float]) -> tuple[float, float]:
+    """(mean, sample std over seeds; 0 for one seed), ignoring NaN."""
+    a = np.asarray([v for v in values if not math.isnan(v)], dtype=np.float64)
+    if a.size == 0:
+        return math.nan, math.nan
+    return float(a.mean()), float(a.std(ddof=1)) if a.size > 1 else 0.0
+
+
+def _ratio(x: float, base: float) -> float:
+    # A ratio against a non-positive reward says nothing (Atari/MuJoCo rewards here are positive in practice).
+    return x / base if base > 0 and not math.isnan(x) else math.nan
+
+
+def summarise(suite: str, results: list[RunResult]) -> list[dict[str, Any]]:
+    """One row per (group, variant) in plan order, with mean ± std over seeds and ratios vs the group's baseline."""
+    order: dict[tuple[str, str], list[RunResult]] = {}
+    for r in results:
+        order.setdefault((r.group, r.variant), []).append(r)
+    rows: dict[tuple[str, str], dict[str, Any]] = {}
+    for (group, variant), rs in order.items():
+        reward, reward_std = _stats([r.final_reward for r in rs])
+        cost, cost_std = _stats([r.cost_usd for r in rs])
+        rows[group, variant] = {
+            "group": group,
+            "variant": variant,
+            "seeds": len(rs),
+            "rounds": max(r.rounds for r in rs),
+            "env_steps": max(r.env_steps for r in rs),
+            "final_reward_mean": reward,
+            "final_reward_std": reward_std,
+            "wall_clock_s_mean": _stats([r.wall_clock_s for r in rs])[0],
+            "cost_usd_mean": cost,
+            "cost_usd_std": cost_std,
+            "cost_learner_usd_mean": _stats([r.cost_learner_usd for r in rs])[0],
+            "cost_actor_usd_mean": _stats([r.cost_actor_usd for r in rs])[0],
+            "staleness_mean": _stats([r.staleness_mean for r in rs])[0],
+            "overhead_share_mean": _stats([r.overhead_share for r in rs])[0],
+        }
+    for (group, _), row in rows.items():
+        base_variant = baseline_of(suite, group)
+        base = rows.get((group, base_variant)) if base_variant else None
+        row["baseline"] = base_variant if base else ""
+        row["reward_ratio"] = _ratio(row["final_reward_mean"], base["final_reward_mean"]) if base else math.nan
+        row["cost_ratio"] = _ratio(row["cost_usd_mean"], base["cost_usd_mean"]) if base else math.nan
+        row["time_ratio"] = _ratio(row["wall_clock_s_mean"], base["wall_clock_s_mean"]) if base else math.nan
+    return list(rows.values())
+
+
+def write_csv(path: Path, columns: list[str], rows: list[dict[str, Any]]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".csv.tmp")
+    with tmp.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
+    tmp.replace(path)
+
+
+def write_outputs(suite_dir: Path, suite: str, results: list[RunResult]) -> list[dict[str, Any]]:
+    """runs.csv (a row per run) and summary.csv (a row per suite row over seeds); returns the summary rows."""
+    write_csv(suite_dir / "runs.csv", RunResult.columns(), [asdict(r) for r in results])
+    summary = summarise(suite, results)
+    write_csv(suite_dir / "summary.csv", SUMMARY_COLUMNS, summary)
+    return summary
