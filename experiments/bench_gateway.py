@@ -86,11 +86,11 @@ def start_gateway(redis_url: str) -> tuple[subprocess.Popen[str], str]:
     return proc, f"http://127.0.0.1:{line.split()[1]}"
 
 
-def main(
-    seconds: float = typer.Option(2.0, help="length of one timed window"),
-    repeats: int = typer.Option(3, help="windows per path and concurrency; medians are reported"),
-) -> None:
-    console = Console()
+Stats = dict[str, tuple[float, float, float]]  # path -> (p50 ms, p99 ms, invocations/s)
+
+
+def measure(seconds: float, repeats: int, console: Console) -> list[tuple[int, Stats]]:
+    """Per concurrency (1, 32): medians of the timed windows for the direct and the gateway path."""
     with connect() as cache:
         proc, gw_url = start_gateway(cache.url)
         try:
@@ -124,7 +124,15 @@ def main(
         finally:
             proc.terminate()
             proc.wait(timeout=30)
+    return rows
 
+
+def main(
+    seconds: float = typer.Option(2.0, help="length of one timed window"),
+    repeats: int = typer.Option(3, help="windows per path and concurrency; medians are reported"),
+) -> None:
+    console = Console()
+    rows = measure(seconds, repeats, console)
     table = Table(title="Warm no-op invocations: gateway vs direct to the same instance (medians, one run)")
     for col in (
         "concurrency",

@@ -41,9 +41,11 @@ def make_figures(
     made: list[Path] = []
     if suite == "algorithms":
         for algo, fig in (("ppo", "Fig. 6"), ("impact", "Fig. 7")):
+            if not any(g.startswith(f"{algo}/") for g in groups):
+                continue
             made.append(
                 figures.reward_figure(
-                    suite_dir / f"algorithms_{algo}.png", root, plans, [g for g in groups if g.startswith(algo)],
+                    suite_dir / f"algorithms_{algo}.png", root, plans, [g for g in groups if g.startswith(f"{algo}/")],
                     ["vanilla", "stellaris"], f"{algo.upper()}: vanilla vs Stellaris (cf. paper {fig})", note,
                 )
             )  # fmt: skip

@@ -5,6 +5,7 @@ interrupted one resumes from its checkpoint."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -70,6 +71,18 @@ def _command(path: Path, plan: RunPlan, deployment: Deployment) -> list[str]:
     return cmd
 
 
+def _redacted(cmd: list[str]) -> list[str]:
+    """The command as logged: no gateway token or Redis password in log files."""
+    out = []
+    for i, arg in enumerate(cmd):
+        if i and cmd[i - 1] == "--gateway-token":
+            arg = "***"
+        elif i and cmd[i - 1] == "--redis-url":
+            arg = re.sub(r"//[^@/]*@", "//***@", arg)
+        out.append(arg)
+    return out
+
+
 def execute(
     root: Path,
     plans: list[RunPlan],
@@ -94,7 +107,7 @@ def execute(
         cmd = _command(path, plan, deployment)
         t0 = time.monotonic()
         with (path / "log.txt").open("a") as log:
-            log.write(f"$ {' '.join(cmd)}\n")
+            log.write(f"$ {' '.join(_redacted(cmd))}\n")
             log.flush()
             proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent)
             code = proc.wait()

@@ -1,0 +1,131 @@
+"""PPO written the plain way: one file, one process, no platform (no gateway, cache or functions).
+
+The end-to-end baseline of `python -m experiments.bench`: the same hyperparameters as the `fast` preset (CleanRL's
+MuJoCo PPO: 2048 steps per round, 32 minibatches x 10 epochs, lr 3e-4, clip 0.2, GAE 0.95, 64x64 tanh, observation
+and reward normalisation) so env steps per second compare like for like.
+
+    python -m experiments.plain_ppo --env Hopper-v5 --rounds 5
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import gymnasium as gym
+import numpy as np
+import torch
+import typer
+from torch import nn
+
+
+@dataclass(frozen=True)
+class Hyper:
+    steps: int = 2048
+    minibatches: int = 32
+    epochs: int = 10
+    lr: float = 3e-4
+    gamma: float = 0.99
+    lam: float = 0.95
+    clip: float = 0.2
+    vf_coef: float = 0.5
+    max_grad_norm: float = 0.5
+
+
+def layer(i: int, o: int, gain: float = 2**0.5) -> nn.Linear:
+    lin = nn.Linear(i, o)
+    nn.init.orthogonal_(lin.weight, gain)
+    nn.init.zeros_(lin.bias)
+    return lin
+
+
+class Agent(nn.Module):
+    def __init__(self, obs_dim: int, act_dim: int) -> None:
+        super().__init__()
+        self.critic = nn.Sequential(layer(obs_dim, 64), nn.Tanh(), layer(64, 64), nn.Tanh(), layer(64, 1, 1.0))
+        self.mu = nn.Sequential(layer(obs_dim, 64), nn.Tanh(), layer(64, 64), nn.Tanh(), layer(64, act_dim, 0.01))
+        self.log_std = nn.Parameter(torch.zeros(act_dim))
+
+    def dist(self, obs: torch.Tensor) -> torch.distributions.Normal:
+        return torch.distributions.Normal(self.mu(obs), self.log_std.exp())
+
+
+@dataclass
+class RoundResult:
+    seconds: float
+    env_steps: int
+    episode_returns: list[float]
+
+
+def train(env_id: str, rounds: int, seed: int = 0, h: Hyper = Hyper()) -> list[RoundResult]:
+    torch.manual_seed(seed)
+    torch.set_num_threads(1)  # small nets: one thread is fastest, and it is what each platform function gets
+    env = gym.make(env_id)
+    env = gym.wrappers.RecordEpisodeStatistics(env)
+    env = gym.wrappers.ClipAction(env)
+    env = gym.wrappers.NormalizeObservation(env)
+    env = gym.wrappers.NormalizeReward(env, gamma=h.gamma)
+    obs_dim, act_dim = env.observation_space.shape[0], env.action_space.shape[0]
+    agent = Agent(obs_dim, act_dim)
+    opt = torch.optim.Adam(agent.parameters(), lr=h.lr, eps=1e-5)
+    obs, _ = env.reset(seed=seed)
+    results = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        o = np.zeros((h.steps, obs_dim), np.float32)
+        a = np.zeros((h.steps, act_dim), np.float32)
+        logp, rew, val = (np.zeros(h.steps, np.float32) for _ in range(3))
+        done = np.zeros(h.steps, bool)
+        returns: list[float] = []
+        for t in range(h.steps):
+            o[t] = obs
+            with torch.no_grad():
+                x = torch.as_tensor(obs, dtype=torch.float32)
+                d = agent.dist(x)
+                act = d.sample()
+                logp[t], val[t] = d.log_prob(act).sum().item(), agent.critic(x).item()
+            a[t] = act.numpy()
+            obs, r, term, trunc, info = env.step(a[t])
+            rew[t], done[t] = r, term
+            if term or trunc:
+                returns.append(float(info["episode"]["r"]))
+                obs, _ = env.reset()
+                done[t] = True  # truncation treated as an end, as CleanRL does
+        with torch.no_grad():
+            next_v = agent.critic(torch.as_tensor(obs, dtype=torch.float32)).item()
+        adv = np.zeros(h.steps, np.float32)
+        last = 0.0
+        for t in reversed(range(h.steps)):
+            nv = next_v if t == h.steps - 1 else val[t + 1]
+            nonterm = 1.0 - done[t]
+            delta = rew[t] + h.gamma * nv * nonterm - val[t]
+            last = delta + h.gamma * h.lam * nonterm * last
+            adv[t] = last
+        ret = adv + val
+        bo, ba, blp, badv, bret = (torch.as_tensor(x) for x in (o, a, logp, adv, ret))
+        mb = h.steps // h.minibatches
+        for _ in range(h.epochs):
+            for idx in torch.randperm(h.steps).split(mb):
+                d = agent.dist(bo[idx])
+                ratio = (d.log_prob(ba[idx]).sum(-1) - blp[idx]).exp()
+                adv_mb = (badv[idx] - badv[idx].mean()) / (badv[idx].std() + 1e-8)
+                pg = torch.max(-adv_mb * ratio, -adv_mb * ratio.clamp(1 - h.clip, 1 + h.clip)).mean()
+                v_loss = 0.5 * ((agent.critic(bo[idx]).squeeze(-1) - bret[idx]) ** 2).mean()
+                loss = pg + h.vf_coef * v_loss
+                opt.zero_grad()
+                loss.backward()
+                nn.utils.clip_grad_norm_(agent.parameters(), h.max_grad_norm)
+                opt.step()
+        results.append(RoundResult(time.perf_counter() - t0, h.steps, returns))
+    env.close()
+    return results
+
+
+def main(env: str = "Hopper-v5", rounds: int = 5, seed: int = 0) -> None:
+    for i, r in enumerate(train(env, rounds, seed), 1):
+        mean = np.mean(r.episode_returns) if r.episode_returns else float("nan")
+        print(f"round {i}: {r.env_steps / r.seconds:,.0f} env steps/s, mean episodic return {mean:.1f}")
+
+
+if __name__ == "__main__":
+    typer.run(main)

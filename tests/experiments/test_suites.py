@@ -1,0 +1,63 @@
+"""Run plans of the paper's suites: sizes, shared runs, equal budgets for baselines and Stellaris."""
+
+from __future__ import annotations
+
+import pytest
+
+from experiments.suites import ENVS, SUITES, baseline_of, plan
+
+
+@pytest.mark.parametrize(
+    ("suite", "runs"),
+    [("algorithms", 2 * 6 * 2), ("cost", 2 * 6 * 2), ("ablation", 5), ("sensitivity", 5 + 4 + 4), ("breakdown", 6)],
+)
+def test_plan_sizes_per_seed(suite: str, runs: int) -> None:
+    assert len(plan(suite, "quick", 1)) == runs
+    assert len(plan(suite, "paper", 3)) == 3 * runs
+
+
+def test_sensitivity_default_point_is_one_run_shared_by_its_three_rows() -> None:
+    plans = plan("sensitivity", "quick", 2)
+    defaults = [p for p in plans if p.variant in ("d=0.96", "v=3", "rho=1")]
+    assert len(defaults) == 6 and len({p.run_id for p in defaults}) == 2  # one per seed
+    assert len({p.run_id for p in plans}) == 2 * (5 + 4 + 4 - 2)
+
+
+def test_algorithms_and_cost_share_runs() -> None:
+    assert {p.run_id for p in plan("algorithms", "quick", 2)} == {p.run_id for p in plan("cost", "quick", 2)}
+
+
+@pytest.mark.parametrize("preset", ["quick", "paper"])
+def test_baseline_and_stellaris_get_the_same_budget(preset: str) -> None:
+    budget_keys = ("env", "algo", "preset", "rounds", "learners", "actors", "seed", "overrides")
+    by_group: dict[tuple[str, int], list[dict]] = {}
+    for p in plan("algorithms", preset, 2):
+        by_group.setdefault((p.group, p.seed), []).append({k: p.config[k] for k in budget_keys})
+    assert len(by_group) == 2 * len(ENVS) * 2
+    for configs in by_group.values():
+        assert len(configs) == 2 and configs[0] == configs[1]
+
+
+def test_paper_preset_is_the_papers_setting() -> None:
+    plans = plan("algorithms", "paper", 1)
+    assert {p.config["rounds"] for p in plans} == {50}
+    assert {p.config["preset"] for p in plans} == {"paper"} and all(not p.config["overrides"] for p in plans)
+    assert {p.config["learners"] for p in plans} == {4}
+
+
+def test_baselines() -> None:
+    assert baseline_of("algorithms", "ppo/Hopper") == "vanilla"
+    assert baseline_of("ablation", "ppo/Hopper") == "stellaris"
+    assert baseline_of("sensitivity", "rho") == "rho=1"
+    assert baseline_of("breakdown", "ppo/Hopper") is None
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [(("nope", "quick", 1), "unknown suite 'nope'"), (("ablation", "huge", 1), "unknown preset 'huge'"),
+     (("ablation", "quick", 0), "seeds must be at least 1")],
+)  # fmt: skip
+def test_bad_arguments_are_named(args: tuple, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        plan(*args)
+    assert set(SUITES) == {"algorithms", "cost", "ablation", "sensitivity", "breakdown"}
