@@ -12,6 +12,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
+from matplotlib.patches import Patch
 
 from experiments.suites import ABLATION, SENSITIVITY, SENSITIVITY_DEFAULTS, RunPlan
 from experiments.summary import BREAKDOWN, RunResult, curve, read_info
@@ -95,7 +96,7 @@ def reward_figure(
 
 
 def cost_figure(path: Path, results: list[RunResult], groups: list[str], note: str) -> Path:
-    """Bars per env: vanilla vs Stellaris, learner cost (grey) stacked under actor cost, ± std of the total."""
+    """Bars per env: vanilla vs Stellaris, learner + parameter cost (hatched) under actor cost, ± std of the total."""
     algos = sorted({g.split("/")[0] for g in groups}, key=["ppo", "impact"].index)
     fig, axes = plt.subplots(1, len(algos), figsize=(7 * len(algos), 4.2), squeeze=False)
     for ax, algo in zip(axes.flat, algos, strict=True):
@@ -108,14 +109,15 @@ def cost_figure(path: Path, results: list[RunResult], groups: list[str], note: s
                 actor.append(np.mean([r.cost_actor_usd for r in rs]) if rs else 0.0)
                 std.append(np.std([r.cost_usd for r in rs], ddof=1) if len(rs) > 1 else 0.0)
             x = np.arange(len(envs)) + (i - 0.5) * 0.38
-            ax.bar(x, learner, 0.36, color="#9e9e9e", edgecolor=COLORS[variant], lw=1.5)
-            ax.bar(x, actor, 0.36, bottom=learner, color=COLORS[variant], yerr=std, capsize=3, label=variant)
+            color = COLORS[variant]
+            ax.bar(x, learner, 0.36, color=color, alpha=0.45, hatch="//", edgecolor=color, lw=1.0)
+            ax.bar(x, actor, 0.36, bottom=learner, color=color, yerr=std, capsize=3, label=variant)
         ax.set_xticks(np.arange(len(envs)), envs)
         ax.set_title(algo.upper())
         ax.set_ylabel("training cost (USD)")
         ax.grid(axis="y", alpha=0.3)
-        ax.bar([0], [0], color="#9e9e9e", label="learner + parameter share (grey)")
-        ax.legend(fontsize=8)
+        hatched = Patch(facecolor="white", hatch="//", edgecolor="black", label="learners + parameter (hatched)")
+        ax.legend(handles=[*ax.get_legend_handles_labels()[0], hatched], fontsize=8)
     return _save(fig, path, "Training cost: vanilla (serverful) vs Stellaris (serverless)", note)
 
 

@@ -7,6 +7,7 @@ config, checkpoint, log.txt) and `<suite>/` (runs.csv, summary.csv, PNG figures)
 from __future__ import annotations
 
 import math
+import signal
 import time
 from contextlib import ExitStack
 from pathlib import Path
@@ -89,8 +90,10 @@ def run_suite(
     redis_url: str | None = None,
     gateway_url: str | None = None,
     gateway_token: str | None = None,
+    report_only: bool = False,
 ) -> int:
-    """Run (or resume) the suite, then write its CSVs and figures; returns the exit code."""
+    """Run (or resume) the suite, then write its CSVs and figures; returns the exit code. With `report_only`, only
+    the CSVs and figures, from the runs already under `out`."""
     budget = PRESETS.get(preset)
     n_seeds = seeds if seeds is not None else (budget.default_seeds if budget else 1)
     plans = plan(suite, preset, n_seeds)  # raises ValueError naming a bad suite, preset or seed count
@@ -122,8 +125,9 @@ def run_suite(
                 )
 
         try:
-            deployment = _deployment(stack, redis_url, gateway_url, gateway_token)
-            execute(out, plans, deployment, parallel=parallel, on_outcome=on_outcome)
+            if not report_only:
+                deployment = _deployment(stack, redis_url, gateway_url, gateway_token)
+                execute(out, plans, deployment, parallel=parallel, on_outcome=on_outcome)
         except KeyboardInterrupt:
             console.print(f"[yellow]interrupted[/]: finished runs are kept; run the same command to resume ({out})")
             code = 130
@@ -144,6 +148,11 @@ def run_suite(
     return code or (1 if failed else 0)
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    """SIGTERM stops a suite as Ctrl-C does: runs checkpoint, the summary is written, the same command resumes."""
+    raise KeyboardInterrupt
+
+
 app = typer.Typer(add_completion=False)
 
 
@@ -157,12 +166,14 @@ def main(
     redis_url: str | None = typer.Option(None, "--redis-url", help="use this Redis instead of an embedded one"),
     gateway_url: str | None = typer.Option(None, "--gateway-url", help="use this gateway instead of a local one"),
     gateway_token: str | None = typer.Option(None, "--gateway-token", envvar="STELLARIS_GATEWAY_TOKEN"),
+    report_only: bool = typer.Option(False, "--report-only", help="only write CSVs and figures from runs under DIR"),
 ) -> None:
     """Run one suite of the paper's evaluation and write its summary.csv and figures."""
+    signal.signal(signal.SIGTERM, _interrupt)
     try:
         code = run_suite(
             suite, preset=preset, seeds=seeds, out=out, parallel=parallel,
-            redis_url=redis_url, gateway_url=gateway_url, gateway_token=gateway_token,
+            redis_url=redis_url, gateway_url=gateway_url, gateway_token=gateway_token, report_only=report_only,
         )  # fmt: skip
     except ValueError as exc:
         typer.echo(f"error: {exc}", err=True)

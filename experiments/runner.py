@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -96,6 +97,8 @@ def execute(
     its directory. Stops launching new runs once one is interrupted (Ctrl-C reaches the children too)."""
     stop = threading.Event()
     unique = list({p.run_id: p for p in plans}.values())
+    running: set[subprocess.Popen[bytes]] = set()
+    lock = threading.Lock()
 
     def one(plan: RunPlan) -> Outcome:
         path = run_dir(root, plan)
@@ -109,12 +112,18 @@ def execute(
         with (path / "log.txt").open("a") as log:
             log.write(f"$ {' '.join(_redacted(cmd))}\n")
             log.flush()
-            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent)
+            with lock:
+                if stop.is_set():
+                    return Outcome(plan, "interrupted", detail="not started")
+                proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent)
+                running.add(proc)
             code = proc.wait()
+            with lock:
+                running.discard(proc)
         seconds = time.monotonic() - t0
         if code == 0 and is_finished(root, plan):
             return Outcome(plan, "done", seconds)
-        if code in (130, -2):
+        if code in (130, 143, -signal.SIGINT, -signal.SIGTERM):
             stop.set()
             return Outcome(plan, "interrupted", seconds, "interrupted; run the suite again to resume")
         tail = (path / "log.txt").read_text(errors="replace").strip().splitlines()[-3:]
@@ -129,8 +138,13 @@ def execute(
     futures = [pool.submit(tracked, plan) for plan in unique]
     try:
         return [f.result() for f in futures]
-    except KeyboardInterrupt:
-        stop.set()  # the running children got the SIGINT too and checkpoint; queued runs never start
+    except BaseException:  # Ctrl-C, SIGTERM turned into SystemExit: runs stop at a checkpoint, queued ones never start
+        with lock:
+            stop.set()
+            for proc in running:
+                # Runs live in their own sessions (no terminal's Ctrl-C reaches them), and a background shell may
+                # have them ignore SIGINT: SIGTERM, which `stellaris train` turns into a clean stop, always works.
+                proc.send_signal(signal.SIGTERM)
         pool.shutdown(wait=True, cancel_futures=True)
         raise
     finally:

@@ -67,13 +67,13 @@ PRESETS: dict[str, Budget] = {
     ),
     "quick": Budget(
         description="QUICK preset, a far smaller budget than the paper's: rounds of 2048 env steps (MuJoCo) or 512 "
-        "(Atari), 8 rounds per run (ablation 30, sensitivity 12, breakdown 4), 4 minibatches x 4 epochs per round, "
+        "(Atari), 8 rounds per run (Atari 6; ablation 30, sensitivity 12, breakdown 4), 4 minibatches x 4 epochs, "
         "the fast (CleanRL) hyperparameters, 2 learner functions, 2 seeds. Early-training numbers, not the paper's",
         preset="fast",
         default_seeds=2,
         learners=2,
         actors=2,
-        rounds={"mujoco": 8, "atari": 8},
+        rounds={"mujoco": 8, "atari": 6},
         suite_rounds={
             "ablation": {"mujoco": 30},
             "sensitivity": {"mujoco": 12},
