@@ -156,7 +156,8 @@ def main(
     console.log("actor sampling")
     rows += actor_rows(env, repeats)
     rows += training_rows(env, rounds, console)
-    render(rows, Console())
+    out = Console()
+    render(rows, out if out.is_terminal else Console(width=200))  # logs keep the rows whole
     if csv_path is not None:
         with csv_path.open("w", newline="") as f:
             w = csv.writer(f)

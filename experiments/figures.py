@@ -146,7 +146,7 @@ def sensitivity_figure(path: Path, results: list[RunResult], note: str) -> Path:
 
 
 def breakdown_figure(path: Path, results: list[RunResult], groups: list[str], note: str) -> Path:
-    fig, ax = plt.subplots(figsize=(10, 0.6 * len(groups) + 2))
+    fig, ax = plt.subplots(figsize=(10, 0.6 * len(groups) + 2.6))
     colors = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd"]
     left = np.zeros(len(groups))
     for (key, label), color in zip(BREAKDOWN.items(), colors, strict=True):
@@ -164,9 +164,10 @@ def breakdown_figure(path: Path, results: list[RunResult], groups: list[str], no
         if shares:
             ax.text(left[y], y, f"  overhead {100 * np.mean(shares):.0f}%", va="center", fontsize=8)
     ax.set_xlabel("seconds per round (function times summed over the round's calls)")
+    ax.set_xlim(0, max(float(left.max()), 1e-3) * 1.22)  # room for the overhead labels
     ax.invert_yaxis()
     ax.grid(axis="x", alpha=0.3)
-    ax.legend(fontsize=8, loc="lower right")
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=3, frameon=False)
     return _save(fig, path, "Latency breakdown of one Stellaris round (PPO)", note)
 
 

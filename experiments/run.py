@@ -77,7 +77,10 @@ def print_summary(suite: str, rows: list[dict[str, Any]]) -> None:
             _fmt(r["reward_ratio"], ".2f"), _fmt(r["cost_ratio"], ".2f"),
             _fmt(100 * r["overhead_share_mean"], ".1f") + "%",
         )  # fmt: skip
-    Console().print(table)
+    out = Console()
+    if not out.is_terminal:  # logs keep the table's rows whole
+        out = Console(width=160)
+    out.print(table)
 
 
 def run_suite(

@@ -15,7 +15,7 @@ from experiments.suites import RunPlan, baseline_of
 
 BREAKDOWN = {
     # column in info.csv -> label (paper Fig. 14); seconds per round, summed over the round's calls
-    "actor_time": "actors (batch collection)",
+    "actor_time": "actors (waiting for the batch)",
     "learner_compute_time": "learners (gradient compute)",
     "parameter_compute_time": "parameter function (aggregate + step)",
     "invocation_overhead": "invocation overhead",
