@@ -16,6 +16,7 @@ from experiments.run import make_figures
 from experiments.runner import Deployment, Outcome, execute, run_dir
 from experiments.suites import RunPlan
 from experiments.summary import run_result, write_outputs
+from gateway.models import LEARNER_PRICING
 from stellaris.control.platform import Platform
 
 TINY = {
@@ -55,6 +56,21 @@ def test_runner_summary_figures_skip_and_resume(tmp_path: Path, deployment: Depl
     assert not math.isnan(ours["reward_ratio"])
     with (tmp_path / "algorithms" / "summary.csv").open() as f:
         assert [r["variant"] for r in csv.DictReader(f)] == ["vanilla", "stellaris"]
+    # One cost model, two billings (SPEC §7): serverful holds 2 learner slots + the parameter server for the whole
+    # wall clock; serverless pays each invocation's metered cost.
+    vanilla = json.loads((run_dir(tmp_path, PLANS[0]) / "state.json").read_text())
+    slot_per_s = LEARNER_PRICING.usd_per_second
+    assert vanilla["cost_learner"] == pytest.approx(vanilla["elapsed_s"] * 3 * slot_per_s, rel=0.02)
+    ours_dir = run_dir(tmp_path, PLANS[1])
+    with (ours_dir / "invocations.csv").open() as f:
+        metered = sum(float(r["cost"]) for r in csv.DictReader(f))
+    assert json.loads((ours_dir / "state.json").read_text())["cost_learner"] == pytest.approx(metered)
+    with (ours_dir / "info.csv").open() as f:
+        info = list(csv.DictReader(f))
+    for row in info:  # the latency breakdown is recorded every round
+        assert float(row["learner_compute_time"]) > 0 and float(row["cache_time"]) > 0
+        assert float(row["invocation_overhead"]) > 0 and float(row["parameter_compute_time"]) > 0
+        assert float(row["cost"]) == pytest.approx(float(row["cost_learner"]) + float(row["cost_actor"]))
     for suite in ("algorithms", "cost", "breakdown"):
         made = make_figures(suite, tmp_path / "algorithms", tmp_path, PLANS, [r for r in results if r], "tiny")
         assert made and all(p.stat().st_size > 10_000 for p in made), made

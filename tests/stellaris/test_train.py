@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -173,8 +174,11 @@ def test_train_drives_a_running_deployment_given_its_urls(redis_server, tmp_path
         proc = run_train(cmd)
         assert proc.returncode == 0, proc.stderr[-3000:]
         with gw.client() as client:
-            names = {f["name"].rsplit("-", 1)[1] for f in client.functions()}
-        assert {"learner", "parameter"} <= names  # registered on, and run by, the given gateway
+            metrics = client.metrics()
+            left = client.functions()
+        for role in ("learner", "parameter"):  # registered on, and run by, the given gateway
+            assert re.search(rf'function="j[0-9a-f]+-{role}"', metrics), role
+        assert left == []  # a finished job removes its functions from a shared deployment
         assert len(rows(out / "info.csv")) == 2
     finally:
         stop_gateway(gw)
