@@ -32,3 +32,11 @@ def wait_pid_gone(pid: int, timeout_s: float) -> bool:
         return bool(ready) or not pid_alive(pid)
     finally:
         os.close(fd)
+
+
+def default_sigint() -> None:
+    """For `Popen(preexec_fn=...)` in tests that press Ctrl-C: a shell that runs us in the background sets SIGINT to
+    ignored, children inherit that, and Python then never raises KeyboardInterrupt; restore the default."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

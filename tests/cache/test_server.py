@@ -9,7 +9,7 @@ import redis
 
 from cache import Cache, CacheError, CacheSettings, RedisServerDied, connect
 from cache.server import EmbeddedRedis, find_redis_server
-from tests.procs import pid_alive, wait_pid_gone
+from tests.procs import default_sigint, pid_alive, wait_pid_gone
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -81,6 +81,7 @@ def _owner() -> tuple[subprocess.Popen[str], int]:
         stdout=subprocess.PIPE,
         text=True,
         env={k: v for k, v in os.environ.items() if k != "REDIS_URL"},
+        preexec_fn=default_sigint,
     )
     assert proc.stdout is not None
     return proc, int(proc.stdout.readline())

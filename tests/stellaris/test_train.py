@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from stellaris.control.outputs import INFO_COLUMNS, INVOCATION_COLUMNS, TIMELINE_COLUMNS
-from tests.procs import wait_pid_gone
+from tests.procs import default_sigint, wait_pid_gone
 
 ROOT = Path(__file__).resolve().parents[2]
 FAST_CARTPOLE = {
@@ -122,7 +122,7 @@ def test_ctrl_c_stops_cleanly_and_resume_continues(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "STELLARIS_GATEWAY_URL")}
     proc = subprocess.Popen(
         train_cmd(tmp_path, "--rounds", "1000", "--out", str(out)),
-        cwd=ROOT, env=env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
+        cwd=ROOT, env=env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, preexec_fn=default_sigint,
     )  # fmt: skip
     assert proc.stderr is not None
     for line in proc.stderr:  # the per-round log line is the event we wait for
