@@ -21,6 +21,8 @@ def make_vector_env(
 
         game = env_id.split("/", 1)[1].split("-")[0]
         game = "".join("_" + c.lower() if c.isupper() else c for c in game).lstrip("_")
+        # Unclipped rewards, so logged episode returns are game scores; the actor clips for training.
+        kwargs.setdefault("reward_clipping", False)
         env = AtariVectorEnv(game=game, num_envs=num_envs, stack_num=3, **kwargs)
         env.reset(seed=seed)
         return env

@@ -66,6 +66,18 @@ class RewardScaler:
         return np.clip(rewards / np.sqrt(self.var + 1e-8), -self.clip, self.clip)
 
 
+@dataclass
+class ClippedRewards:
+    """Atari's reward clipping to {-1, 0, 1} for training (DQN, IMPALA, CleanRL), optionally followed by another
+    transform; the episode tracker still sees the game's own rewards."""
+
+    then: RewardScaler | None = None
+
+    def __call__(self, rewards: np.ndarray, done: np.ndarray) -> np.ndarray:
+        clipped = np.sign(rewards)
+        return clipped if self.then is None else self.then(clipped, done)
+
+
 def _env_action(action: torch.Tensor, space: gym.Space) -> np.ndarray:
     a = action.numpy()
     if isinstance(space, gym.spaces.Box):
@@ -79,7 +91,7 @@ def collect(
     obs: np.ndarray,
     tracker: EpisodeTracker,
     steps: int,
-    reward_scaler: RewardScaler | None = None,
+    reward_scaler: RewardScaler | ClippedRewards | None = None,
 ) -> tuple[dict[str, np.ndarray], np.ndarray]:
     """Step `envs` for `steps` steps from `obs`; return time-major arrays [T, N, ...] and the next observation.
 

@@ -12,8 +12,9 @@ from cache import TrajectoryBatch
 from functions.context import Context
 from functions.envs import make_vector_env
 from functions.handlers import job_id_of
+from functions.jobspec import env_kind
 from functions.policies import ActorCritic
-from functions.rollout import EpisodeTracker, RewardScaler, collect
+from functions.rollout import ClippedRewards, EpisodeTracker, RewardScaler, collect
 from functions.serialize import load_policy_bytes
 from functions.warm import new_policy, spec_of
 
@@ -24,7 +25,7 @@ class ActorState:
     obs: np.ndarray
     tracker: EpisodeTracker
     policy: ActorCritic
-    reward_scaler: RewardScaler | None
+    reward_scaler: RewardScaler | ClippedRewards | None
     version: int = -1
 
 
@@ -38,7 +39,11 @@ def handle(event: dict[str, Any], ctx: Context) -> dict[str, Any]:
         seed = spec.seed + 7919 * int(event.get("actor_index", 0))
         envs = make_vector_env(spec.env_id, spec.num_envs, seed=seed, env_kwargs=spec.env_kwargs)
         obs, _ = envs.reset(seed=seed)
-        scaler = RewardScaler.for_envs(spec.num_envs, spec.algo.gamma) if spec.algo.normalize_reward else None
+        scaler: RewardScaler | ClippedRewards | None = (
+            RewardScaler.for_envs(spec.num_envs, spec.algo.gamma) if spec.algo.normalize_reward else None
+        )
+        if env_kind(spec.env_id) == "atari":
+            scaler = ClippedRewards(then=scaler)
         state = ActorState(envs, obs, EpisodeTracker.for_envs(spec.num_envs), new_policy(ctx, spec), scaler)
         ctx.memo[key] = state
 

@@ -1,10 +1,12 @@
 """Every environment the issue names runs one round through the three handlers, with the paper's networks."""
 
+import numpy as np
 import pytest
 
 from cache import Cache
 from functions.algos.config import preset
 from functions.jobspec import JobSpec
+from functions.rollout import ClippedRewards
 from tests.functions.driver import Driver
 
 ENVS = [
@@ -31,3 +33,30 @@ def test_one_round_on_each_named_env(cache_conn: Cache, job_id: str, env_id: str
         assert len(policy_blob) > 1000
     finally:
         driver.job.delete()
+
+
+def test_atari_trains_on_clipped_rewards_and_logs_game_scores(cache_conn: Cache, job_id: str) -> None:
+    """SpaceInvaders pays 5–30 points per alien: the batch carries sign-clipped rewards (the training signal), the
+    episode tracker the game's own points (what info.csv and the figures report)."""
+    num_envs, steps = 2, 256
+    cfg = preset("paper", "ppo", "atari").model_copy(update={"train_batch_size": num_envs * steps})
+    spec = JobSpec(job=job_id, env_id="ALE/SpaceInvaders-v5", algo=cfg, num_envs=num_envs, actor_steps=steps)
+    driver = Driver(cache_conn, spec)
+    try:
+        (batch_id,) = driver.collect()
+        batch = driver.job.trajectories.get(batch_id)
+        assert batch is not None
+        rewards = batch.arrays["rewards"]
+        assert set(np.unique(rewards)) <= {-1.0, 0.0, 1.0} and rewards.max() == 1.0
+        tracker = driver.instance.memo[f"actor:{job_id}:actor-0"].tracker
+        points = sum(batch.info["episode_returns"]) + tracker.returns.sum()  # everything scored since reset
+        assert points >= 5 * (rewards == 1.0).sum()  # game points (>= 5 per alien), not clipped counts
+    finally:
+        driver.job.delete()
+
+
+def test_clipped_rewards_then_scaler() -> None:
+    done = np.array([False, False, False])
+    assert ClippedRewards()(np.array([-7.0, 0.0, 25.0]), done).tolist() == [-1.0, 0.0, 1.0]
+    scaled = ClippedRewards(then=lambda r, d: 2 * r)(np.array([3.0, -0.5, 0.0]), done)  # type: ignore[arg-type]
+    assert scaled.tolist() == [2.0, -2.0, 0.0]
