@@ -98,6 +98,26 @@ def _in_flight_versions(job: JobCache, current: int) -> tuple[int, ...]:
     return (*held, *([current] * (tasks - len(held))))
 
 
+def _warm_key(job: JobCache, event: dict[str, Any]) -> str:
+    return f"param-model:{job.keys.job}:{event.get('optimizer', 'adam')}"
+
+
+def _warm_model(ctx: Context, job: JobCache, spec: JobSpec, optimizer_name: str, current: int) -> tuple[Any, Any]:
+    """The policy and optimizer at version `current`: this instance's own from its last publish when the store is
+    still there (one update lease at a time, so usually), else loaded from the store. The memo entry is taken out
+    while the update mutates them and put back only after a successful publish."""
+    key = _warm_key(job, {"optimizer": optimizer_name})
+    warm = ctx.memo.pop(key, None)
+    if warm is not None and warm[0] == current:
+        return warm[1], warm[2]
+    policy = warm[1] if warm is not None else new_policy(ctx, spec)
+    _, blob = job.policies.latest()
+    load_policy_bytes(policy, blob)
+    optimizer = build_optimizer(optimizer_name, list(policy.parameters()), lr=spec.algo.lr)
+    load_optimizer_bytes(optimizer, job.policies.optimizer_state() or b"")
+    return policy, optimizer
+
+
 def _initialise(job: JobCache, request: Any, ctx: Context) -> dict[str, Any]:
     """Create the job: resolve a JobRequest (when given) into the stored spec, then publish version 0, the seeded
     initial policy. Both are no-ops for what the job already has (a resumed job keeps its policy)."""
@@ -170,13 +190,7 @@ def handle(event: dict[str, Any], ctx: Context) -> dict[str, Any]:
             grads = aggregate([_gradient_part(r.tensors) for _, r in used], scales)
             compute_s += time.perf_counter() - t0
 
-            # One scratch module per instance, overwritten from the store: cached policies are read-only snapshots.
-            policy = ctx.memo.get(f"param-policy:{job.keys.job}") or new_policy(ctx, spec)
-            ctx.memo[f"param-policy:{job.keys.job}"] = policy
-            _, blob = job.policies.latest()
-            load_policy_bytes(policy, blob)
-            optimizer = build_optimizer(event.get("optimizer", "adam"), list(policy.parameters()), lr=spec.algo.lr)
-            load_optimizer_bytes(optimizer, job.policies.optimizer_state() or b"")
+            policy, optimizer = _warm_model(ctx, job, spec, str(event.get("optimizer", "adam")), current)
             t0 = time.perf_counter()
             for name, p in policy.named_parameters():
                 p.grad = grads[name].clone()
@@ -189,6 +203,7 @@ def handle(event: dict[str, Any], ctx: Context) -> dict[str, Any]:
                 weights=policy_to_bytes(policy, version=current + 1),
                 optimizer_state=optimizer_to_bytes(optimizer),
             )
+            ctx.memo[_warm_key(job, event)] = (current + 1, policy, optimizer)  # what the store now holds
             job.gradients.ack([gid for gid, _ in used])
 
             state = observe(state, record)
