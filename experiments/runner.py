@@ -91,10 +91,9 @@ def execute(
     *,
     parallel: int,
     on_outcome: Callable[[Outcome], None],
-    on_start: Callable[[RunPlan], None] = lambda plan: None,
 ) -> list[Outcome]:
     """Run every unfinished plan (distinct run ids once), `parallel` at a time; each run's output goes to log.txt in
-    its directory. Stops launching new runs once one is interrupted (Ctrl-C reaches the children too)."""
+    its directory. On Ctrl-C or SIGTERM the running ones are stopped at a checkpoint and no new one starts."""
     stop = threading.Event()
     unique = list({p.run_id: p for p in plans}.values())
     running: set[subprocess.Popen[bytes]] = set()
@@ -106,7 +105,6 @@ def execute(
             return Outcome(plan, "skipped")
         if stop.is_set():
             return Outcome(plan, "interrupted", detail="not started")
-        on_start(plan)
         cmd = _command(path, plan, deployment)
         t0 = time.monotonic()
         with (path / "log.txt").open("a") as log:
