@@ -83,7 +83,6 @@ class Trainer:
         self.cost_learner = float(self.state.get("cost_learner", self.state.get("cost", 0.0)))
         self.cost_actor = float(self.state.get("cost_actor", 0.0))
         self.learners = ThreadPoolExecutor(max_workers=cfg.learners, thread_name_prefix="learner-call")
-        self.aggregator = ThreadPoolExecutor(max_workers=1, thread_name_prefix="parameter-call")
         self.in_flight = 0
         self.collect_estimate_s = 0.0
         self.last_policy: bytes | None = None  # the newest checkpointed weights, written as safetensors at the end
@@ -234,24 +233,16 @@ class Trainer:
             event["reclaim_idle_s"] = 0.0
         return self._call("learner", event)
 
-    def _parameter_event(self, sync_expected: int | None) -> dict[str, Any]:
-        return {"job": self.job_id, "sync_expected": sync_expected, "wait_s": 30.0}
-
-    def _parameter_result(self, call: Call, rs: RoundStats) -> dict[str, Any]:
+    def _parameter_call(self, rs: RoundStats, sync_expected: int | None) -> dict[str, Any]:
+        call = self._call("parameter", {"job": self.job_id, "sync_expected": sync_expected, "wait_s": 30.0})
         rs.add(call, kind="parameter")
         rs.decisions += call[0].get("decisions", [])
         return call[0]
 
-    def _parameter_call(self, rs: RoundStats, sync_expected: int | None) -> dict[str, Any]:
-        return self._parameter_result(self._call("parameter", self._parameter_event(sync_expected)), rs)
-
     def _run_tasks(self, n: int, rs: RoundStats, *, sync_expected: int | None) -> None:
-        """Invoke learners on demand, one task each, at most `learners` at once; the parameter function as gradients
-        land, in the background so learners never wait on it (one call at a time: landings during a call are taken
-        by the next one); then flush until the round's queue is empty."""
+        """Invoke learners on demand, one task each, at most `learners` at once; the parameter function after
+        every gradient; then flush until the round's queue is empty."""
         pending: set[Future[Call]] = set()
-        param: Future[Call] | None = None
-        landed = False
         launched, reclaim = 0, False
         while launched < n or pending:
             while launched < n and len(pending) < self.cfg.learners:
@@ -260,13 +251,8 @@ class Trainer:
                 reclaim = False
             rs.max_in_flight = max(rs.max_in_flight, len(pending))
             self.in_flight = len(pending)
-            done, _ = wait(pending | ({param} if param else set()), return_when=FIRST_COMPLETED)
+            done, pending = wait(pending, return_when=FIRST_COMPLETED)
             for fut in done:
-                if fut is param:
-                    self._parameter_result(param.result(), rs)
-                    param = None
-                    continue
-                pending.discard(fut)
                 try:
                     call = fut.result()
                 except GatewayError as exc:
@@ -278,12 +264,7 @@ class Trainer:
                 rs.add(call, kind="learner")
                 if call[0].get("status") == "done":
                     rs.learner_results.append(call[0])
-                    landed = True
-            if landed and param is None:
-                param = self.aggregator.submit(self._call, "parameter", self._parameter_event(sync_expected))
-                landed = False
-        if param is not None:
-            self._parameter_result(param.result(), rs)
+            self._parameter_call(rs, sync_expected)
         self.in_flight = 0
         for _ in range(16):  # liveness: nothing in flight now, so the rule flushes what it deferred
             out = self._parameter_call(rs, sync_expected)
@@ -416,6 +397,5 @@ class Trainer:
     def close(self) -> None:
         self._stop_actors()
         self.learners.shutdown(wait=False, cancel_futures=True)
-        self.aggregator.shutdown(wait=False, cancel_futures=True)
         if self.last_policy is not None:
             self.run.write_final_policy(self.last_policy)
