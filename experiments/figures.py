@@ -149,10 +149,7 @@ def breakdown_figure(path: Path, results: list[RunResult], groups: list[str], no
     fig, ax = plt.subplots(figsize=(10, 0.6 * len(groups) + 2.6))
     colors = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd"]
     left = np.zeros(len(groups))
-    for (key, label), color in zip(BREAKDOWN.items(), colors, strict=True):
-        attr = {"actor_time": "actor_s", "learner_compute_time": "learner_compute_s",
-                "parameter_compute_time": "parameter_compute_s", "invocation_overhead": "invocation_s",
-                "cache_time": "cache_s"}[key]  # fmt: skip
+    for (attr, label), color in zip(BREAKDOWN.items(), colors, strict=True):
         widths = np.asarray(
             [np.nanmean([getattr(r, attr) for r in results if r.group == g] or [np.nan]) for g in groups]
         )

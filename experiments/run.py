@@ -6,7 +6,6 @@ config, checkpoint, log.txt) and `<suite>/` (runs.csv, summary.csv, PNG figures)
 
 from __future__ import annotations
 
-import math
 import signal
 import time
 from contextlib import ExitStack
@@ -22,6 +21,7 @@ from experiments import figures
 from experiments.runner import Deployment, Outcome, execute, run_dir
 from experiments.suites import PRESETS, SUITES, RunPlan, plan
 from experiments.summary import RunResult, run_result, write_outputs
+from stellaris.control.outputs import fmt
 
 console = Console(stderr=True)
 
@@ -61,10 +61,6 @@ def make_figures(
     return made
 
 
-def _fmt(x: Any, spec: str) -> str:
-    return "-" if isinstance(x, float) and math.isnan(x) else format(x, spec)
-
-
 def print_summary(suite: str, rows: list[dict[str, Any]]) -> None:
     table = Table(title=f"{suite}: final reward (mean ± std over seeds), cost, ratios vs baseline")
     for col in ("group", "variant", "seeds", "reward", "wall s", "cost $", "reward ratio", "cost ratio", "overhead"):
@@ -72,10 +68,10 @@ def print_summary(suite: str, rows: list[dict[str, Any]]) -> None:
     for r in rows:
         table.add_row(
             r["group"], r["variant"], str(r["seeds"]),
-            f"{_fmt(r['final_reward_mean'], '.1f')} ± {_fmt(r['final_reward_std'], '.1f')}",
-            _fmt(r["wall_clock_s_mean"], ".0f"), _fmt(r["cost_usd_mean"], ".4f"),
-            _fmt(r["reward_ratio"], ".2f"), _fmt(r["cost_ratio"], ".2f"),
-            _fmt(100 * r["overhead_share_mean"], ".1f") + "%",
+            f"{fmt(r['final_reward_mean'], '.1f')} ± {fmt(r['final_reward_std'], '.1f')}",
+            fmt(r["wall_clock_s_mean"], ".0f"), fmt(r["cost_usd_mean"], ".4f"),
+            fmt(r["reward_ratio"], ".2f"), fmt(r["cost_ratio"], ".2f"),
+            fmt(100 * r["overhead_share_mean"], ".1f") + "%",
         )  # fmt: skip
     out = Console()
     if not out.is_terminal:  # logs keep the table's rows whole

@@ -14,12 +14,12 @@ import numpy as np
 from experiments.suites import RunPlan, baseline_of
 
 BREAKDOWN = {
-    # column in info.csv -> label (paper Fig. 14); seconds per round, summed over the round's calls
-    "actor_time": "actors (waiting for the batch)",
-    "learner_compute_time": "learners (gradient compute)",
-    "parameter_compute_time": "parameter function (aggregate + step)",
-    "invocation_overhead": "invocation overhead",
-    "cache_time": "cache I/O + serialisation",
+    # RunResult field -> label (paper Fig. 14); seconds per round, summed over the round's calls
+    "actor_s": "actors (waiting for the batch)",
+    "learner_compute_s": "learners (gradient compute)",
+    "parameter_compute_s": "parameter function (aggregate + step)",
+    "invocation_s": "invocation overhead",
+    "cache_s": "cache I/O + serialisation",
 }
 FINAL_SHARE = 0.2  # the final reward is taken over the last 20% of rounds (at least one with episodes)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 
@@ -14,3 +15,18 @@ def job_id_of(event: dict[str, Any]) -> str:
     if not isinstance(job, str) or not job:
         raise EventError(f"event needs a 'job' field with the job id (a string), got {job!r}")
     return job
+
+
+class Stopwatch:
+    """Seconds spent inside `with watch:` blocks, summed: a handler's algorithm time, apart from its cache I/O."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self._t0 = 0.0
+
+    def __enter__(self) -> Stopwatch:
+        self._t0 = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.seconds += time.perf_counter() - self._t0

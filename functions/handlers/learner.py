@@ -3,13 +3,12 @@ push it and ACK the task in one atomic step, deregister."""
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from cache import GradientRecord, JobCache, LearnerTask, VersionNotFound
 from functions.algos.config import IMPACTConfig
 from functions.context import Context
-from functions.handlers import job_id_of
+from functions.handlers import Stopwatch, job_id_of
 from functions.learn import impact_gradient, obs_moments, ppo_gradient, prepare_ppo_round
 from functions.warm import policy_at, spec_of
 
@@ -42,7 +41,8 @@ def handle(event: dict[str, Any], ctx: Context) -> dict[str, Any]:
     version = int(version) if version is not None else job.policies.version()
     assert version is not None
     job.learners.register(learner_id, version)
-    compute_s = 0.0  # time in the algorithm; the rest of the handler is cache I/O and (de)serialisation
+    compute = Stopwatch()  # time in the algorithm; the rest of the handler is cache I/O and (de)serialisation
+    batches: list[Any] | None = None  # fetched at most once per call
     try:
         policy = policy_at(ctx, job, spec, version)
         others = []
@@ -61,9 +61,8 @@ def handle(event: dict[str, Any], ctx: Context) -> dict[str, Any]:
             except VersionNotFound:
                 target = policy
             batches = _batches(job, task)
-            t0 = time.perf_counter()
-            grads, stats = impact_gradient(policy, target, batches, task, spec.algo, others=others, kl_coef=kl_coef)
-            compute_s += time.perf_counter() - t0
+            with compute:
+                grads, stats = impact_gradient(policy, target, batches, task, spec.algo, others=others, kl_coef=kl_coef)
         else:
             key = f"ppo-round:{job.keys.job}:{','.join(task.batch_ids)}"
             data = ctx.memo.get(key)
@@ -71,21 +70,18 @@ def handle(event: dict[str, Any], ctx: Context) -> dict[str, Any]:
                 for old in [k for k in ctx.memo if k.startswith(f"ppo-round:{job.keys.job}:")]:
                     del ctx.memo[old]
                 batches = _batches(job, task)
-                t0 = time.perf_counter()
-                data = prepare_ppo_round(batches, gamma=spec.algo.gamma, lam=spec.algo.lam)
-                compute_s += time.perf_counter() - t0
+                with compute:
+                    data = prepare_ppo_round(batches, gamma=spec.algo.gamma, lam=spec.algo.lam)
                 ctx.memo[key] = data
-            t0 = time.perf_counter()
-            grads, stats = ppo_gradient(policy, data, task, spec.algo, others=others, kl_coef=kl_coef)
-            compute_s += time.perf_counter() - t0
+            with compute:
+                grads, stats = ppo_gradient(policy, data, task, spec.algo, others=others, kl_coef=kl_coef)
         stats |= {"round": task.round, "epoch": task.epoch, "minibatch": task.minibatch}
         if policy.obs_normalizer is not None and task.epoch == 0 and task.minibatch == 0:
             # Once per round: the round's observation moments, folded into the normaliser by the parameter
             # function, so actors and learners of one version always share its statistics.
-            batches = _batches(job, task)
-            t0 = time.perf_counter()
-            grads |= obs_moments(policy, batches)
-            compute_s += time.perf_counter() - t0
+            batches = batches if batches is not None else _batches(job, task)
+            with compute:
+                grads |= obs_moments(policy, batches)
     finally:
         # Done with the policy: others need not truncate against it any more. Until the push below the task
         # itself still counts as in flight, so the parameter function cannot flush early.
@@ -94,5 +90,5 @@ def handle(event: dict[str, Any], ctx: Context) -> dict[str, Any]:
     grad_id = job.gradients.put(record, ack=(job.tasks, [entry.id]))
     return {
         "status": "done", "gradient_id": grad_id, "task_id": entry.id, "base_version": version,
-        "compute_s": compute_s, **stats,
+        "compute_s": compute.seconds, **stats,
     }  # fmt: skip

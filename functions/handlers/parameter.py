@@ -5,7 +5,6 @@ the cache, and the update lease (a fencing token checked inside Redis) lets one 
 from __future__ import annotations
 
 import json
-import time
 from typing import Any
 
 from cache import JobCache, LeaseUnavailable
@@ -22,7 +21,7 @@ from functions.algos.staleness import (
     observe,
 )
 from functions.context import Context
-from functions.handlers import job_id_of
+from functions.handlers import Stopwatch, job_id_of
 from functions.jobspec import JobRequest, JobSpec, resolve, save_spec
 from functions.learn import OBS_MOMENTS
 from functions.serialize import (
@@ -98,16 +97,15 @@ def _in_flight_versions(job: JobCache, current: int) -> tuple[int, ...]:
     return (*held, *([current] * (tasks - len(held))))
 
 
-def _warm_key(job: JobCache, event: dict[str, Any]) -> str:
-    return f"param-model:{job.keys.job}:{event.get('optimizer', 'adam')}"
+def _warm_key(job: JobCache, optimizer_name: str) -> str:
+    return f"param-model:{job.keys.job}:{optimizer_name}"
 
 
 def _warm_model(ctx: Context, job: JobCache, spec: JobSpec, optimizer_name: str, current: int) -> tuple[Any, Any]:
     """The policy and optimizer at version `current`: this instance's own from its last publish when the store is
     still there (one update lease at a time, so usually), else loaded from the store. The memo entry is taken out
     while the update mutates them and put back only after a successful publish."""
-    key = _warm_key(job, {"optimizer": optimizer_name})
-    warm = ctx.memo.pop(key, None)
+    warm = ctx.memo.pop(_warm_key(job, optimizer_name), None)
     if warm is not None and warm[0] == current:
         return warm[1], warm[2]
     policy = warm[1] if warm is not None else new_policy(ctx, spec)
@@ -142,6 +140,7 @@ def handle(event: dict[str, Any], ctx: Context) -> dict[str, Any]:
     spec = spec_of(ctx, job)
     rule = spec.algo.stellaris.aggregation_rule()
     max_updates = int(event.get("max_updates", 1_000_000))
+    optimizer_name = str(event.get("optimizer", "adam"))
     try:
         lease = job.policies.acquire(
             f"param-{ctx.call_id}", lease_s=float(event.get("lease_s", 60.0)), wait_s=float(event.get("wait_s", 0.0))
@@ -150,7 +149,7 @@ def handle(event: dict[str, Any], ctx: Context) -> dict[str, Any]:
         return {"status": "busy", "decisions": []}
 
     decisions: list[dict[str, Any]] = []
-    compute_s = 0.0  # aggregation and the optimizer step; the rest of the handler is cache I/O and (de)serialisation
+    compute = Stopwatch()  # aggregation and the optimizer step; the rest is cache I/O and (de)serialisation
     try:
         while len([d for d in decisions if d["applied"]]) < max_updates:
             current = job.policies.version()
@@ -185,25 +184,23 @@ def handle(event: dict[str, Any], ctx: Context) -> dict[str, Any]:
                 _save_state(job, fields)
                 break
             used = queue[: record.count]
-            t0 = time.perf_counter()
-            scales = gradient_scales(rule, record.stalenesses[: record.count])
-            grads = aggregate([_gradient_part(r.tensors) for _, r in used], scales)
-            compute_s += time.perf_counter() - t0
+            with compute:
+                scales = gradient_scales(rule, record.stalenesses[: record.count])
+                grads = aggregate([_gradient_part(r.tensors) for _, r in used], scales)
 
-            policy, optimizer = _warm_model(ctx, job, spec, str(event.get("optimizer", "adam")), current)
-            t0 = time.perf_counter()
-            for name, p in policy.named_parameters():
-                p.grad = grads[name].clone()
-            optimizer.step()
-            _fold_obs_moments(policy, [r.tensors for _, r in used])
-            compute_s += time.perf_counter() - t0
+            policy, optimizer = _warm_model(ctx, job, spec, optimizer_name, current)
+            with compute:
+                for name, p in policy.named_parameters():
+                    p.grad = grads[name].clone()
+                optimizer.step()
+                _fold_obs_moments(policy, [r.tensors for _, r in used])
             job.policies.publish(
                 lease,
                 expected_version=current,
                 weights=policy_to_bytes(policy, version=current + 1),
                 optimizer_state=optimizer_to_bytes(optimizer),
             )
-            ctx.memo[_warm_key(job, event)] = (current + 1, policy, optimizer)  # what the store now holds
+            ctx.memo[_warm_key(job, optimizer_name)] = (current + 1, policy, optimizer)  # what the store now holds
             job.gradients.ack([gid for gid, _ in used])
 
             state = observe(state, record)
@@ -218,4 +215,4 @@ def handle(event: dict[str, Any], ctx: Context) -> dict[str, Any]:
             _save_state(job, fields)
     finally:
         job.policies.release(lease)
-    return {"status": "ok", "version": job.policies.version(), "decisions": decisions, "compute_s": compute_s}
+    return {"status": "ok", "version": job.policies.version(), "decisions": decisions, "compute_s": compute.seconds}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,11 @@ def _atomic_write(path: Path, data: bytes) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_bytes(data)
     os.replace(tmp, path)
+
+
+def fmt(x: float | None, spec: str = ".1f") -> str:
+    """A number for a person to read: '-' for a missing value or NaN."""
+    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
 
 
 def stats(values: list[float]) -> tuple[float, float, float, float]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import time
 
 from rich.console import Console
@@ -10,13 +9,9 @@ from rich.live import Live
 from rich.table import Table
 
 from stellaris.config import TrainConfig
-from stellaris.control.outputs import RunDir
+from stellaris.control.outputs import RunDir, fmt
 from stellaris.control.platform import Platform
 from stellaris.control.trainer import Trainer
-
-
-def _fmt(x: float, spec: str = ".1f") -> str:
-    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
 
 
 def _progress(trainer: Trainer, row: dict | None, steps_per_s: float) -> Table:
@@ -31,8 +26,8 @@ def _progress(trainer: Trainer, row: dict | None, steps_per_s: float) -> Table:
     )
     if row is not None:
         table.add_row(
-            f"reward {_fmt(row['eval_reward_mean'])} (max {_fmt(row['eval_reward_max'])})",
-            f"staleness {_fmt(row['staleness_mean'], '.2f')} bound {_fmt(row['staleness_bound'], '.2f')}",
+            f"reward {fmt(row['eval_reward_mean'])} (max {fmt(row['eval_reward_max'])})",
+            f"staleness {fmt(row['staleness_mean'], '.2f')} bound {fmt(row['staleness_bound'], '.2f')}",
             f"learners in flight {row.get('max_in_flight', 0)}/{cfg.learners}",
             f"cost ${trainer.cost:.4f}",
         )
@@ -63,7 +58,7 @@ def run_training(cfg: TrainConfig, *, resume: bool = False) -> int:
                         if not console.is_terminal:  # logs and CI get one plain line per round
                             console.print(
                                 f"round {row['round_id']} env_steps {row['env_steps']} "
-                                f"reward {_fmt(row['eval_reward_mean'])} cost {row['cost']:.6f}",
+                                f"reward {fmt(row['eval_reward_mean'])} cost {row['cost']:.6f}",
                                 highlight=False,
                             )
                 trainer.finish()

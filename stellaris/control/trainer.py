@@ -31,6 +31,9 @@ class TrainingError(RuntimeError):
     pass
 
 
+Call = tuple[dict[str, Any], Activation, float]  # result, metering, client-observed latency in seconds
+
+
 @dataclass
 class RoundStats:
     learner_results: list[dict[str, Any]] = field(default_factory=list)
@@ -60,9 +63,6 @@ class RoundStats:
             self.parameter_compute_s += compute
 
 
-Call = tuple[dict[str, Any], Activation, float]  # result, metering, client-observed latency in seconds
-
-
 class Trainer:
     def __init__(self, cfg: TrainConfig, platform: Platform, run: RunDir, *, state: dict[str, Any] | None) -> None:
         assert platform.cache is not None and platform.gateway is not None
@@ -83,7 +83,6 @@ class Trainer:
         self.cost_learner = float(self.state.get("cost_learner", self.state.get("cost", 0.0)))
         self.cost_actor = float(self.state.get("cost_actor", 0.0))
         self.learners = ThreadPoolExecutor(max_workers=cfg.learners, thread_name_prefix="learner-call")
-        self.in_flight = 0
         self.collect_estimate_s = 0.0
         self.last_policy: bytes | None = None  # the newest checkpointed weights, written as safetensors at the end
         self.spec: dict[str, Any] = {}
@@ -250,7 +249,6 @@ class Trainer:
                 launched += 1
                 reclaim = False
             rs.max_in_flight = max(rs.max_in_flight, len(pending))
-            self.in_flight = len(pending)
             done, pending = wait(pending, return_when=FIRST_COMPLETED)
             for fut in done:
                 try:
@@ -265,7 +263,6 @@ class Trainer:
                 if call[0].get("status") == "done":
                     rs.learner_results.append(call[0])
             self._parameter_call(rs, sync_expected)
-        self.in_flight = 0
         for _ in range(16):  # liveness: nothing in flight now, so the rule flushes what it deferred
             out = self._parameter_call(rs, sync_expected)
             decisions = out.get("decisions", [])
