@@ -12,15 +12,19 @@ from cache.errors import (
     VersionNotFound,
 )
 from cache.job import JobCache, JobLimits
-from cache.records import GradientRecord, LearnerTask, TrajectoryBatch
+from cache.records import BatchMeta, GradientMeta, GradientRecord, LearnerTask, TrajectoryBatch
+from cache.tasks import Claim, TaskBoard
 
 __all__ = [
     "BackpressureTimeout",
+    "BatchMeta",
     "Cache",
     "CacheError",
     "CacheSettings",
+    "Claim",
     "CodecError",
     "FencingError",
+    "GradientMeta",
     "GradientRecord",
     "JobCache",
     "JobLimits",
@@ -28,6 +32,7 @@ __all__ = [
     "LeaseUnavailable",
     "RecordError",
     "RedisServerDied",
+    "TaskBoard",
     "TrajectoryBatch",
     "VersionNotFound",
     "connect",

@@ -214,3 +214,80 @@ def decode(buf: bytes | bytearray | memoryview, *, max_bytes: int = DEFAULT_MAX_
         arrays[name] = np.frombuffer(data[offset:end], dtype=_DTYPES[dtype]).reshape(shape)
         dtypes[name] = dtype
     return Frame(meta=meta, arrays=arrays, dtypes=dtypes)
+
+
+# -- multi-field stream entries ---------------------------------------------------------------------------------
+# A Redis Stream entry is a list of field/value pairs, so an entry can carry each array as its own field: the
+# writer hands the arrays' own buffers to the socket (no concatenation copy) and a reader can look at the header
+# field alone (metadata before payloads). Field "h" is the msgpack header {"meta", "arrays": [[name, dtype,
+# shape, nbytes], ...]}; array i travels in field "a<i>".
+HEADER_FIELD = b"h"
+
+
+def encode_fields(arrays: Mapping[str, Any], meta: Mapping[str, Any] | None = None) -> list[bytes | memoryview]:
+    """Flat [field, value, field, value, ...] for XADD: the header, then one field per array (zero-copy views)."""
+    specs: list[list[Any]] = []
+    out: list[bytes | memoryview] = []
+    for i, (name, value) in enumerate(arrays.items()):
+        if not isinstance(name, str) or not name or len(name) > MAX_NAME_CHARS:
+            raise CodecError(f"array name {name!r} must be a non-empty string of at most {MAX_NAME_CHARS} chars")
+        wire, arr = _as_numpy(name, value)
+        if arr.ndim > MAX_NDIM:
+            raise CodecError(f"array {name!r}: {arr.ndim} dimensions exceed the limit of {MAX_NDIM}")
+        specs.append([name, wire, list(arr.shape), arr.nbytes])
+        out += [f"a{i}".encode(), memoryview(arr).cast("B") if arr.nbytes else b""]
+    try:
+        header = msgpack.packb({"meta": dict(meta or {}), "arrays": specs}, use_bin_type=True)
+    except (TypeError, ValueError) as exc:
+        raise CodecError(f"metadata is not msgpack-serialisable: {exc}") from exc
+    if len(header) > MAX_HEADER_BYTES:
+        raise CodecError(f"header of {len(header)} bytes exceeds the limit of {MAX_HEADER_BYTES}")
+    return [HEADER_FIELD, header, *out]
+
+
+def _fields_header(fields: Mapping[bytes, bytes]) -> dict[str, Any]:
+    raw = fields.get(HEADER_FIELD)
+    if raw is None:
+        raise CodecError("entry has no header field 'h': not a Stellaris record")
+    if len(raw) > MAX_HEADER_BYTES:
+        raise CodecError(f"header of {len(raw)} bytes exceeds the limit of {MAX_HEADER_BYTES}")
+    try:
+        header = msgpack.unpackb(raw, raw=False, strict_map_key=True)
+    except Exception as exc:  # msgpack raises several unrelated types for corrupt input
+        raise CodecError(f"corrupt header: {type(exc).__name__}: {exc}") from exc
+    if not isinstance(header, dict) or not isinstance(header.get("meta"), dict):
+        raise CodecError("corrupt header: expected a map with a 'meta' map")
+    if not isinstance(header.get("arrays"), list):
+        raise CodecError("corrupt header: 'arrays' must be a list")
+    return header
+
+
+def decode_fields_meta(fields: Mapping[bytes, bytes]) -> dict[str, Any]:
+    """The metadata of a multi-field entry, without touching its arrays."""
+    return _fields_header(fields)["meta"]
+
+
+def decode_fields(fields: Mapping[bytes, bytes], *, max_bytes: int = DEFAULT_MAX_BYTES) -> Frame:
+    """Decode and validate a multi-field entry made by `encode_fields`; arrays are read-only views of the fields."""
+    header = _fields_header(fields)
+    arrays: dict[str, np.ndarray] = {}
+    dtypes: dict[str, str] = {}
+    total = 0
+    for i, spec in enumerate(header["arrays"]):
+        if not isinstance(spec, list) or len(spec) != 4:
+            raise CodecError(f"array spec #{i} must be [name, dtype, shape, nbytes], got {spec!r}")
+        size = spec[3] if isinstance(spec[3], int) else 0
+        name, dtype, shape, _, nbytes = _check_spec(i, [*spec[:3], 0, spec[3]], size)
+        if name in arrays:
+            raise CodecError(f"array {name!r} appears twice")
+        buf = fields.get(f"a{i}".encode())
+        if buf is None:
+            raise CodecError(f"array {name!r}: field a{i} is missing")
+        if len(buf) != nbytes:
+            raise CodecError(f"array {name!r}: header says {nbytes} bytes but the field has {len(buf)}")
+        total += nbytes
+        if total > max_bytes:
+            raise CodecError(f"entry of more than {max_bytes} bytes exceeds the limit")
+        arrays[name] = np.frombuffer(buf, dtype=_DTYPES[dtype]).reshape(shape)
+        dtypes[name] = dtype
+    return Frame(meta=header["meta"], arrays=arrays, dtypes=dtypes)

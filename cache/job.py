@@ -12,8 +12,9 @@ from cache.codec import DEFAULT_MAX_BYTES
 from cache.keys import JobKeys
 from cache.learner_registry import LearnerRegistry
 from cache.policy_store import PolicyStore
-from cache.records import GradientRecord, LearnerTask, TrajectoryBatch
-from cache.streams import BoundedStream, Entry
+from cache.records import BatchMeta, GradientMeta, GradientRecord, TrajectoryBatch
+from cache.streams import MAX_BLOCK_S, BoundedStream, Entry
+from cache.tasks import TaskBoard
 
 
 class JobLimits(BaseSettings):
@@ -28,76 +29,87 @@ class JobLimits(BaseSettings):
     keep_versions: int = Field(default=8, gt=0, description="policy versions whose weights are kept")
     ttl_s: float = Field(default=86400.0, gt=0, description="TTL of every job key, refreshed on write")
     retired_grace_s: float = Field(default=60.0, ge=0, description="how long a retired version lingers")
-    learner_lease_s: float = Field(default=300.0, gt=0, description="registry entry lifetime of a learner")
+    learner_lease_s: float = Field(
+        default=5.0, gt=0, description="a learner's lease, refreshed while it lives; its tasks are taken over after"
+    )
+    parameter_lease_s: float = Field(
+        default=5.0, gt=0, description="the parameter function's update lease, refreshed while it lives"
+    )
+    max_attempts: int = Field(default=3, gt=0, description="deliveries of a task before it is dead-lettered")
+    dead_letter_maxlen: int = Field(default=10_000, gt=0, description="dead letters kept (oldest trimmed)")
+    applied_maxlen: int = Field(default=100_000, gt=0, description="aggregation records kept for the control plane")
     backpressure_timeout_s: float = Field(default=120.0, gt=0, description="producer wait on a full stream")
     payload_bytes_max: int = Field(default=DEFAULT_MAX_BYTES, gt=0, description="largest decoded payload")
 
 
 class TrajectoryQueue:
-    """Trajectory batches on a stream; the control plane's consumer group forms rounds from them."""
+    """Trajectory batches on a stream; the control plane's consumer group forms rounds from them, reading each
+    batch's header only. Learners read a batch's arrays by id."""
 
     def __init__(self, stream: BoundedStream, limits: JobLimits) -> None:
         self.stream = stream
         self.limits = limits
 
     def put(self, batch: TrajectoryBatch, *, timeout_s: float | None = None) -> str:
-        return self.stream.add(batch.encode(), timeout_s=self._timeout(timeout_s))
+        timeout = self.limits.backpressure_timeout_s if timeout_s is None else timeout_s
+        return self.stream.add(batch.fields(), timeout_s=timeout)
 
-    def take(self, consumer: str, *, count: int = 1, block_s: float = 0.0) -> list[tuple[str, TrajectoryBatch]]:
-        return self._decode(self.stream.read(consumer, count=count, block_s=block_s))
+    def take(self, consumer: str, *, count: int = 1, block_s: float = 0.0) -> list[tuple[str, BatchMeta]]:
+        """New batches for `consumer`: ids and headers (no array is decoded)."""
+        return [
+            (e.id, BatchMeta.from_fields(e.fields)) for e in self.stream.read(consumer, count=count, block_s=block_s)
+        ]
 
     def get(self, batch_id: str) -> TrajectoryBatch | None:
         entry = self.stream.get(batch_id)
-        return None if entry is None else self._decode([entry])[0][1]
+        if entry is None:
+            return None
+        return TrajectoryBatch.from_fields(entry.fields, max_bytes=self.limits.payload_bytes_max)
 
     def ack(self, batch_ids: Sequence[str]) -> int:
         return self.stream.ack(batch_ids)
 
-    def reclaim(self, consumer: str, *, min_idle_s: float, count: int = 16) -> list[tuple[str, TrajectoryBatch]]:
-        return self._decode(self.stream.reclaim(consumer, min_idle_s=min_idle_s, count=count))
-
-    def _decode(self, entries: list[Entry]) -> list[tuple[str, TrajectoryBatch]]:
-        return [(e.id, TrajectoryBatch.decode(e.payload, max_bytes=self.limits.payload_bytes_max)) for e in entries]
-
-    def _timeout(self, timeout_s: float | None) -> float:
-        return self.limits.backpressure_timeout_s if timeout_s is None else timeout_s
+    def reclaim(self, consumer: str, *, min_idle_s: float, count: int = 16) -> list[tuple[str, BatchMeta]]:
+        entries = self.stream.reclaim(consumer, min_idle_s=min_idle_s, count=count)
+        return [(e.id, BatchMeta.from_fields(e.fields)) for e in entries]
 
 
-class GradientQueue:
-    """Gradients on a stream with the parameter function's consumer group."""
+class GradientStream:
+    """Gradients waiting for the parameter function, in arrival order. It is their only reader (it holds the
+    update lease), so the stream needs no consumer group: entries are deleted in the same atomic step that
+    publishes the version they went into (`PolicyStore.publish_and_ack`)."""
 
-    def __init__(self, stream: BoundedStream, limits: JobLimits) -> None:
-        self.stream = stream
+    def __init__(self, client: redis.Redis, key: str, limits: JobLimits) -> None:
+        self.client = client
+        self.key = key
         self.limits = limits
 
-    def put(
-        self,
-        record: GradientRecord,
-        *,
-        ack: tuple[BoundedStream, Sequence[str]] | None = None,
-        timeout_s: float | None = None,
-    ) -> str:
-        """Push a gradient; `ack` releases the consumed input entries in the same atomic step."""
-        timeout = self.limits.backpressure_timeout_s if timeout_s is None else timeout_s
-        return self.stream.add(record.encode(), timeout_s=timeout, ack=ack)
+    def read(self, after: str = "0-0", *, count: int = 1024, block_s: float = 0.0) -> list[Entry]:
+        """Entries newer than `after`, blocking up to `block_s` when there are none."""
+        block_ms = int(min(block_s, MAX_BLOCK_S) * 1000)
+        reply = self.client.xread({self.key: after}, count=count, block=block_ms or None)
+        return [Entry(_id(i), f) for _, items in (reply or []) for i, f in items if f]
 
-    def take(self, consumer: str, *, count: int = 64, block_s: float = 0.0) -> list[tuple[str, GradientRecord]]:
-        return self._decode(self.stream.read(consumer, count=count, block_s=block_s))
+    def meta(self, entry: Entry) -> GradientMeta:
+        return GradientMeta.from_fields(entry.fields)
 
-    def queued(self, consumer: str, *, count: int = 1024) -> list[tuple[str, GradientRecord]]:
-        """Everything waiting for `consumer`: gradients it deferred earlier, then new ones; oldest first."""
-        entries = self.stream.read_pending(consumer, count=count)
-        entries += self.stream.read(consumer, count=count)
-        return self._decode(entries)
+    def record(self, entry: Entry) -> GradientRecord:
+        return GradientRecord.from_fields(entry.fields, max_bytes=self.limits.payload_bytes_max)
 
-    def reclaim(self, consumer: str, *, min_idle_s: float, count: int = 64) -> list[tuple[str, GradientRecord]]:
-        return self._decode(self.stream.reclaim(consumer, min_idle_s=min_idle_s, count=count))
+    def length(self) -> int:
+        return int(self.client.xlen(self.key))
 
-    def ack(self, ids: Sequence[str]) -> int:
-        return self.stream.ack(ids)
+    def put(self, record: GradientRecord) -> str:
+        """Append outside the task protocol (tests, tools); learners use `TaskBoard.complete`."""
+        return _id(self.client.xadd(self.key, dict(_pairs(record.fields()))))
 
-    def _decode(self, entries: list[Entry]) -> list[tuple[str, GradientRecord]]:
-        return [(e.id, GradientRecord.decode(e.payload, max_bytes=self.limits.payload_bytes_max)) for e in entries]
+
+def _id(raw: bytes | str) -> str:
+    return raw.decode() if isinstance(raw, bytes) else raw
+
+
+def _pairs(flat: Sequence[bytes | memoryview]) -> list[tuple[bytes, bytes | memoryview]]:
+    return [(bytes(flat[i]), flat[i + 1]) for i in range(0, len(flat), 2)]
 
 
 class JobCache:
@@ -112,11 +124,17 @@ class JobCache:
             BoundedStream(client, self.keys.traj, group="rounds", maxlen=lim.trajectory_maxlen, ttl_s=lim.ttl_s),
             lim,
         )
-        self.gradients = GradientQueue(
-            BoundedStream(client, self.keys.grad, group="parameter", maxlen=lim.gradient_maxlen, ttl_s=lim.ttl_s),
-            lim,
+        self.gradients = GradientStream(client, self.keys.grad, lim)
+        self.board = TaskBoard(
+            client,
+            self.keys,
+            maxlen=lim.task_maxlen,
+            ttl_s=lim.ttl_s,
+            lease_s=lim.learner_lease_s,
+            max_attempts=lim.max_attempts,
+            dead_letter_maxlen=lim.dead_letter_maxlen,
+            gradient_maxlen=lim.gradient_maxlen,
         )
-        self.tasks = BoundedStream(client, self.keys.tasks, group="learners", maxlen=lim.task_maxlen, ttl_s=lim.ttl_s)
         self.policies = PolicyStore(
             client,
             self.keys,
@@ -125,10 +143,6 @@ class JobCache:
             retired_grace_s=lim.retired_grace_s,
         )
         self.learners = LearnerRegistry(client, self.keys, lease_s=lim.learner_lease_s, ttl_s=lim.ttl_s)
-
-    def enqueue_tasks(self, tasks: Sequence[LearnerTask], *, timeout_s: float | None = None) -> list[str]:
-        timeout = self.limits.backpressure_timeout_s if timeout_s is None else timeout_s
-        return [self.tasks.add(t.encode(), timeout_s=timeout) for t in tasks]
 
     def set_spec(self, spec_json: str) -> None:
         self.client.set(self.keys.spec, spec_json, px=int(self.limits.ttl_s * 1000))

@@ -51,6 +51,31 @@ class JobKeys:
     def freed(self, stream_key: str) -> str:
         return f"{stream_key}:freed"
 
+    @property
+    def tasks_wake(self) -> str:
+        """List pushed when tasks are enqueued or finished, or a round closes: idle learners block on it."""
+        return self._k("tasks:wake")
+
+    @property
+    def tasks_closed(self) -> str:
+        """The newest round whose tasks are all enqueued."""
+        return self._k("tasks:closed")
+
+    @property
+    def dead_letters(self) -> str:
+        """Bounded stream of tasks and gradients given up on, with the reason."""
+        return self._k("deadletters")
+
+    @property
+    def applied(self) -> str:
+        """Stream with one entry per applied aggregation (gradient ids, task ids, base and applied versions)."""
+        return self._k("applied")
+
+    @property
+    def control(self) -> str:
+        """Stream of control events for the parameter function (stop, wake)."""
+        return self._k("control")
+
     # Policy store.
     @property
     def policy_version(self) -> str:

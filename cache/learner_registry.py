@@ -62,6 +62,10 @@ class LearnerRegistry:
         flat = self._held(keys=[self.keys.learners, self.keys.learner_deadlines])
         return {flat[i].decode(): int(flat[i + 1]) for i in range(0, len(flat), 2)}
 
+    def in_flight_on(self, pipe: redis.client.Pipeline) -> None:
+        """Queue `in_flight`'s read on a pipeline (its reply: a flat [learner id, version, ...] list)."""
+        self._held(keys=[self.keys.learners, self.keys.learner_deadlines], client=pipe)
+
     def held_versions(self) -> list[int]:
         """Distinct policy versions held by live learners, ascending."""
         return sorted(set(self.in_flight().values()))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import secrets
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import redis
@@ -45,6 +46,59 @@ if KEYS[6] ~= KEYS[3] then redis.call('PEXPIRE', KEYS[6], ARGV[6]) end
 redis.call('XADD', KEYS[5], 'MAXLEN', '~', 64, '*', 'v', new)
 redis.call('PEXPIRE', KEYS[5], ARGV[5])
 return new
+"""
+
+# Publish and acknowledge as one step: the new version, the optimizer state, the aggregator's state, the removal of
+# the gradients that went into it, and its record in the applied log, all or nothing.
+# KEYS: version, lock, new policy, optim, events, retired policy, gradients, gradients freed, aggregator, applied
+# ARGV: lease value, expected version, weights, optim, ttl ms, retired grace ms, applied maxlen,
+#       n ids, ids..., n aggregator pairs, field, value, ..., then the applied record's field/value pairs
+_PUBLISH_ACK = """
+if redis.call('GET', KEYS[2]) ~= ARGV[1] then return redis.error_reply('FENCE update lease not held') end
+local cur = tonumber(redis.call('GET', KEYS[1]))
+if cur == nil then return redis.error_reply('FENCE store not initialised') end
+if cur ~= tonumber(ARGV[2]) then
+  return redis.error_reply('FENCE version is ' .. cur .. ', expected ' .. ARGV[2])
+end
+local n = tonumber(ARGV[8])
+for i = 9, 8 + n do
+  if #redis.call('XRANGE', KEYS[7], ARGV[i], ARGV[i]) == 0 then
+    return redis.error_reply('FENCE gradient ' .. ARGV[i] .. ' is gone')
+  end
+end
+local new = cur + 1
+redis.call('SET', KEYS[3], ARGV[3], 'PX', ARGV[5])
+if ARGV[4] ~= '' then redis.call('SET', KEYS[4], ARGV[4], 'PX', ARGV[5]) end
+redis.call('SET', KEYS[1], new, 'PX', ARGV[5])
+if KEYS[6] ~= KEYS[3] then redis.call('PEXPIRE', KEYS[6], ARGV[6]) end
+redis.call('XADD', KEYS[5], 'MAXLEN', '~', 64, '*', 'v', new)
+redis.call('PEXPIRE', KEYS[5], ARGV[5])
+for i = 9, 8 + n do
+  redis.call('XDEL', KEYS[7], ARGV[i])
+  redis.call('LPUSH', KEYS[8], '1')
+end
+if n > 0 then
+  redis.call('LTRIM', KEYS[8], 0, 1023)
+  redis.call('PEXPIRE', KEYS[8], ARGV[5])
+end
+local a = 9 + n
+local pairs_n = tonumber(ARGV[a])
+if pairs_n > 0 then
+  redis.call('HSET', KEYS[9], unpack(ARGV, a + 1, a + 2 * pairs_n))
+  redis.call('PEXPIRE', KEYS[9], ARGV[5])
+end
+local r = a + 2 * pairs_n + 1
+if r <= #ARGV then
+  redis.call('XADD', KEYS[10], 'MAXLEN', '~', ARGV[7], '*', 'version', new, unpack(ARGV, r))
+  redis.call('PEXPIRE', KEYS[10], ARGV[5])
+end
+return new
+"""
+
+_REFRESH = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+return 1
 """
 
 _RELEASE = """
@@ -91,6 +145,8 @@ class PolicyStore:
         self._init = client.register_script(_INIT)
         self._publish = client.register_script(_PUBLISH)
         self._release = client.register_script(_RELEASE)
+        self._publish_ack = client.register_script(_PUBLISH_ACK)
+        self._refresh = client.register_script(_REFRESH)
 
     # -- reading ----------------------------------------------------------------------------------------------
     def version(self) -> int | None:
@@ -193,6 +249,67 @@ class PolicyStore:
                         optimizer_state,
                         self.ttl_ms,
                         self.retired_grace_ms,
+                    ],
+                )
+            )
+        except redis.ResponseError as exc:
+            if "FENCE" in str(exc):
+                raise FencingError(f"job {self.keys.job!r}: publish refused: {exc}") from exc
+            raise
+
+    def refresh(self, lease: UpdateLease, *, lease_s: float) -> bool:
+        """Extend a held lease (False when it was lost: it ran out and someone else may hold it now)."""
+        return bool(self._refresh(keys=[self.keys.update_lock], args=[lease.value, int(lease_s * 1000)]))
+
+    def publish_and_ack(
+        self,
+        lease: UpdateLease,
+        *,
+        expected_version: int,
+        weights: bytes,
+        optimizer_state: bytes = b"",
+        gradient_ids: Sequence[str] = (),
+        aggregator: Mapping[str, float | int | str] | None = None,
+        record: Mapping[str, bytes | str | int | float] | None = None,
+        applied_maxlen: int = 100_000,
+    ) -> int:
+        """`publish`, and in the same atomic step delete the gradients that went into this version, store the
+        aggregator's state and append `record` (plus the new version) to the applied log. A crash before it
+        changes nothing; after it, nothing is left to apply twice. Refused (FencingError) unless the lease holds,
+        the version is `expected_version` and every gradient is still there."""
+        k = self.keys
+        new = expected_version + 1
+        retired = new - self.keep_versions
+        agg = [x for kv in (aggregator or {}).items() for x in kv]
+        rec = [x for kv in (record or {}).items() for x in kv]
+        try:
+            return int(
+                self._publish_ack(
+                    keys=[
+                        k.policy_version,
+                        k.update_lock,
+                        k.policy(new),
+                        k.optim,
+                        k.policy_events,
+                        k.policy(retired) if retired >= 0 else k.policy(new),
+                        k.grad,
+                        k.freed(k.grad),
+                        k.aggregator,
+                        k.applied,
+                    ],
+                    args=[
+                        lease.value,
+                        expected_version,
+                        weights,
+                        optimizer_state,
+                        self.ttl_ms,
+                        self.retired_grace_ms,
+                        applied_maxlen,
+                        len(gradient_ids),
+                        *gradient_ids,
+                        len(agg) // 2,
+                        *agg,
+                        *rec,
                     ],
                 )
             )

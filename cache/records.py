@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from cache.codec import DEFAULT_MAX_BYTES, Frame, decode, encode
+from cache.codec import DEFAULT_MAX_BYTES, Frame, decode_fields, decode_fields_meta, encode_fields
 from cache.errors import CodecError, RecordError
 
 # Arrays every trajectory batch carries, time-major: [T, N, ...] for T steps of N envs.
@@ -37,11 +37,21 @@ def _str(meta: Mapping[str, Any], key: str, what: str) -> str:
     return value
 
 
-def _decode(payload: bytes, what: str, max_bytes: int) -> Frame:
+def _frame(fields: Mapping[bytes, bytes], what: str, max_bytes: int) -> Frame:
     try:
-        return decode(payload, max_bytes=max_bytes)
+        return decode_fields(fields, max_bytes=max_bytes)
     except CodecError as exc:
         raise CodecError(f"{what}: {exc}") from exc
+
+
+def _meta(fields: Mapping[bytes, bytes], what: str, kind: str) -> dict[str, Any]:
+    try:
+        meta = decode_fields_meta(fields)
+    except CodecError as exc:
+        raise CodecError(f"{what}: {exc}") from exc
+    if meta.get("kind") != kind:
+        raise RecordError(f"{what}: entry kind is {meta.get('kind')!r}, not {kind!r}")
+    return meta
 
 
 @dataclass(frozen=True)
@@ -64,7 +74,7 @@ class TrajectoryBatch:
         if self.env_steps < 0 or self.behaviour_version < 0:
             raise RecordError("trajectory batch: env_steps and behaviour_version must be non-negative")
 
-    def encode(self) -> bytes:
+    def fields(self) -> list[bytes | memoryview]:
         meta = {
             "kind": "trajectory",
             "actor_id": self.actor_id,
@@ -72,67 +82,93 @@ class TrajectoryBatch:
             "env_steps": self.env_steps,
             "info": dict(self.info),
         }
-        return encode(self.arrays, meta)
+        return encode_fields(self.arrays, meta)
 
     @classmethod
-    def decode(cls, payload: bytes, *, max_bytes: int = DEFAULT_MAX_BYTES) -> TrajectoryBatch:
+    def from_fields(cls, fields: Mapping[bytes, bytes], *, max_bytes: int = DEFAULT_MAX_BYTES) -> TrajectoryBatch:
+        meta = BatchMeta.from_fields(fields)
+        frame = _frame(fields, "trajectory batch", max_bytes)
+        return cls(meta.actor_id, meta.behaviour_version, meta.env_steps, frame.arrays, meta.info)
+
+
+@dataclass(frozen=True)
+class BatchMeta:
+    """What the control plane needs of a trajectory batch, read from its header alone (no arrays decoded)."""
+
+    actor_id: str
+    behaviour_version: int
+    env_steps: int
+    info: Mapping[str, Any]
+
+    @classmethod
+    def from_fields(cls, fields: Mapping[bytes, bytes]) -> BatchMeta:
         what = "trajectory batch"
-        frame = _decode(payload, what, max_bytes)
-        if frame.meta.get("kind") != "trajectory":
-            raise RecordError(f"{what}: payload kind is {frame.meta.get('kind')!r}, not 'trajectory'")
-        info = frame.meta.get("info", {})
+        meta = _meta(fields, what, "trajectory")
+        info = meta.get("info", {})
         return cls(
-            actor_id=_str(frame.meta, "actor_id", what),
-            behaviour_version=_int(frame.meta, "behaviour_version", what),
-            env_steps=_int(frame.meta, "env_steps", what),
-            arrays=frame.arrays,
+            actor_id=_str(meta, "actor_id", what),
+            behaviour_version=_int(meta, "behaviour_version", what),
+            env_steps=_int(meta, "env_steps", what),
             info=info if isinstance(info, dict) else {},
         )
 
 
 @dataclass(frozen=True)
-class GradientRecord:
-    """One learner's gradient, computed against policy version `base_version` from the named batches."""
+class GradientMeta:
+    """A gradient's bookkeeping, stored beside its tensors: decisions are made from this alone."""
 
     learner_id: str
     base_version: int
-    batch_ids: tuple[str, ...]
-    tensors: Mapping[str, Any]
+    task_id: str
+    round: int
     stats: Mapping[str, Any] = field(default_factory=dict)  # losses, truncation fraction, mean IS weight
 
     def __post_init__(self) -> None:
         if self.base_version < 0:
             raise RecordError(f"gradient from {self.learner_id!r}: base_version must be non-negative")
-        if not self.tensors:
-            raise RecordError(f"gradient from {self.learner_id!r} has no tensors")
 
-    def encode(self) -> bytes:
-        meta = {
+    def to_dict(self) -> dict[str, Any]:
+        return {
             "kind": "gradient",
             "learner_id": self.learner_id,
             "base_version": self.base_version,
-            "batch_ids": list(self.batch_ids),
+            "task_id": self.task_id,
+            "round": self.round,
             "stats": dict(self.stats),
         }
-        return encode(self.tensors, meta)
 
     @classmethod
-    def decode(cls, payload: bytes, *, max_bytes: int = DEFAULT_MAX_BYTES) -> GradientRecord:
+    def from_fields(cls, fields: Mapping[bytes, bytes]) -> GradientMeta:
         what = "gradient"
-        frame = _decode(payload, what, max_bytes)
-        if frame.meta.get("kind") != "gradient":
-            raise RecordError(f"{what}: payload kind is {frame.meta.get('kind')!r}, not 'gradient'")
-        ids = frame.meta.get("batch_ids")
-        if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
-            raise RecordError(f"{what}: field 'batch_ids' must be a list of strings, got {ids!r}")
-        stats = frame.meta.get("stats", {})
+        meta = _meta(fields, what, "gradient")
+        stats = meta.get("stats", {})
         return cls(
-            learner_id=_str(frame.meta, "learner_id", what),
-            base_version=_int(frame.meta, "base_version", what),
-            batch_ids=tuple(ids),
-            tensors=frame.tensors(),
+            learner_id=_str(meta, "learner_id", what),
+            base_version=_int(meta, "base_version", what),
+            task_id=_str(meta, "task_id", what),
+            round=_int(meta, "round", what),
             stats=stats if isinstance(stats, dict) else {},
         )
+
+
+@dataclass(frozen=True)
+class GradientRecord:
+    """One learner's gradient for one task, computed against policy version `meta.base_version`."""
+
+    meta: GradientMeta
+    tensors: Mapping[str, Any]
+
+    def __post_init__(self) -> None:
+        if not self.tensors:
+            raise RecordError(f"gradient from {self.meta.learner_id!r} has no tensors")
+
+    def fields(self) -> list[bytes | memoryview]:
+        return encode_fields(self.tensors, self.meta.to_dict())
+
+    @classmethod
+    def from_fields(cls, fields: Mapping[bytes, bytes], *, max_bytes: int = DEFAULT_MAX_BYTES) -> GradientRecord:
+        meta = GradientMeta.from_fields(fields)
+        return cls(meta, _frame(fields, "gradient", max_bytes).tensors())
 
 
 @dataclass(frozen=True)
@@ -145,8 +181,8 @@ class LearnerTask:
     minibatch: int
     num_minibatches: int
 
-    def encode(self) -> bytes:
-        return encode({}, {"kind": "task", **self.meta()})
+    def fields(self) -> list[bytes | memoryview]:
+        return encode_fields({}, {"kind": "task", **self.meta()})
 
     def meta(self) -> dict[str, Any]:
         return {
@@ -158,12 +194,12 @@ class LearnerTask:
         }
 
     @classmethod
-    def decode(cls, payload: bytes) -> LearnerTask:
-        meta = _decode(payload, "learner task", 1024 * 1024).meta
+    def from_fields(cls, fields: Mapping[bytes, bytes]) -> LearnerTask:
         what = "learner task"
+        meta = _meta(fields, what, "task")
         ids = meta.get("batch_ids")
-        if meta.get("kind") != "task" or not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
-            raise RecordError(f"{what}: not a task record: {meta!r}")
+        if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
+            raise RecordError(f"{what}: field 'batch_ids' must be a list of strings, got {ids!r}")
         task = cls(
             round=_int(meta, "round", what),
             batch_ids=tuple(ids),

@@ -19,25 +19,12 @@ from cache.errors import BackpressureTimeout, CacheError
 # The longest single blocking call; longer waits loop, so a client's socket timeout never cuts one short.
 MAX_BLOCK_S = 20.0
 
+# KEYS: stream. ARGV: maxlen, ttl ms, then the entry's field/value pairs.
 _ADD = """
 local n = tonumber(ARGV[1])
 if redis.call('XLEN', KEYS[1]) >= n then return false end
-local id = redis.call('XADD', KEYS[1], 'MAXLEN', n, '*', 'd', ARGV[3])
+local id = redis.call('XADD', KEYS[1], 'MAXLEN', n, '*', unpack(ARGV, 3))
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
-if #KEYS >= 3 then
-  local acked = 0
-  for i = 6, #ARGV do
-    if redis.call('XACK', KEYS[2], ARGV[4], ARGV[i]) == 1 then
-      redis.call('XDEL', KEYS[2], ARGV[i])
-      redis.call('LPUSH', KEYS[3], '1')
-      acked = acked + 1
-    end
-  end
-  if acked > 0 then
-    redis.call('LTRIM', KEYS[3], 0, 1023)
-    redis.call('PEXPIRE', KEYS[3], ARGV[5])
-  end
-end
 return id
 """
 
@@ -58,19 +45,22 @@ return acked
 """
 
 
+Fields = Sequence[bytes | memoryview | str]  # flat field, value, field, value, ... as XADD takes them
+
+
 @dataclass(frozen=True)
 class Entry:
-    """One stream entry: its id and payload bytes."""
+    """One stream entry: its id and its field -> value map (see `cache.codec.encode_fields`)."""
 
     id: str
-    payload: bytes
+    fields: dict[bytes, bytes]
 
 
 def _entry(raw_id: bytes | str, fields: dict[bytes, bytes] | None) -> Entry | None:
     entry_id = raw_id.decode() if isinstance(raw_id, bytes) else raw_id
-    if not fields or b"d" not in fields:
-        return None  # deleted while pending, or not ours
-    return Entry(entry_id, fields[b"d"])
+    if not fields:
+        return None  # deleted while pending
+    return Entry(entry_id, fields)
 
 
 class BoundedStream:
@@ -112,35 +102,22 @@ class BoundedStream:
         self._group_ready = True
 
     # -- producing --------------------------------------------------------------------------------------------
-    def try_add(self, payload: bytes, *, ack: tuple[BoundedStream, Sequence[str]] | None = None) -> str | None:
-        """Append unless the stream is full (then None). `ack` acknowledges entries of another stream of the
-        same job in the same atomic step, so a consumer's output is stored before its input is released."""
+    def try_add(self, fields: Fields) -> str | None:
+        """Append unless the stream is full (then None)."""
         self.ensure_group()
-        keys = [self.key]
-        args: list[str | int | bytes] = [self.maxlen, self.ttl_ms, payload]
-        if ack is not None:
-            src, ids = ack
-            keys += [src.key, src.freed_key]
-            args += [src.group, src.ttl_ms, *ids]
         try:
-            result = self._add(keys=keys, args=args)
+            result = self._add(keys=[self.key], args=[self.maxlen, self.ttl_ms, *fields])
         except redis.ResponseError as exc:
             raise CacheError(f"cannot add to stream {self.key}: {exc}") from exc
         if result is None:
             return None
         return result.decode() if isinstance(result, bytes) else str(result)
 
-    def add(
-        self,
-        payload: bytes,
-        *,
-        timeout_s: float,
-        ack: tuple[BoundedStream, Sequence[str]] | None = None,
-    ) -> str:
+    def add(self, fields: Fields, *, timeout_s: float) -> str:
         """Append, waiting up to `timeout_s` for room (woken by acknowledgements, not by polling)."""
         deadline = time.monotonic() + timeout_s
         while True:
-            entry_id = self.try_add(payload, ack=ack)
+            entry_id = self.try_add(fields)
             if entry_id is not None:
                 return entry_id
             remaining = deadline - time.monotonic()

@@ -45,14 +45,16 @@ def new_policy(ctx: Context, spec: JobSpec) -> ActorCritic:
     )
 
 
-def policy_at(ctx: Context, job: JobCache, spec: JobSpec, version: int) -> ActorCritic:
-    """The policy of `version`, from a small per-instance LRU before the store."""
+def policy_at(ctx: Context, job: JobCache, spec: JobSpec, version: int, blob: bytes | None = None) -> ActorCritic:
+    """The policy of `version`, from a small per-instance LRU before the store (or from `blob`, its weights when
+    the caller already has them)."""
     key = f"policies:{job.keys.job}"
     lru: OrderedDict[int, ActorCritic] = ctx.memo.setdefault(key, OrderedDict())
     if version in lru:
         lru.move_to_end(version)
         return lru[version]
-    blob = job.policies.get(version)
+    if blob is None:
+        blob = job.policies.get(version)
     # Reuse the least recently used module once the cache is full: building one costs more than loading weights.
     policy = lru.popitem(last=False)[1] if len(lru) >= MAX_CACHED_POLICIES else new_policy(ctx, spec)
     load_policy_bytes(policy, blob)

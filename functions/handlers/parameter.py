@@ -1,16 +1,33 @@
-"""Parameter function: drain the gradient queue by the job's aggregation rule, one optimizer step per
-aggregation, publish version + 1. Stateless between invocations: queue, round, δ_max and optimizer state live in
-the cache, and the update lease (a fencing token checked inside Redis) lets one update through at a time."""
+"""Parameter function: a long-lived invocation that consumes gradients as they land (a blocking read on the
+gradient stream), decides by the job's aggregation rule from the gradients' base versions alone, and applies one
+optimizer step per aggregation. Each payload is decoded once, when it is aggregated.
+
+Exactly one update at a time: the invocation holds the job's update lease (a fencing token checked inside Redis)
+and refreshes it while it lives; a replacement takes over once a dead holder's lease runs out and resumes from the
+cache (policy, optimizer state, aggregator state, the gradients still queued). Publishing a version, deleting the
+gradients that went into it, storing the aggregator's state and logging the aggregation are one atomic step, so a
+crash anywhere applies every gradient exactly once.
+"""
 
 from __future__ import annotations
 
-import json
+import contextlib
+import threading
+import time
+from collections import deque
+from collections.abc import Iterator
 from typing import Any
 
-from cache import JobCache, LeaseUnavailable
+import msgpack
+import redis
+
+from cache import CodecError, FencingError, GradientMeta, JobCache, LeaseUnavailable, RecordError
+from cache.policy_store import UpdateLease
+from cache.streams import Entry
 from functions.algos.config import PPOConfig
 from functions.algos.ppo import adaptive_kl_coef
 from functions.algos.staleness import (
+    AggregationRule,
     AggregationState,
     Decision,
     DecisionRecord,
@@ -21,6 +38,7 @@ from functions.algos.staleness import (
     observe,
 )
 from functions.context import Context
+from functions.faults import fault_point
 from functions.handlers import Stopwatch, job_id_of
 from functions.jobspec import JobRequest, JobSpec, resolve, save_spec
 from functions.learn import OBS_MOMENTS
@@ -33,34 +51,10 @@ from functions.serialize import (
 )
 from functions.warm import new_policy, spec_of
 
-CONSUMER = "parameter"
-DECISIONS_MAXLEN = 100_000
-
-
-def _load_state(job: JobCache) -> dict[str, float]:
-    return {k.decode(): float(v) for k, v in job.client.hgetall(job.keys.aggregator).items()}
-
-
-def _save_state(job: JobCache, fields: dict[str, float]) -> None:
-    with job.client.pipeline(transaction=True) as pipe:
-        pipe.hset(job.keys.aggregator, mapping=fields)
-        pipe.pexpire(job.keys.aggregator, int(job.limits.ttl_s * 1000))
-        pipe.execute()
-
-
-def _log_decision(job: JobCache, record: DecisionRecord, version: int) -> None:
-    fields = {
-        "round": record.round_k,
-        "decision": record.decision.value,
-        "count": record.count,
-        "version": version,
-        "stalenesses": json.dumps(list(record.stalenesses)),
-        "mean": record.mean_staleness,
-        "max": record.max_staleness,
-        "threshold": "" if record.threshold is None else record.threshold,
-    }
-    job.client.xadd(job.keys.decisions, fields, maxlen=DECISIONS_MAXLEN, approximate=True)
-    job.client.pexpire(job.keys.decisions, int(job.limits.ttl_s * 1000))
+# Longest blocking read between two looks at in-flight work (dead letters change it without a gradient landing).
+BLOCK_S = 1.0
+READ_COUNT = 256
+DECISIONS_KEPT = 256  # the newest applied decisions returned to the caller (the applied log has them all)
 
 
 def _start_round(spec: JobSpec, fields: dict[str, float], new_round: int, version: int) -> None:
@@ -89,33 +83,6 @@ def _fold_obs_moments(policy: Any, records: list[Any]) -> None:
             policy.obs_normalizer.update_from_moments(t["_obs_mean"], t["_obs_var"], float(t["_obs_count"]))
 
 
-def _in_flight_versions(job: JobCache, current: int) -> tuple[int, ...]:
-    """Base versions of the tasks not yet turned into gradients: a task leaves the stream only when its gradient
-    is stored, so the stream's length counts them; tasks not (yet) in the registry will use `current` or newer."""
-    tasks = job.tasks.length()
-    held = sorted(job.learners.in_flight().values())[:tasks]
-    return (*held, *([current] * (tasks - len(held))))
-
-
-def _warm_key(job: JobCache, optimizer_name: str) -> str:
-    return f"param-model:{job.keys.job}:{optimizer_name}"
-
-
-def _warm_model(ctx: Context, job: JobCache, spec: JobSpec, optimizer_name: str, current: int) -> tuple[Any, Any]:
-    """The policy and optimizer at version `current`: this instance's own from its last publish when the store is
-    still there (one update lease at a time, so usually), else loaded from the store. The memo entry is taken out
-    while the update mutates them and put back only after a successful publish."""
-    warm = ctx.memo.pop(_warm_key(job, optimizer_name), None)
-    if warm is not None and warm[0] == current:
-        return warm[1], warm[2]
-    policy = warm[1] if warm is not None else new_policy(ctx, spec)
-    _, blob = job.policies.latest()
-    load_policy_bytes(policy, blob)
-    optimizer = build_optimizer(optimizer_name, list(policy.parameters()), lr=spec.algo.lr)
-    load_optimizer_bytes(optimizer, job.policies.optimizer_state() or b"")
-    return policy, optimizer
-
-
 def _initialise(job: JobCache, request: Any, ctx: Context) -> dict[str, Any]:
     """Create the job: resolve a JobRequest (when given) into the stored spec, then publish version 0, the seeded
     initial policy. Both are no-ops for what the job already has (a resumed job keeps its policy)."""
@@ -130,89 +97,231 @@ def _initialise(job: JobCache, request: Any, ctx: Context) -> dict[str, Any]:
     torch.manual_seed(spec.seed)
     policy = new_policy(ctx, spec)
     version = job.policies.initialise(policy_to_bytes(policy, version=0))
-    return {"status": "ok", "version": version, "decisions": [], "spec": spec.model_dump(mode="json")}
+    return {"status": "ok", "version": version, "spec": spec.model_dump(mode="json")}
+
+
+@contextlib.contextmanager
+def _kept(job: JobCache, lease: UpdateLease, lease_s: float) -> Iterator[threading.Event]:
+    """Refresh the update lease a third of its length apart until the block ends, then release it. The event is
+    set when a refresh finds the lease lost (a publish would then be refused anyway)."""
+    stop, lost = threading.Event(), threading.Event()
+
+    def beat() -> None:
+        while not stop.wait(lease_s / 3):
+            with contextlib.suppress(redis.RedisError):
+                if not job.policies.refresh(lease, lease_s=lease_s):
+                    lost.set()
+                    return
+
+    thread = threading.Thread(target=beat, name="update-lease", daemon=True)
+    thread.start()
+    try:
+        yield lost
+    finally:
+        stop.set()
+        thread.join()
+        with contextlib.suppress(redis.RedisError):
+            job.policies.release(lease)
+
+
+class _Server:
+    """The serving loop's state: the policy and optimizer, the aggregator's fields, and the queued gradients'
+    metadata (their payloads stay in Redis until aggregated)."""
+
+    def __init__(
+        self, ctx: Context, job: JobCache, spec: JobSpec, lease: UpdateLease, optimizer_name: str, until_round: int
+    ) -> None:
+        self.ctx, self.job, self.spec, self.lease, self.until_round = ctx, job, spec, lease, until_round
+        self.rule: AggregationRule = spec.algo.stellaris.aggregation_rule()
+        version, blob = job.policies.latest()
+        self.version = version
+        self.policy = new_policy(ctx, spec)
+        load_policy_bytes(self.policy, blob)
+        self.optimizer = build_optimizer(optimizer_name, list(self.policy.parameters()), lr=spec.algo.lr)
+        load_optimizer_bytes(self.optimizer, job.policies.optimizer_state() or b"")
+        raw = job.client.hgetall(job.keys.aggregator)
+        self.fields: dict[str, float] = {k.decode(): float(v) for k, v in raw.items()}
+        self.fields.setdefault("round_k", 1.0)
+        self.queue: dict[str, GradientMeta] = {}  # arrival order
+        self.last_id = "0-0"
+        last_control = job.client.xrevrange(job.keys.control, count=1)
+        self.control_id = last_control[0][0].decode() if last_control else "0-0"
+        self.compute, self.waited = Stopwatch(), Stopwatch()
+        self.decisions: deque[dict[str, Any]] = deque(maxlen=DECISIONS_KEPT)
+        self.stop = False
+
+    # -- reading ----------------------------------------------------------------------------------------------
+    def take(self, entries: list[Entry]) -> None:
+        for e in entries:
+            self.last_id = e.id
+            try:
+                self.queue[e.id] = self.job.gradients.meta(e)
+            except (CodecError, RecordError) as exc:
+                self._dead_letter(e.id, f"{type(exc).__name__}: {exc}")
+
+    def _dead_letter(self, gradient_id: str, reason: str) -> None:
+        self.ctx.log.warning("dead-lettering gradient %s: %s", gradient_id, reason)
+        k, lim = self.job.keys, self.job.limits
+        with self.job.client.pipeline(transaction=True) as pipe:
+            pipe.xadd(
+                k.dead_letters,
+                {"kind": "gradient", "id": gradient_id, "reason": reason[:1000]},
+                maxlen=lim.dead_letter_maxlen,
+                approximate=True,
+            )
+            pipe.xdel(k.grad, gradient_id)
+            pipe.execute()
+        self.queue.pop(gradient_id, None)
+
+    def wait(self, block_s: float) -> None:
+        """Block until gradients land or a control event arrives (stop, dead letter), up to `block_s`."""
+        k = self.job.keys
+        block_ms = max(1, int(block_s * 1000))
+        reply = self.job.client.xread(
+            {k.grad: self.last_id, k.control: self.control_id}, count=READ_COUNT, block=block_ms
+        )
+        for stream, items in reply or []:
+            if stream.decode() == k.grad:
+                self.take([Entry(i.decode(), f) for i, f in items if f])
+            else:
+                self.control_id = items[-1][0].decode()
+                self.stop |= any(f.get(b"event") == b"stop" for _, f in items)
+
+    # -- deciding and applying --------------------------------------------------------------------------------
+    def look(self) -> tuple[tuple[int, ...], bool]:
+        """Base versions of the tasks not yet turned into gradients, and whether the work is done: the round is
+        closed and no task or gradient is left (gradients that landed since the last read count too). A task
+        leaves the stream only when its gradient is stored (or it is dead-lettered), so the stream's length counts
+        them; tasks not (yet) held by a registered learner will use the current version or a newer one."""
+        with self.job.client.pipeline(transaction=False) as pipe:
+            pipe.xlen(self.job.keys.tasks)
+            self.job.learners.in_flight_on(pipe)
+            pipe.get(self.job.keys.tasks_closed)
+            pipe.xlen(self.job.keys.grad)
+            tasks, flat, closed, gradients = pipe.execute()
+        held = sorted(int(flat[i + 1]) for i in range(0, len(flat), 2))[:tasks]
+        idle = tasks == 0 and gradients == 0 and int(closed or 0) >= self.until_round
+        return (*held, *([self.version] * (tasks - len(held)))), idle
+
+    def step(self, sync_expected: int | None) -> tuple[bool, bool]:
+        """Decide once; apply when the rule says so. Returns (published, nothing left to do)."""
+        in_flight, idle = self.look()
+        queued = list(self.queue.items())
+        round_now = int(self.fields["round_k"])
+        newest = max((m.round for _, m in queued), default=round_now)
+        if newest > round_now:
+            _start_round(self.spec, self.fields, newest, self.version)
+            round_now = newest
+            self.job.client.hset(self.job.keys.aggregator, mapping=self.fields)  # learners read kl_coef, target
+        delta_max = self.fields.get("delta_max")
+        state = AggregationState(round_k=round_now, delta_max=None if delta_max is None else int(delta_max))
+        snapshot = QueueSnapshot(self.version, tuple(m.base_version for _, m in queued), in_flight)
+        record = decide(self.rule, state, snapshot, sync_expected=sync_expected)
+        if not record.applies:
+            return False, idle
+        self.apply(queued[: record.count], record, state)
+        return True, False
+
+    def apply(self, used: list[tuple[str, GradientMeta]], record: DecisionRecord, state: AggregationState) -> None:
+        ids = [gid for gid, _ in used]
+        entries = self.job.client.xrange(self.job.keys.grad, min=ids[0], max=ids[-1])
+        by_id = {i.decode(): f for i, f in entries}
+        records = []
+        for gid in ids:
+            try:
+                records.append(self.job.gradients.record(Entry(gid, by_id[gid])))
+            except (CodecError, RecordError, KeyError) as exc:
+                self._dead_letter(gid, f"payload unreadable: {type(exc).__name__}: {exc}")
+                return  # decide again without it
+        with self.compute:
+            scales = gradient_scales(self.rule, record.stalenesses[: record.count])
+            grads = aggregate([_gradient_part(r.tensors) for r in records], scales)
+            for name, p in self.policy.named_parameters():
+                p.grad = grads[name].clone()
+            self.optimizer.step()
+            _fold_obs_moments(self.policy, [r.tensors for r in records])
+
+        state = observe(state, record)
+        fields = dict(self.fields)
+        if state.delta_max is not None:
+            fields["delta_max"] = float(state.delta_max)
+        fields["aggregations"] = fields.get("aggregations", 0.0) + 1
+        if record.decision is Decision.FLUSH:
+            fields["flushes"] = fields.get("flushes", 0.0) + 1
+        kls = [float(m.stats["approx_kl"]) for _, m in used if "approx_kl" in m.stats]
+        fields["kl_sum"] = fields.get("kl_sum", 0.0) + sum(kls)
+        fields["kl_n"] = fields.get("kl_n", 0.0) + len(kls)
+        gradients = [
+            [gid, m.task_id, m.round, m.base_version, delta]
+            for (gid, m), delta in zip(used, record.stalenesses, strict=False)
+        ]
+        applied = {
+            "decision": record.decision.value,
+            "round": record.round_k,
+            "threshold": "" if record.threshold is None else record.threshold,
+            "gradients": msgpack.packb(gradients),
+        }
+        fault_point("parameter:before_publish")
+        self.version = self.job.policies.publish_and_ack(
+            self.lease,
+            expected_version=self.version,
+            weights=policy_to_bytes(self.policy, version=self.version + 1),
+            optimizer_state=optimizer_to_bytes(self.optimizer),
+            gradient_ids=ids,
+            aggregator=fields,
+            record=applied,
+            applied_maxlen=self.job.limits.applied_maxlen,
+        )
+        fault_point("parameter:after_publish")
+        self.fields = fields
+        for gid in ids:
+            del self.queue[gid]
+        self.decisions.append({"decision": record.decision.value, "count": record.count, "version": self.version})
 
 
 def handle(event: dict[str, Any], ctx: Context) -> dict[str, Any]:
+    """Apply the job's gradients as they land until nothing is queued or in flight and round `round` (when given)
+    is closed, or until a stop event or `max_s`. `init` creates the job instead."""
     job = ctx.job(job_id_of(event))
     if event.get("init"):
         return _initialise(job, event["init"], ctx)
     spec = spec_of(ctx, job)
-    rule = spec.algo.stellaris.aggregation_rule()
-    max_updates = int(event.get("max_updates", 1_000_000))
-    optimizer_name = str(event.get("optimizer", "adam"))
+    deadline = time.monotonic() + float(event.get("max_s", 3000.0))
+    until_round = int(event.get("round") or 0)
+    sync_expected = event.get("sync_expected")
+    lease_s = job.limits.parameter_lease_s
     try:
+        # A dead holder's lease runs out within lease_s: wait a little longer than that by default.
         lease = job.policies.acquire(
-            f"param-{ctx.call_id}", lease_s=float(event.get("lease_s", 60.0)), wait_s=float(event.get("wait_s", 0.0))
+            f"param-{ctx.call_id}", lease_s=lease_s, wait_s=float(event.get("wait_s", 2 * lease_s + 1))
         )
     except LeaseUnavailable:
         return {"status": "busy", "decisions": []}
-
-    decisions: list[dict[str, Any]] = []
-    compute = Stopwatch()  # aggregation and the optimizer step; the rest is cache I/O and (de)serialisation
-    try:
-        while len([d for d in decisions if d["applied"]]) < max_updates:
-            current = job.policies.version()
-            assert current is not None
-            # In-flight before the queue: a gradient landing in between is then counted twice (a harmless
-            # deferral), never zero times (a premature flush).
-            in_flight = _in_flight_versions(job, current)
-            queue = job.gradients.queued(CONSUMER)
-            fields = _load_state(job)
-            round_now = int(fields.setdefault("round_k", 1.0))
-            newest = max((int(r.stats.get("round", round_now)) for _, r in queue), default=round_now)
-            if newest > round_now:
-                _start_round(spec, fields, newest, current)
-                round_now = newest
-            delta_max = fields.get("delta_max")
-            state = AggregationState(round_k=round_now, delta_max=None if delta_max is None else int(delta_max))
-            snapshot = QueueSnapshot(current, tuple(r.base_version for _, r in queue), in_flight)
-            record = decide(rule, state, snapshot, sync_expected=event.get("sync_expected"))
-            _log_decision(job, record, current)
-            decisions.append(
-                {
-                    "decision": record.decision.value,
-                    "count": record.count,
-                    "round": round_now,
-                    "stalenesses": list(record.stalenesses),
-                    "threshold": record.threshold,
-                    "version": current,
-                    "applied": record.applies,
-                }
-            )
-            if not record.applies:
-                _save_state(job, fields)
-                break
-            used = queue[: record.count]
-            with compute:
-                scales = gradient_scales(rule, record.stalenesses[: record.count])
-                grads = aggregate([_gradient_part(r.tensors) for _, r in used], scales)
-
-            policy, optimizer = _warm_model(ctx, job, spec, optimizer_name, current)
-            with compute:
-                for name, p in policy.named_parameters():
-                    p.grad = grads[name].clone()
-                optimizer.step()
-                _fold_obs_moments(policy, [r.tensors for _, r in used])
-            job.policies.publish(
-                lease,
-                expected_version=current,
-                weights=policy_to_bytes(policy, version=current + 1),
-                optimizer_state=optimizer_to_bytes(optimizer),
-            )
-            ctx.memo[_warm_key(job, optimizer_name)] = (current + 1, policy, optimizer)  # what the store now holds
-            job.gradients.ack([gid for gid, _ in used])
-
-            state = observe(state, record)
-            if state.delta_max is not None:
-                fields["delta_max"] = float(state.delta_max)
-            fields["aggregations"] = fields.get("aggregations", 0.0) + 1
-            if record.decision is Decision.FLUSH:
-                fields["flushes"] = fields.get("flushes", 0.0) + 1
-            kls = [float(r.stats["approx_kl"]) for _, r in used if "approx_kl" in r.stats]
-            fields["kl_sum"] = fields.get("kl_sum", 0.0) + sum(kls)
-            fields["kl_n"] = fields.get("kl_n", 0.0) + len(kls)
-            _save_state(job, fields)
-    finally:
-        job.policies.release(lease)
-    return {"status": "ok", "version": job.policies.version(), "decisions": decisions, "compute_s": compute.seconds}
+    status = "ok"
+    with _kept(job, lease, lease_s) as lost:
+        server = _Server(ctx, job, spec, lease, str(event.get("optimizer", "adam")), until_round)
+        server.take(job.gradients.read("0-0", count=job.limits.gradient_maxlen))  # what a predecessor left
+        try:
+            while not server.stop and not lost.is_set():
+                published, idle = server.step(sync_expected)
+                if published:
+                    continue
+                if idle:
+                    break
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    status = "expired"
+                    break
+                with server.waited:
+                    server.wait(min(BLOCK_S, remaining))
+        except FencingError:
+            status = "fenced"  # our lease ran out and another holder took over: it carries on from the cache
+        if lost.is_set():
+            status = "fenced"
+    return {
+        "status": status,
+        "version": server.version,
+        "decisions": list(server.decisions),
+        "compute_s": server.compute.seconds,
+        "wait_s": server.waited.seconds,
+    }

@@ -22,8 +22,10 @@ INFO_COLUMNS = [
     "staleness_max", "staleness_mean", "staleness_min", "staleness_std",
     "learner_loss", "cost", "staleness_bound", "env_steps", "truncated_fraction", "aggregations", "flushes",
     "parameter_time", "learner_compute_time", "parameter_compute_time", "cache_time", "invocation_overhead",
-    "cost_learner", "cost_actor",
+    "cost_learner", "cost_actor", "learner_wait_time", "dead_lettered", "gradients_applied", "redis_commands",
+    "learner_restarts", "parameter_restarts", "actor_restarts",
 ]  # fmt: skip
+GRADIENT_COLUMNS = ["gradient_id", "task_id", "round", "base_version", "applied_version"]
 TIMELINE_COLUMNS = ["wall_clock_s", "episodic_reward"]
 INVOCATION_COLUMNS = [
     "function", "activation_id", "start", "end", "cold", "init_time", "duration", "resource_seconds", "cost",
@@ -73,6 +75,7 @@ class RunDir:
         self.info = _Csv(path / "info.csv", INFO_COLUMNS)
         self.timeline = _Csv(path / "timeline.csv", TIMELINE_COLUMNS)
         self.invocations = _Csv(path / "invocations.csv", INVOCATION_COLUMNS)
+        self.gradients = _Csv(path / "gradients.csv", GRADIENT_COLUMNS)
 
     def write_config(self, config: dict[str, Any], spec: dict[str, Any]) -> None:
         text = yaml.safe_dump({"config": config, "job_spec": spec}, sort_keys=False)
@@ -115,5 +118,5 @@ class RunDir:
         return path
 
     def close(self) -> None:
-        for f in (self.info, self.timeline, self.invocations):
+        for f in (self.info, self.timeline, self.invocations, self.gradients):
             f.close()

@@ -16,7 +16,9 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any
 
-from cache import JobCache, JobLimits, LearnerTask, TrajectoryBatch
+import msgpack
+
+from cache import BatchMeta, JobCache, JobLimits, LearnerTask
 from cache.lifetime import die_with_parent
 from gateway.client import GatewayClient, GatewayError
 from gateway.models import ACTOR_PRICING, LEARNER_PRICING, Activation, FunctionSpec, Pricing
@@ -25,6 +27,8 @@ from stellaris.control.outputs import RunDir, stats
 from stellaris.control.platform import Platform
 
 BATCH_WAIT_S = 300.0
+ACTOR_CHECK_S = 1.0  # while waiting for batches, how often dead serverful actors are looked for
+MAX_RESTARTS = 64  # replacements of failed invocations (or dead actors) per round before the job gives up
 
 
 class TrainingError(RuntimeError):
@@ -37,9 +41,13 @@ Call = tuple[dict[str, Any], Activation, float]  # result, metering, client-obse
 @dataclass
 class RoundStats:
     learner_results: list[dict[str, Any]] = field(default_factory=list)
-    decisions: list[dict[str, Any]] = field(default_factory=list)
     activations: list[Activation] = field(default_factory=list)
     max_in_flight: int = 0
+    learner_wait_s: float = 0.0
+    learner_restarts: int = 0
+    parameter_restarts: int = 0
+    actor_restarts: int = 0
+    redis_commands: int = 0
     # Latency breakdown (paper Fig. 14), seconds summed over the round's calls: algorithm time inside learner and
     # parameter handlers, the rest of their handler time (cache I/O, (de)serialisation), and invocation overhead
     # (client-observed latency minus handler time: HTTP, gateway queueing, instance dispatch).
@@ -55,12 +63,84 @@ class RoundStats:
         self.invocation_s += max(0.0, latency - handler)
         if kind == "actor":
             return
-        compute = min(float(result.get("compute_s", 0.0)), handler)
-        self.cache_s += handler - compute
+        # Time blocked waiting for work (a learner for tasks others hold, the parameter function for gradients)
+        # is neither computation nor platform overhead.
+        wait = min(float(result.get("wait_s", 0.0)), handler)
+        compute = min(float(result.get("compute_s", 0.0)), handler - wait)
+        self.cache_s += handler - wait - compute
         if kind == "learner":
             self.learner_compute_s += compute
+            self.learner_wait_s += wait
         else:
             self.parameter_compute_s += compute
+
+
+class _RoundCalls:
+    """One round's invocations: `learners` learner invocations working through the round's tasks and one parameter
+    invocation applying gradients as they land. An invocation whose instance died is replaced (the replacement
+    takes over the dead one's task once its lease runs out; a parameter replacement resumes from the cache)."""
+
+    def __init__(self, trainer: Trainer, rs: RoundStats) -> None:
+        self.t, self.rs = trainer, rs
+        self.learners: set[Future[Call]] = set()
+        self.parameter: Future[Call] | None = None
+
+    def start(self) -> None:
+        for _ in range(self.t.cfg.learners):
+            self._learner()
+        self._parameter()
+        self.rs.max_in_flight = max(self.rs.max_in_flight, len(self.learners))
+
+    def _learner(self) -> None:
+        self.learners.add(self.t.pool.submit(self.t._call, "learner", {"job": self.t.job_id, "round": self.t.round}))
+
+    def _parameter(self) -> None:
+        event = {"job": self.t.job_id, "round": self.t.round}
+        self.parameter = self.t.pool.submit(self.t._call, "parameter", event)
+
+    def _failed(self, fut: Future[Call]) -> bool:
+        """True when the call failed because its instance died or timed out (replace it); raises otherwise."""
+        exc = fut.exception()
+        if exc is None:
+            return fut.result()[0].get("status") not in ("done", "ok")
+        if isinstance(exc, GatewayError) and exc.status_code in (502, 504):
+            return True
+        raise exc
+
+    def _reap(self) -> None:
+        for fut in [f for f in self.learners if f.done()]:
+            self.learners.discard(fut)
+            if self._failed(fut):
+                self.rs.learner_restarts += 1
+                self._learner()
+            else:
+                self.rs.add(fut.result(), kind="learner")
+                self.rs.learner_results.append(fut.result()[0])
+        if self.parameter is not None and self.parameter.done():
+            fut, self.parameter = self.parameter, None
+            if self._failed(fut):
+                self.rs.parameter_restarts += 1
+                self._parameter()
+            else:
+                self.rs.add(fut.result(), kind="parameter")
+        if self.rs.learner_restarts + self.rs.parameter_restarts > MAX_RESTARTS:
+            raise TrainingError(f"more than {MAX_RESTARTS} function invocations failed in round {self.t.round}")
+
+    def supervise(self, *, until_drained: bool) -> None:
+        """Until every invocation has finished (the round is accounted for: each task applied or dead-lettered),
+        or with `until_drained` until nothing is outstanding or queued (a sync step's update is out)."""
+        job = self.t.job
+        while True:
+            self._reap()
+            if until_drained:
+                if job.board.outstanding() == 0 and job.gradients.length() == 0:
+                    return
+                job.policies.wait_for_version(job.policies.version() or 0, timeout_s=ACTOR_CHECK_S)
+                continue
+            calls = self.learners | ({self.parameter} if self.parameter else set())
+            if not calls:
+                return
+            wait(calls, return_when=FIRST_COMPLETED)
 
 
 class Trainer:
@@ -82,10 +162,11 @@ class Trainer:
         self.serverful_charged_until = time.monotonic()
         self.cost_learner = float(self.state.get("cost_learner", self.state.get("cost", 0.0)))
         self.cost_actor = float(self.state.get("cost_actor", 0.0))
-        self.learners = ThreadPoolExecutor(max_workers=cfg.learners, thread_name_prefix="learner-call")
+        self.pool = ThreadPoolExecutor(max_workers=max(cfg.learners, cfg.actors) + 1, thread_name_prefix="call")
         self.collect_estimate_s = 0.0
         self.last_policy: bytes | None = None  # the newest checkpointed weights, written as safetensors at the end
         self.spec: dict[str, Any] = {}
+        self.dead_letters_after = "0-0"
         self.names = {role: f"{self.job_id}-{role}" for role in ("actor", "learner", "parameter")}
 
     def _queue_bound(self) -> int:
@@ -151,16 +232,27 @@ class Trainer:
             self.job.client.hset(self.job.keys.aggregator, mapping=aggregator)
 
     def _start_actors(self) -> None:
+        self.actor_procs = [self._actor_proc(i) for i in range(self.cfg.actors)]
+        self.actors_charged_until = time.monotonic()
+
+    def _actor_proc(self, index: int) -> subprocess.Popen[bytes]:
         env = {
             **os.environ,
             "REDIS_URL": self.cache.url,
             "OMP_NUM_THREADS": "1",
             "STELLARIS_JOB_TRAJECTORY_MAXLEN": str(self._queue_bound()),
         }
-        for i in range(self.cfg.actors):
-            cmd = [sys.executable, "-m", "functions.actor_loop", self.job_id, f"actor-{i}", str(i)]
-            self.actor_procs.append(subprocess.Popen(cmd, env=env, preexec_fn=die_with_parent))
-        self.actors_charged_until = time.monotonic()
+        cmd = [sys.executable, "-m", "functions.actor_loop", self.job_id, f"actor-{index}", str(index)]
+        return subprocess.Popen(cmd, env=env, preexec_fn=die_with_parent)
+
+    def _restart_dead_actors(self) -> int:
+        """Serverful actors that died are started again (same index, so the same seed stream)."""
+        restarted = 0
+        for i, proc in enumerate(self.actor_procs):
+            if proc.poll() is not None:
+                self.actor_procs[i] = self._actor_proc(i)
+                restarted += 1
+        return restarted
 
     # -- the loop ---------------------------------------------------------------------------------------------
     def elapsed_s(self) -> float:
@@ -175,9 +267,11 @@ class Trainer:
         )
 
     def step(self) -> dict[str, Any]:
-        """One round: collect a train batch, run its learner tasks, aggregate, record. Returns the info row."""
+        """One round: collect a train batch, let learner invocations work through its tasks while the parameter
+        function applies their gradients as they land, and record. Returns the info row."""
         self.round += 1
         t0 = time.monotonic()
+        commands0 = self._redis_commands()
         rs = RoundStats()
         # Learner instances warm by the time this round's batch is in, from the measured collection time.
         self.gateway.prewarm(self.names["learner"], self.cfg.learners, by_s=self.collect_estimate_s)
@@ -187,37 +281,45 @@ class Trainer:
         algo = self.spec["algo"]
         m, epochs = algo["num_minibatches"], algo["num_epochs"]
         tasks = [LearnerTask(self.round, tuple(ids), e, i, m) for e in range(epochs) for i in range(m)]
-        if self.cfg.mode == "sync":
-            # A synchronous step: one task per learner, all on the same version, averaged into one update; the
-            # next step's learners wait for that version (SPEC §5's `sync` baseline).
-            step = self.cfg.learners
-            for lo in range(0, len(tasks), step):
-                chunk = tasks[lo : lo + step]
-                self.job.enqueue_tasks(chunk)
-                self._run_tasks(len(chunk), rs, sync_expected=len(chunk))
-        else:
-            self.job.enqueue_tasks(tasks)
-            self._run_tasks(len(tasks), rs, sync_expected=None)
+        # A synchronous step is one task per learner, all on the same version, averaged into one update; the
+        # next step's tasks are enqueued once that version is out (SPEC §5's `sync` baseline). Otherwise the
+        # whole round is enqueued at once.
+        step = self.cfg.learners if self.cfg.mode == "sync" else len(tasks)
+        chunks = [tasks[lo : lo + step] for lo in range(0, len(tasks), step)]
+        calls = _RoundCalls(self, rs)
+        for i, chunk in enumerate(chunks):
+            last = i == len(chunks) - 1
+            self.job.board.enqueue(
+                chunk, close_round=self.round if last else None, timeout_s=self.job.limits.backpressure_timeout_s
+            )
+            if i == 0:
+                calls.start()
+            calls.supervise(until_drained=not last)
         self.job.trajectories.ack(ids)
+        rs.redis_commands = self._redis_commands() - commands0
         return self._record(batches, rs, time.monotonic() - t0, actor_time)
 
-    def _collect(self, rs: RoundStats) -> tuple[list[tuple[str, TrajectoryBatch]], float]:
+    def _collect(self, rs: RoundStats) -> tuple[list[tuple[str, BatchMeta]], float]:
+        """Batch headers until the round's env steps are in (the control plane never decodes arrays). Dead
+        serverful actors are restarted, failed serverless actor calls invoked again."""
         need = int(self.spec["algo"]["train_batch_size"])
         t0 = time.monotonic()
         if self.cfg.actor_kind == "serverless":
-            events = [{"job": self.job_id, "actor_id": f"actor-{i}", "actor_index": i} for i in range(self.cfg.actors)]
-            calls = [self.learners.submit(self._call, "actor", event) for event in events]
-            for call in calls:
-                rs.add(call.result(), kind="actor")
-        batches: list[tuple[str, TrajectoryBatch]] = []
+            for i in range(self.cfg.actors):
+                event = {"job": self.job_id, "actor_id": f"actor-{i}", "actor_index": i}
+                rs.add(self._with_retries("actor", event, rs), kind="actor")
+        batches: list[tuple[str, BatchMeta]] = []
         steps = 0
         deadline = time.monotonic() + BATCH_WAIT_S
         while steps < need:
-            got = self.job.trajectories.take("control", count=1, block_s=max(0.0, deadline - time.monotonic()))
-            if not got:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
                 raise TrainingError(f"no trajectory batch arrived within {BATCH_WAIT_S:.0f} s: are the actors alive?")
+            got = self.job.trajectories.take("control", count=1, block_s=min(remaining, ACTOR_CHECK_S))
             batches += got
             steps += sum(b.env_steps for _, b in got)
+            if not got:
+                rs.actor_restarts += self._restart_dead_actors()
         self.env_steps += steps
         return batches, time.monotonic() - t0
 
@@ -226,49 +328,19 @@ class Trainer:
         result, act = self.gateway.invoke_metered(self.names[role], event)
         return result, act, time.perf_counter() - t0
 
-    def _learner_call(self, reclaim: bool) -> Call:
-        event: dict[str, Any] = {"job": self.job_id}
-        if reclaim:
-            event["reclaim_idle_s"] = 0.0
-        return self._call("learner", event)
+    def _with_retries(self, role: str, event: dict[str, Any], rs: RoundStats) -> Call:
+        """A call whose instance died (502/504) is made again, up to MAX_RESTARTS times."""
+        for _ in range(MAX_RESTARTS):
+            try:
+                return self._call(role, event)
+            except GatewayError as exc:
+                if exc.status_code not in (502, 504):
+                    raise
+                rs.actor_restarts += 1
+        raise TrainingError(f"{role} invocations failed {MAX_RESTARTS} times in a row")
 
-    def _parameter_call(self, rs: RoundStats, sync_expected: int | None) -> dict[str, Any]:
-        call = self._call("parameter", {"job": self.job_id, "sync_expected": sync_expected, "wait_s": 30.0})
-        rs.add(call, kind="parameter")
-        rs.decisions += call[0].get("decisions", [])
-        return call[0]
-
-    def _run_tasks(self, n: int, rs: RoundStats, *, sync_expected: int | None) -> None:
-        """Invoke learners on demand, one task each, at most `learners` at once; the parameter function after
-        every gradient; then flush until the round's queue is empty."""
-        pending: set[Future[Call]] = set()
-        launched, reclaim = 0, False
-        while launched < n or pending:
-            while launched < n and len(pending) < self.cfg.learners:
-                pending.add(self.learners.submit(self._learner_call, reclaim))
-                launched += 1
-                reclaim = False
-            rs.max_in_flight = max(rs.max_in_flight, len(pending))
-            done, pending = wait(pending, return_when=FIRST_COMPLETED)
-            for fut in done:
-                try:
-                    call = fut.result()
-                except GatewayError as exc:
-                    if exc.status_code not in (502, 504):
-                        raise
-                    launched -= 1  # its task stays pending under a dead consumer: the next call reclaims it
-                    reclaim = True
-                    continue
-                rs.add(call, kind="learner")
-                if call[0].get("status") == "done":
-                    rs.learner_results.append(call[0])
-            self._parameter_call(rs, sync_expected)
-        for _ in range(16):  # liveness: nothing in flight now, so the rule flushes what it deferred
-            out = self._parameter_call(rs, sync_expected)
-            decisions = out.get("decisions", [])
-            if out.get("status") == "ok" and (not decisions or not decisions[-1]["stalenesses"]):
-                return
-        raise TrainingError("the parameter function did not drain the round's gradients")
+    def _redis_commands(self) -> int:
+        return int(self.cache.client.info("stats").get("total_commands_processed", 0))
 
     # -- accounting -------------------------------------------------------------------------------------------
     def _charge(self, acts: list[Activation]) -> None:
@@ -297,21 +369,63 @@ class Trainer:
     def cost(self) -> float:
         return self.cost_learner + self.cost_actor
 
+    def _applied(self) -> list[dict[str, Any]]:
+        """The aggregations logged since the last call (the applied log is then trimmed; gradients.csv keeps them)."""
+        log = self.job.keys.applied
+        items = self.job.client.xrange(log, min="-", max="+")
+        out = []
+        for raw_id, f in items:
+            grads = msgpack.unpackb(f[b"gradients"])
+            threshold = f.get(b"threshold", b"").decode()
+            out.append(
+                {
+                    "id": raw_id,
+                    "version": int(f[b"version"]),
+                    "decision": f[b"decision"].decode(),
+                    "threshold": float(threshold) if threshold else None,
+                    "gradients": grads,  # [gradient id, task id, round, base version, staleness]
+                }
+            )
+        if items:
+            self.job.client.xdel(log, *[e["id"] for e in out])
+        return out
+
+    def _dead_letters(self) -> int:
+        """Dead letters added since the last call."""
+        items = self.job.board.read_dead_letters(self.dead_letters_after)
+        if items:
+            self.dead_letters_after = items[-1][0]
+        return len(items)
+
     def _record(
-        self, batches: list[tuple[str, TrajectoryBatch]], rs: RoundStats, duration: float, actor_time: float
+        self, batches: list[tuple[str, BatchMeta]], rs: RoundStats, duration: float, actor_time: float
     ) -> dict[str, Any]:
         returns = [float(r) for _, b in batches for r in b.info.get("episode_returns", [])]
         now = self.elapsed_s()
         self.run.timeline.write([{"wall_clock_s": round(now, 3), "episodic_reward": r} for r in returns])
-        applied = [d for d in rs.decisions if d["applied"]]
-        deltas = [float(s) for d in applied for s in d["stalenesses"][: d["count"]]]
-        thresholds = [d["threshold"] for d in applied if d.get("threshold") is not None]
+        applied = self._applied()
+        self.run.gradients.write(
+            [
+                {
+                    "gradient_id": g[0],
+                    "task_id": g[1],
+                    "round": g[2],
+                    "base_version": g[3],
+                    "applied_version": a["version"],
+                }
+                for a in applied
+                for g in a["gradients"]
+            ]
+        )
+        deltas = [float(g[4]) for a in applied for g in a["gradients"]]
+        thresholds = [a["threshold"] for a in applied if a["threshold"] is not None]
         self._charge(rs.activations)
         self._charge_held()
         r_max, r_mean, r_min, r_std = stats(returns)
         s_max, s_mean, s_min, s_std = stats(deltas)
-        losses = [r["loss"] for r in rs.learner_results if "loss" in r]
-        truncated = [r["truncated_fraction"] for r in rs.learner_results if "truncated_fraction" in r]
+        results = rs.learner_results
+        n_grads = sum(int(r.get("gradients", 0)) for r in results)
+        n_trunc = sum(int(r.get("truncated_n", 0)) for r in results)
         learner_time = sum(a.duration_s or 0.0 for a in rs.activations if a.function == self.names["learner"])
         parameter_time = sum(a.duration_s or 0.0 for a in rs.activations if a.function == self.names["parameter"])
         row = {
@@ -330,13 +444,13 @@ class Trainer:
             "staleness_mean": s_mean,
             "staleness_min": s_min,
             "staleness_std": s_std,
-            "learner_loss": sum(losses) / len(losses) if losses else math.nan,
+            "learner_loss": sum(r.get("loss_sum", 0.0) for r in results) / n_grads if n_grads else math.nan,
             "cost": self.cost,
             "staleness_bound": thresholds[-1] if thresholds else math.nan,
             "env_steps": self.env_steps,
-            "truncated_fraction": sum(truncated) / len(truncated) if truncated else math.nan,
+            "truncated_fraction": sum(r.get("truncated_sum", 0.0) for r in results) / n_trunc if n_trunc else math.nan,
             "aggregations": len(applied),
-            "flushes": sum(1 for d in applied if d["decision"] == "flush"),
+            "flushes": sum(1 for a in applied if a["decision"] == "flush"),
             "parameter_time": round(parameter_time, 4),
             "learner_compute_time": round(rs.learner_compute_s, 4),
             "parameter_compute_time": round(rs.parameter_compute_s, 4),
@@ -344,6 +458,13 @@ class Trainer:
             "invocation_overhead": round(rs.invocation_s, 4),
             "cost_learner": self.cost_learner,
             "cost_actor": self.cost_actor,
+            "learner_wait_time": round(rs.learner_wait_s, 4),
+            "dead_lettered": self._dead_letters(),
+            "gradients_applied": len(deltas),
+            "redis_commands": rs.redis_commands,
+            "learner_restarts": rs.learner_restarts,
+            "parameter_restarts": rs.parameter_restarts,
+            "actor_restarts": rs.actor_restarts,
         }
         self.run.info.write([row])
         self._checkpoint()
@@ -393,6 +514,6 @@ class Trainer:
 
     def close(self) -> None:
         self._stop_actors()
-        self.learners.shutdown(wait=False, cancel_futures=True)
+        self.pool.shutdown(wait=False, cancel_futures=True)
         if self.last_policy is not None:
             self.run.write_final_policy(self.last_policy)

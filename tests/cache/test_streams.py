@@ -9,7 +9,17 @@ import numpy as np
 import pytest
 import torch
 
-from cache import BackpressureTimeout, Cache, CodecError, GradientRecord, JobCache, JobLimits, TrajectoryBatch
+from cache import (
+    BackpressureTimeout,
+    Cache,
+    CodecError,
+    GradientMeta,
+    GradientRecord,
+    JobCache,
+    JobLimits,
+    LearnerTask,
+    TrajectoryBatch,
+)
 from cache.records import TRAJECTORY_ARRAYS
 from cache.streams import BoundedStream
 from tests.procs import wait_pid_gone
@@ -27,8 +37,10 @@ def test_batch_consume_and_ack(job: JobCache) -> None:
     ids = [job.trajectories.put(batch(steps=s)) for s in (4, 8)]
     got = job.trajectories.take("l1", count=5, block_s=1.0)
     assert [i for i, _ in got] == ids
-    assert got[1][1].env_steps == 8 and got[1][1].info == {"episode_returns": [1.5]}
-    np.testing.assert_array_equal(got[0][1].arrays["rewards"], batch(steps=4).arrays["rewards"])
+    assert got[1][1].env_steps == 8 and got[1][1].info == {"episode_returns": [1.5]}  # the header alone
+    full = job.trajectories.get(ids[0])
+    assert full is not None
+    np.testing.assert_array_equal(full.arrays["rewards"], batch(steps=4).arrays["rewards"])
     assert job.trajectories.take("l2", block_s=0.0) == []  # each batch goes to one consumer
     assert job.trajectories.stream.pending() == 2
     assert job.trajectories.ack(ids) == 2
@@ -36,15 +48,19 @@ def test_batch_consume_and_ack(job: JobCache) -> None:
     assert job.trajectories.stream.length() == 0 and job.trajectories.stream.pending() == 0
 
 
-def test_gradient_push_acks_its_input_atomically(job: JobCache) -> None:
-    bid = job.trajectories.put(batch())
-    job.trajectories.take("l1", block_s=1.0)
-    grad = GradientRecord("l1", 0, (bid,), {"w": torch.ones(2, 3)}, {"loss": 0.5})
-    job.gradients.put(grad, ack=(job.trajectories.stream, [bid]))
-    assert job.trajectories.stream.pending() == 0 and job.trajectories.stream.length() == 0
-    [(_gid, rec)] = job.gradients.take("param", block_s=1.0)
-    assert rec.batch_ids == (bid,) and rec.stats == {"loss": 0.5}
+def test_entries_carry_each_array_as_its_own_field(job: JobCache) -> None:
+    bid = job.trajectories.put(batch(steps=4))
+    [(_, fields)] = job.client.xrange(job.keys.traj)
+    assert b"h" in fields and len(fields) == 1 + len(TRAJECTORY_ARRAYS)  # header + one field per array
+    assert len(fields[b"a2"]) == 4 * 2 * 4  # rewards, float32 [4, 2]: the raw buffer, nothing around it
+    grad = GradientRecord(GradientMeta("l1", 3, "1-0", 2, {"loss": 0.5}), {"w": torch.ones(2, 3)})
+    gid = job.gradients.put(grad)
+    [entry] = job.gradients.read()
+    assert entry.id == gid and job.gradients.meta(entry).base_version == 3
+    rec = job.gradients.record(entry)
+    assert rec.meta.task_id == "1-0" and rec.meta.stats == {"loss": 0.5}
     assert torch.equal(rec.tensors["w"], torch.ones(2, 3))
+    assert job.trajectories.get(bid) is not None and job.trajectories.get("0-1") is None
 
 
 def test_blocking_read_wakes_on_add(job: JobCache) -> None:
@@ -83,8 +99,13 @@ def test_stream_is_capped_and_producer_gets_backpressure(cache_conn: Cache, job_
 def test_every_key_written_has_a_ttl(job: JobCache) -> None:
     bid = job.trajectories.put(batch())
     job.trajectories.take("l1", block_s=1.0)
-    job.gradients.put(GradientRecord("l1", 0, (bid,), {"w": torch.ones(1)}), ack=(job.trajectories.stream, [bid]))
     job.policies.initialise(b"w0", b"o0")
+    job.board.enqueue([LearnerTask(1, (bid,), 0, 0, 1)], close_round=1, timeout_s=1)
+    claim = job.board.claim("l1")
+    assert claim.task is not None
+    grad = GradientRecord(GradientMeta("l1", 0, claim.task.id, 1), {"w": torch.ones(1)})
+    job.board.claim("l1", finished=(claim.task.id, grad))
+    job.board.dead_letter("l1", "0-1", "nothing")
     job.learners.register("l1", 0)
     lease = job.policies.acquire("p")
     job.policies.publish(lease, expected_version=0, weights=b"w1")
@@ -96,8 +117,11 @@ def test_every_key_written_has_a_ttl(job: JobCache) -> None:
 
 
 def test_corrupt_entry_raises_codec_error(job: JobCache) -> None:
-    job.trajectories.stream.add(b"\x80\x04not ours", timeout_s=1)
-    with pytest.raises(CodecError, match="trajectory batch: bad magic"):
+    job.trajectories.stream.add([b"d", b"\x80\x04not ours"], timeout_s=1)
+    with pytest.raises(CodecError, match="trajectory batch: entry has no header field"):
+        job.trajectories.take("l1", block_s=1.0)
+    job.trajectories.stream.add([b"h", b"\xc1garbage"], timeout_s=1)
+    with pytest.raises(CodecError, match="trajectory batch: corrupt header"):
         job.trajectories.take("l1", block_s=1.0)
 
 

@@ -27,6 +27,15 @@ def doomed_consumer(job: JobCache, consumer: str) -> None:
     sys.stdin.read()
 
 
+def task_holder(job: JobCache, learner: str) -> None:
+    """Claim one task and keep its lease fresh, report the task id, then hang until killed (never stores)."""
+    with job.board.leased(learner):
+        claim = job.board.claim(learner)
+        assert claim.task is not None
+        print(claim.task.id, flush=True)
+        sys.stdin.read()
+
+
 def owner() -> None:
     """Own an embedded server: print its pid, then wait on stdin (SIGINT or SIGKILL end this process)."""
     from cache import connect
@@ -48,6 +57,8 @@ def main() -> None:
             publisher(job, rest[0], int(rest[1]))
         elif role == "consume":
             doomed_consumer(job, rest[0])
+        elif role == "hold-task":
+            task_holder(job, rest[0])
         else:
             raise SystemExit(f"unknown role {role!r}")
 

@@ -1,23 +1,32 @@
-"""actor -> learner -> parameter handlers against a real Redis, with concurrent learner and parameter processes."""
+"""actor -> learner -> parameter handlers against a real Redis: multi-task learner invocations in separate processes
+(killed with SIGKILL at random moments), the event-driven parameter function, and atomic publish-and-ack under
+injected crashes. Exactly-once is checked from the applied log: every task of every round in exactly one applied
+aggregation."""
+
+from __future__ import annotations
 
 import json
+import os
+import random
+import signal
 import subprocess
 import sys
-import time
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from cache import Cache, JobCache
+from cache import Cache, JobCache, JobLimits
 from functions.algos.config import NetworkConfig, PPOConfig, StellarisConfig
 from functions.algos.staleness import Rule
-from functions.handlers import parameter
 from functions.jobspec import JobSpec
-from tests.functions.driver import Driver
+from tests.functions.driver import Driver, applied_log
 from tests.functions.workers import stop_key
+from tests.procs import wait_pid_gone
 
 ROOT = Path(__file__).resolve().parents[2]
+LEASE_S = 0.6
 
 
 def small_spec(job: str, rule: Rule = Rule.STELLARIS) -> JobSpec:
@@ -28,26 +37,49 @@ def small_spec(job: str, rule: Rule = Rule.STELLARIS) -> JobSpec:
     return JobSpec(job=job, env_id="CartPole-v1", algo=cfg, num_envs=2, actor_steps=64, seed=3)
 
 
-def spawn(role: str, url: str, job: str, n: int) -> list[subprocess.Popen[str]]:
-    return [
+def spawn(
+    role: str, url: str, job: str, n: int, *, round_k: int = 1, loop: bool = True, env: dict[str, str] | None = None
+) -> list[subprocess.Popen[str]]:
+    """`n` worker processes, each ready (its cache connected) when this returns."""
+    procs = [
         subprocess.Popen(
-            [sys.executable, "-m", "tests.functions.workers", role, url, job, f"{role}-{i}"],
+            [
+                sys.executable,
+                "-m",
+                "tests.functions.workers",
+                role,
+                url,
+                job,
+                str(round_k),
+                *(["loop"] if loop else []),
+            ],
             cwd=ROOT,
             stdout=subprocess.PIPE,
             text=True,
+            env={**os.environ, **(env or {})},
         )
-        for i in range(n)
+        for _ in range(n)
     ]
+    for p in procs:
+        assert p.stdout is not None and p.stdout.readline().strip() == "READY"
+    return procs
+
+
+def results(procs: list[subprocess.Popen[str]], timeout_s: float = 120) -> list[dict]:
+    out = []
+    for p in procs:
+        text, _ = p.communicate(timeout=timeout_s)
+        assert p.returncode == 0, text
+        out += [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+    return out
 
 
 def stop(job: JobCache, procs: list[subprocess.Popen[str]]) -> list[dict]:
+    """Looping workers see the stop key after their invocation; the invocation waiting for the next round's tasks
+    ends when that round is closed with nothing in it."""
     job.client.set(stop_key(job.keys.job), 1, ex=600)
-    lines = []
-    for p in procs:
-        out, _ = p.communicate(timeout=60)
-        assert p.returncode == 0
-        lines += [json.loads(line) for line in out.splitlines()]
-    return lines
+    job.board.close(1_000_000)
+    return results(procs)
 
 
 @pytest.fixture
@@ -58,7 +90,25 @@ def cleanup(cache_conn: Cache) -> Iterator[list[JobCache]]:
         j.delete()
 
 
-def test_rounds_with_two_concurrent_learner_processes(redis_server, cache_conn: Cache, job_id: str, cleanup) -> None:
+def assert_exactly_once(job: JobCache, rounds: int, tasks_per_round: int, dead_lettered: int = 0) -> list[dict]:
+    """Every task of every round in exactly one aggregation; versions contiguous; nothing left behind."""
+    log = applied_log(job)
+    grads = [g for e in log for g in e["gradients"]]
+    tasks = Counter(g[1] for g in grads)
+    assert all(n == 1 for n in tasks.values()), f"tasks applied twice: {[t for t, n in tasks.items() if n > 1]}"
+    assert len(set(g[0] for g in grads)) == len(grads)  # no gradient applied twice either
+    per_round = Counter(g[2] for g in grads)
+    assert sum(per_round.values()) + dead_lettered == rounds * tasks_per_round, per_round
+    assert [e["version"] for e in log] == list(range(1, len(log) + 1))  # one version per aggregation
+    assert job.policies.version() == len(log)
+    assert job.board.outstanding() == 0 and job.gradients.length() == 0
+    assert job.learners.in_flight() == {}
+    return log
+
+
+def test_multi_task_learner_processes_with_the_parameter_function_applying_as_gradients_land(
+    redis_server, cache_conn: Cache, job_id: str, cleanup
+) -> None:
     driver = Driver(cache_conn, small_spec(job_id), actors=2)
     job = driver.job
     cleanup.append(job)
@@ -69,29 +119,20 @@ def test_rounds_with_two_concurrent_learner_processes(redis_server, cache_conn: 
             driver.run_round(mode="stellaris", learn_inline=False)
     finally:
         done = stop(job, learners)
-
-    tasks_per_round = 2 * 4
-    assert len(done) == rounds * tasks_per_round  # every task computed exactly once
+    assert len(done) == 2 * (rounds + 1)  # one invocation per learner per round (+ the stop round), not per task
     assert {d["status"] for d in done} == {"done"}
-    applied = [d for d in driver.decisions if d["applied"]]
-    assert job.policies.version() == len(applied)  # one published version per aggregation
-    assert sum(d["count"] for d in applied) == rounds * tasks_per_round  # every gradient aggregated once
-    # Everything was acknowledged and released.
-    assert job.tasks.length() == 0 and job.tasks.pending() == 0
-    assert job.gradients.stream.length() == 0
-    assert job.trajectories.stream.length() == 0
-    assert job.learners.in_flight() == {}
+    assert sum(d["gradients"] for d in done) == rounds * 8
+    log = assert_exactly_once(job, rounds, tasks_per_round=8)
     # Staleness accounting: recorded stalenesses are current version - base version, δ_max is round 1's max.
-    for d in applied:
-        assert all(s >= 0 for s in d["stalenesses"])
-    round1 = [s for d in applied if d["round"] == 1 for s in d["stalenesses"][: d["count"]]]
+    for e in log:
+        assert all(g[4] == e["version"] - 1 - g[3] for g in e["gradients"])
+    round1 = [g[4] for e in log for g in e["gradients"] if g[2] == 1]
     state = job.client.hgetall(job.keys.aggregator)
     assert float(state[b"delta_max"]) == max(round1)
     assert int(float(state[b"round_k"])) == rounds
-    assert job.client.xlen(job.keys.decisions) == len(driver.decisions)
 
 
-def test_sync_mode_applies_one_update_per_epoch_with_zero_staleness(redis_server, cache_conn, job_id, cleanup) -> None:
+def test_sync_mode_applies_one_update_per_step_with_zero_staleness(redis_server, cache_conn, job_id, cleanup) -> None:
     driver = Driver(cache_conn, small_spec(job_id, Rule.SYNC), actors=1)
     cleanup.append(driver.job)
     learners = spawn("learner", redis_server.url, job_id, 2)
@@ -100,44 +141,122 @@ def test_sync_mode_applies_one_update_per_epoch_with_zero_staleness(redis_server
             driver.run_round(mode="sync", learn_inline=False)
     finally:
         stop(driver.job, learners)
-    applied = [d for d in driver.decisions if d["applied"]]
-    assert [d["count"] for d in applied] == [4] * 4  # 2 rounds x 2 epochs, all 4 minibatches averaged
-    assert all(s == 0 for d in applied for s in d["stalenesses"])
-    assert driver.job.policies.version() == 4
+    log = assert_exactly_once(driver.job, 2, tasks_per_round=8)
+    assert [len(e["gradients"]) for e in log] == [4] * 4  # 2 rounds x 2 epochs, all 4 minibatches averaged
+    assert all(g[4] == 0 for e in log for g in e["gradients"])
 
 
-def test_racing_parameter_invocations_never_publish_twice(redis_server, cache_conn, job_id, cleanup) -> None:
-    driver = Driver(cache_conn, small_spec(job_id, Rule.ASYNC), actors=1)
+def test_learners_killed_mid_task_lose_and_repeat_nothing(redis_server, cache_conn, job_id, cleanup) -> None:
+    """Learner invocations are killed with SIGKILL at random moments and replaced; their tasks are taken over once
+    their leases run out. Every task still yields exactly one applied gradient, and no live task is stolen."""
+    limits = JobLimits(learner_lease_s=LEASE_S, gradient_maxlen=1024)
+    spec = small_spec(job_id, Rule.STELLARIS)
+    spec = spec.model_copy(update={"algo": spec.algo.model_copy(update={"num_epochs": 8})})  # 32 tasks a round
+    driver = Driver(cache_conn, spec, actors=2, limits=limits)
+    job = driver.job
+    cleanup.append(job)
+    env = {"STELLARIS_JOB_LEARNER_LEASE_S": str(LEASE_S), "STELLARIS_JOB_GRADIENT_MAXLEN": "1024"}
+    rng = random.Random(7)
+    rounds, kills, lost = 3, 0, 0
+    for r in range(1, rounds + 1):
+        driver.round = r - 1
+        driver.round += 1
+        batch_ids = driver.collect()
+        driver.enqueue(driver.tasks(batch_ids, range(8)), close=True)
+        live = spawn("learner", redis_server.url, job_id, 3, round_k=r, loop=False, env=env)
+        finished: list[subprocess.Popen[str]] = []
+        for _ in range(2):  # two kills a round, each at a random point of some learner's work
+            victim = live.pop(rng.randrange(len(live)))
+            assert victim.stdout is not None
+            os.kill(victim.pid, signal.SIGKILL) if rng.random() < 0.5 else _kill_after_random_delay(victim, rng)
+            assert wait_pid_gone(victim.pid, 10)
+            victim.wait()
+            kills += 1
+            live += spawn("learner", redis_server.url, job_id, 1, round_k=r, loop=False, env=env)
+        out = results(live + finished)
+        assert {o["status"] for o in out} == {"done"}
+        lost += sum(o["lost"] for o in out)
+        assert driver.parameter({"job": job_id, "round": r})["status"] == "ok"
+        job.trajectories.ack(batch_ids)
+    assert kills == 2 * rounds
+    assert_exactly_once(job, rounds, tasks_per_round=32)
+
+
+def _kill_after_random_delay(proc: subprocess.Popen[str], rng: random.Random) -> None:
+    """SIGKILL once the process has had a random share of a second to work (it is mid-task by then, or done)."""
+    try:
+        proc.wait(timeout=rng.uniform(0.05, 0.6))
+    except subprocess.TimeoutExpired:
+        os.kill(proc.pid, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("point", ["parameter:before_publish@3", "parameter:after_publish@3"])
+def test_a_parameter_crash_around_publish_applies_every_gradient_once(
+    redis_server, cache_conn, job_id, cleanup, point: str
+) -> None:
+    """SIGKILL of the parameter function right before and right after its atomic publish-and-ack: the replacement
+    resumes from the cache, and no update is lost or repeated."""
+    limits = JobLimits(gradient_maxlen=1024, parameter_lease_s=LEASE_S)
+    driver = Driver(cache_conn, small_spec(job_id, Rule.ASYNC), actors=1, limits=limits)
     job = driver.job
     cleanup.append(job)
     driver.round = 1
-    batch_ids = driver.collect()
-    job.enqueue_tasks(driver.tasks(batch_ids, range(2)))
-    for _ in range(8):
-        assert driver.learner({"job": job_id})["status"] == "done"
-    assert job.gradients.stream.length() == 8
+    driver.enqueue(driver.tasks(driver.collect(), range(2)), close=True)
+    driver.learner({"job": job_id, "round": 1})
+    assert job.gradients.length() == 8 and job.policies.version() == 0
+    env = {"STELLARIS_FAULT": point, "STELLARIS_JOB_PARAMETER_LEASE_S": str(LEASE_S)}
+    [doomed] = spawn("parameter", redis_server.url, job_id, 1, loop=False, env=env)
+    doomed.communicate(timeout=60)
+    assert doomed.returncode == -signal.SIGKILL
+    applied_before = 2 if point.endswith("before_publish@3") else 3
+    assert job.policies.version() == applied_before and job.gradients.length() == 8 - applied_before
+    # The replacement waits for the dead holder's lease to run out, then carries on from the cache.
+    [replacement] = spawn("parameter", redis_server.url, job_id, 1, loop=False)  # its own lease: the default
+    [out] = results([replacement])
+    assert out["status"] == "ok"
+    assert_exactly_once(job, 1, tasks_per_round=8)
 
-    racers = spawn("parameter", redis_server.url, job_id, 4)
-    # Wait for the queue to drain: each publish acks its gradient; block on the version events, not a timer.
-    seen, deadline = 0, time.monotonic() + 60
-    while seen < 8 and time.monotonic() < deadline:
-        seen = job.policies.wait_for_version(seen, timeout_s=5) or seen
-    published = stop(job, racers)
-    versions = [d["version"] for out in published for d in out["decisions"] if d["applied"]]
-    assert sorted(v + 1 for v in versions) == list(range(1, 9))  # each version published by exactly one racer
-    assert job.policies.version() == 8
-    assert job.gradients.queued(parameter.CONSUMER) == []
+
+def test_racing_parameter_invocations_never_publish_twice(redis_server, cache_conn, job_id, cleanup) -> None:
+    driver = Driver(cache_conn, small_spec(job_id, Rule.ASYNC), actors=1, limits=JobLimits(gradient_maxlen=1024))
+    job = driver.job
+    cleanup.append(job)
+    driver.round = 1
+    driver.enqueue(driver.tasks(driver.collect(), range(2)), close=True)
+    driver.learner({"job": job_id, "round": 1})
+    racers = spawn("parameter", redis_server.url, job_id, 4, loop=False)
+    out = results(racers)
+    assert {o["status"] for o in out} <= {"ok", "busy"}
+    assert sum(1 for o in out if o["status"] == "ok") >= 1
+    assert_exactly_once(job, 1, tasks_per_round=8)
+
+
+def test_poisoned_task_and_gradient_are_dead_lettered_and_the_round_completes(
+    redis_server, cache_conn, job_id, cleanup
+) -> None:
+    driver = Driver(cache_conn, small_spec(job_id, Rule.ASYNC), actors=1, limits=JobLimits(gradient_maxlen=1024))
+    job = driver.job
+    cleanup.append(job)
+    driver.round = 1
+    driver.enqueue(driver.tasks(driver.collect(), range(1)), close=False)
+    job.board.stream.add([b"h", b"\xc1 not a header"], timeout_s=1)  # a task nobody can decode
+    job.board.close(1)
+    out = driver.learner({"job": job_id, "round": 1})
+    assert out["status"] == "done" and out["gradients"] == 4 and out["dead_lettered"] == 1
+    job.client.xadd(job.keys.grad, {b"h": b"\xc1 not a gradient"})  # a gradient nobody can decode
+    assert driver.parameter({"job": job_id, "round": 1})["status"] == "ok"
+    letters = job.board.read_dead_letters()
+    assert sorted(f["kind"] for _, f in letters) == ["gradient", "task"]
+    assert_exactly_once(job, 1, tasks_per_round=5, dead_lettered=1)
 
 
 def test_handlers_run_unchanged_behind_the_http_runtime(redis_server, cache_conn, job_id, cleanup) -> None:
-    import os
-
     import httpx
 
     driver = Driver(cache_conn, small_spec(job_id))
     cleanup.append(driver.job)
     driver.round = 1
-    driver.job.enqueue_tasks(driver.tasks(driver.collect(), range(1)))
+    driver.enqueue(driver.tasks(driver.collect(), range(1)), close=True)
     proc = subprocess.Popen(
         [sys.executable, "-m", "functions.runtime", "--handler", "functions.handlers.learner:handle"],
         cwd=ROOT,
@@ -149,12 +268,14 @@ def test_handlers_run_unchanged_behind_the_http_runtime(redis_server, cache_conn
         assert proc.stdout is not None
         port = int(proc.stdout.readline().split()[1])
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as client:
-            out = client.post("/invoke", json={"job": job_id}, headers={"X-Call-Id": "abc"})
+            out = client.post("/invoke", json={"job": job_id, "round": 1}, headers={"X-Call-Id": "abc"})
             assert out.status_code == 200, out.text
-            assert out.json()["status"] == "done" and out.json()["base_version"] == 0
+            assert out.json()["status"] == "done" and out.json()["gradients"] == 4
             bad = client.post("/invoke", json={"nojob": 1})
             assert bad.status_code == 500 and bad.json()["error"]["type"] == "EventError"
+            no_round = client.post("/invoke", json={"job": job_id})
+            assert no_round.status_code == 500 and "round" in no_round.json()["error"]["message"]
     finally:
         proc.terminate()
         assert proc.wait(timeout=30) == 0
-    assert driver.job.gradients.stream.length() == 1
+    assert driver.job.gradients.length() == 4

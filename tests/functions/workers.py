@@ -1,4 +1,8 @@
-"""Worker processes for the function tests: `python -m tests.functions.workers ROLE URL JOB ID`."""
+"""Worker processes for the function tests: `python -m tests.functions.workers ROLE URL JOB ROUND [LOOP]`.
+
+One handler invocation (learner or parameter) for round ROUND, its result printed as one JSON line, so tests can
+kill an invocation's process with SIGKILL at any moment; with LOOP=loop, one invocation per round from ROUND on,
+like a warm instance invoked every round, until the job's stop key is set. Job limits come from STELLARIS_JOB_*."""
 
 from __future__ import annotations
 
@@ -19,24 +23,21 @@ def stop_key(job: str) -> str:
 
 def main() -> None:
     torch.set_num_threads(1)  # small networks; several processes share 2 cores
-    role, url, job_id, worker_id = sys.argv[1:5]
+    role, url, job_id, round_k = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+    loop = sys.argv[5:] == ["loop"]
+    handlers = {"learner": learner.handle, "parameter": parameter.handle}
+    if role not in handlers:
+        raise SystemExit(f"unknown role {role!r}")
     with Cache(CacheSettings(url=url)) as cache:
         instance = Instance(cache)
-        while not cache.client.exists(stop_key(job_id)):
+        print("READY", flush=True)
+        while True:
             ctx = Context(uuid.uuid4().hex[:12], instance)
-            if role == "learner":
-                out = learner.handle({"job": job_id, "learner_id": worker_id, "block_s": 1.0}, ctx)
-            elif role == "parameter":
-                out = parameter.handle({"job": job_id, "max_updates": 1, "wait_s": 2.0}, ctx)
-            else:
-                raise SystemExit(f"unknown role {role!r}")
-            if out.get("status") not in ("idle", "busy"):
-                print(
-                    json.dumps(
-                        {k: v for k, v in out.items() if k in ("status", "base_version", "version", "decisions")}
-                    ),
-                    flush=True,
-                )
+            out = handlers[role]({"job": job_id, "round": round_k, "max_s": 300}, ctx)
+            print(json.dumps({k: v for k, v in out.items() if k != "decisions"}), flush=True)
+            if not loop or cache.client.exists(stop_key(job_id)):
+                return
+            round_k += 1
 
 
 if __name__ == "__main__":
