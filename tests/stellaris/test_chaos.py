@@ -1,0 +1,143 @@
+"""Chaos: `stellaris train` (real CLI, embedded Redis, local gateway, subprocess instances) while learner instances,
+parameter-function instances and actors are killed with SIGKILL at random moments. The job must finish every
+round, exit 0, leave no process behind, and apply every task of every round exactly once (gradients.csv)."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.procs import pid_alive, wait_pid_gone
+from tests.stellaris.test_train import ROOT, rows
+
+ROUNDS = 30
+TASKS_PER_ROUND = 4 * 16
+KILLS = {"learner": 20, "parameter": 3, "actor": 2}
+LEASE_S = 1.0
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process below `pid`, from the parent ids in /proc/*/stat (no psutil)."""
+    parent: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    parent[int(entry)] = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (FileNotFoundError, ProcessLookupError, IndexError, ValueError):
+                continue
+    out, todo = [], [pid]
+    while todo:
+        kids = [p for p, pp in parent.items() if pp == todo[-1]]
+        todo.pop()
+        out += kids
+        todo += kids
+    return out
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")
+    except (FileNotFoundError, ProcessLookupError):
+        return ""
+
+
+def _role(pid: int) -> str | None:
+    cmd = _cmdline(pid)
+    if "functions.handlers.learner:handle" in cmd:
+        return "learner"
+    if "functions.handlers.parameter:handle" in cmd:
+        return "parameter"
+    if "functions.actor_loop" in cmd:
+        return "actor"
+    return None
+
+
+@pytest.mark.slow
+def test_training_survives_kill_9_of_learners_parameter_functions_and_actors(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    cfg = tmp_path / "chaos.yaml"
+    cfg.write_text(
+        yaml.safe_dump(
+            {
+                "env": "CartPole-v1",
+                "preset": "fast",
+                "rounds": ROUNDS,
+                "actors": 2,
+                "learners": 2,
+                "out": str(out),
+                "overrides": {"train_batch_size": 1024, "num_minibatches": 16, "num_epochs": 4},
+            }
+        )
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "STELLARIS_GATEWAY_URL")}
+    env |= {"STELLARIS_JOB_LEARNER_LEASE_S": str(LEASE_S), "STELLARIS_JOB_PARAMETER_LEASE_S": str(LEASE_S)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "stellaris.cli", "train", "--config", str(cfg)],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    rng = random.Random(20261123)
+    plan = [role for role, n in KILLS.items() for _ in range(n)]
+    rng.shuffle(plan)
+    killed: Counter[str] = Counter()
+    seen: set[int] = set()
+    try:
+        # Kill only once the job is running (round 1 recorded), at random moments, whatever each victim is doing.
+        while proc.poll() is None and not (out / "info.csv").exists():
+            time.sleep(0.2)
+        while plan and proc.poll() is None:
+            time.sleep(rng.uniform(0.1, 0.5))  # the random moment itself: nothing to await
+            pids = _descendants(proc.pid)
+            seen.update(pids)
+            victims = [p for p in pids if _role(p) == plan[0]]
+            if not victims:
+                continue
+            victim = rng.choice(victims)
+            try:
+                os.kill(victim, signal.SIGKILL)
+            except ProcessLookupError:
+                continue
+            killed[plan.pop(0)] += 1
+        output, _ = proc.communicate(timeout=900)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, output[-3000:]
+    assert killed == Counter(KILLS), f"the job ended before every kill: {killed}"
+    for pid in seen:  # gateway, instances, actors, redis-server: all gone with the job
+        assert wait_pid_gone(pid, 30) or not pid_alive(pid), f"pid {pid} ({_cmdline(pid)}) outlived the job"
+
+    info = rows(out / "info.csv")
+    assert [int(r["round_id"]) for r in info] == list(range(1, ROUNDS + 1))
+    grads = rows(out / "gradients.csv")
+    tasks = Counter(g["task_id"] for g in grads)
+    assert all(n == 1 for n in tasks.values()), "a task was applied twice"
+    assert len({g["gradient_id"] for g in grads}) == len(grads)
+    dead = sum(int(r["dead_lettered"]) for r in info)
+    per_round = Counter(int(g["round"]) for g in grads)
+    assert sum(per_round.values()) + dead == ROUNDS * TASKS_PER_ROUND
+    assert dead == 0, "no task should need dead-lettering here"
+    assert all(per_round[r] == TASKS_PER_ROUND for r in range(1, ROUNDS + 1)), per_round
+    versions = sorted({int(g["applied_version"]) for g in grads})
+    assert versions == list(range(1, len(versions) + 1))  # one version per aggregation, none skipped or repeated
+    restarts = {k: sum(int(r[f"{k}_restarts"]) for r in info) for k in KILLS}
+    durations = sorted(float(r["duration"]) for r in info[1:])
+    print(
+        f"kills {dict(killed)}; restarts seen by the control plane {restarts}; round seconds "
+        f"median {durations[len(durations) // 2]:.2f}, max {durations[-1]:.2f}"
+    )
