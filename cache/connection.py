@@ -30,14 +30,33 @@ class CacheSettings(BaseModel):
     tune_allocator: bool = Field(default=True, description="keep freed large buffers in the heap (glibc)")
 
 
+class _CountedPipeline(redis.client.Pipeline):
+    """A pipeline that counts its execution as one round trip on the client that made it."""
+
+    def __init__(self, *args: Any, owner: _GuardedRedis, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._owner = owner
+
+    def execute(self, raise_on_error: bool = True) -> list[Any]:
+        if self.command_stack:
+            self._owner.round_trips += 1
+        return super().execute(raise_on_error)
+
+
 class _GuardedRedis(redis.Redis):
-    """A client that turns a connection failure into `RedisServerDied` when the embedded server is gone."""
+    """A client that turns a connection failure into `RedisServerDied` when the embedded server is gone, and counts
+    its round trips to the server (`round_trips`: a command, a script, or a whole pipeline each count one)."""
 
     def __init__(self, *args: Any, on_connection_error: Callable[[], None] | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._on_connection_error = on_connection_error
+        self.round_trips = 0  # approximate under threads (+= is not atomic); a measure, not an invariant
+
+    def pipeline(self, transaction: bool = True, shard_hint: Any = None) -> redis.client.Pipeline:
+        return _CountedPipeline(self.connection_pool, self.response_callbacks, transaction, shard_hint, owner=self)
 
     def execute_command(self, *args: Any, **options: Any) -> Any:
+        self.round_trips += 1
         try:
             return super().execute_command(*args, **options)
         except (redis.ConnectionError, redis.TimeoutError):
@@ -78,6 +97,11 @@ class Cache:
         )
         guard = self.server.raise_if_dead if self.server is not None else None
         return _GuardedRedis(connection_pool=pool, on_connection_error=guard)
+
+    @property
+    def round_trips(self) -> int:
+        """Round trips this cache's client made so far."""
+        return int(getattr(self.client, "round_trips", 0))
 
     def new_client(self) -> redis.Redis:
         """A separate client (own pool) on the same server, e.g. for a thread that blocks on reads."""

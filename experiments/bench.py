@@ -3,20 +3,26 @@
 1. cache: our codec (SET/GET and the stream path) vs pickle + Redis and vs raw bytes, same Redis;
 2. gateway: warm no-op invocations through the gateway vs direct to the same instance;
 3. actor sampling: the actor function's env steps/s vs a bare gymnasium loop with the same policy;
-4. platform overhead: share of a training round's function time spent in invocation and cache I/O;
-5. end-to-end: `stellaris train` env steps/s vs a single-process PPO loop written the plain way (plain_ppo.py),
-   same hyperparameters (fast preset), same machine.
+4. end-to-end: `stellaris train` env steps/s vs a single-process PPO loop written the plain way (plain_ppo.py),
+   same hyperparameters (fast preset), same machine, alternated A B A B A B and reported as the median ratio over
+   the pairs with its min–max. The same `stellaris train` runs give the platform overhead share of a round's
+   function time and, when info.csv has the columns, the Redis round trips per applied gradient.
+
+    python -m experiments.bench --only end-to-end --pairs 3 --rounds 21 --json bench.json
 """
 
 from __future__ import annotations
 
 import csv
+import json
+import math
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import typer
@@ -26,6 +32,12 @@ from rich.table import Table
 from experiments import bench_actor, bench_cache, bench_gateway, plain_ppo
 from experiments.summary import read_info
 
+PARTS = ("cache", "gateway", "actor", "end-to-end")
+SIDES = ("ours", "plain")  # A, B of each end-to-end pair
+REPORT_PAIRS_MIN = 3  # fewer A/B pairs than this and the end-to-end rows are marked preliminary
+REPORT_STEADY_ROUNDS_MIN = 20  # likewise for steady rounds (rounds 2..N) per side
+OLD_TRIPS_PER_GRADIENT = 33.0  # Redis commands per learner+parameter pair, measured before the protocol rewrite
+
 
 @dataclass
 class Row:
@@ -34,6 +46,29 @@ class Row:
     baseline: str
     ratio: float
     note: str = ""
+
+
+@dataclass(frozen=True)
+class Spread:
+    """The median of repeated measurements with their min–max."""
+
+    median: float
+    lo: float
+    hi: float
+
+    @classmethod
+    def of(cls, values: Sequence[float]) -> Spread:
+        if not values:
+            raise ValueError("no values to aggregate")
+        return cls(statistics.median(values), min(values), max(values))
+
+
+@dataclass
+class Pair:
+    """One A/B pair of the end-to-end benchmark: a `stellaris train` run (its info.csv) and a plain PPO run."""
+
+    info: list[dict[str, float]]
+    plain: list[plain_ppo.RoundResult]
 
 
 def cache_rows(seconds: float, repeats: int, console: Console) -> list[Row]:
@@ -88,50 +123,151 @@ def actor_rows(env: str, repeats: int) -> list[Row]:
     ]
 
 
-def _steady_rate(durations: list[float], steps: list[int]) -> float:
-    """Env steps/s over rounds 2..N: round 1 also pays process start-up, reported separately."""
+# --- end-to-end: A/B pairs of `stellaris train` and plain PPO --------------------------------------------------------
+
+
+def ab_schedule(pairs: int) -> Iterator[tuple[int, str]]:
+    """The run order of the end-to-end benchmark, A B A B …: (pair index, side), ours first in every pair."""
+    for i in range(pairs):
+        for side in SIDES:
+            yield i, side
+
+
+def steady_rate(durations: Sequence[float], steps: Sequence[int]) -> float:
+    """Env steps/s over rounds 2..N: round 1 also pays process start-up and warm-up."""
     return sum(steps[1:]) / sum(durations[1:])
 
 
-def training_rows(env: str, rounds: int, console: Console) -> list[Row]:
-    with tempfile.TemporaryDirectory(prefix="stellaris-bench-") as tmp:
-        run = Path(tmp) / "run"
-        cmd = [sys.executable, "-m", "stellaris.cli", "train", "--env", env, "--preset", "fast"]
-        cmd += ["--rounds", str(rounds), "--out", str(run)]
-        console.log(f"end-to-end: stellaris train ({rounds} rounds of the fast preset)")
-        log = Path(tmp) / "log.txt"
-        with log.open("w") as f:
-            code = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env={**os.environ}).returncode
-        if code != 0:
-            raise RuntimeError(f"stellaris train failed ({code}): {log.read_text()[-2000:]}")
-        info = read_info(run)
+def ours_rate(info: list[dict[str, float]]) -> float:
     cumulative = [int(r["env_steps"]) for r in info]
     steps = [b - a for a, b in zip([0, *cumulative], cumulative, strict=False)]
-    ours_rate = _steady_rate([r["duration"] for r in info], steps)
-    console.log(f"end-to-end: plain single-process PPO ({rounds} rounds)")
-    plain = plain_ppo.train(env, rounds)
-    plain_rate = _steady_rate([r.seconds for r in plain], [r.env_steps for r in plain])
-    steady = info[1:]
+    return steady_rate([r["duration"] for r in info], steps)
+
+
+def plain_rate(rounds: list[plain_ppo.RoundResult]) -> float:
+    return steady_rate([r.seconds for r in rounds], [r.env_steps for r in rounds])
+
+
+def function_time(steady: list[dict[str, float]]) -> tuple[float, float]:
+    """(compute, overhead) seconds summed over rounds; overhead = invocation + cache I/O.
+
+    `learner_wait_time` (learners blocked waiting for work), when info.csv has it, is neither and is left out of both.
+    """
     compute = sum(r["learner_compute_time"] + r["parameter_compute_time"] for r in steady)
     overhead = sum(r["invocation_overhead"] + r["cache_time"] for r in steady)
-    actor = statistics.mean(r["actor_time"] for r in steady)
-    round_s = statistics.mean(r["duration"] for r in steady)
-    return [
+    return compute, overhead
+
+
+def overhead_share(steady: list[dict[str, float]]) -> float:
+    compute, overhead = function_time(steady)
+    return overhead / (compute + overhead)
+
+
+def round_trips(steady: list[dict[str, float]]) -> tuple[float, float] | None:
+    """(Redis commands, gradients applied) summed over rounds; None unless every round has both as numbers."""
+    keys = ("redis_round_trips", "gradients_applied")
+    if not steady or not all(math.isfinite(r.get(k, math.nan)) for r in steady for k in keys):
+        return None
+    return sum(r["redis_round_trips"] for r in steady), sum(r["gradients_applied"] for r in steady)
+
+
+def round_trips_row(pairs: list[Pair]) -> Row | None:
+    """Redis commands per applied gradient over the steady rounds of every pair; None when info.csv lacks them."""
+    per_pair = [round_trips(p.info[1:]) for p in pairs]
+    if not per_pair or any(t is None or t[1] <= 0 for t in per_pair):
+        return None
+    commands, gradients = sum(t[0] for t in per_pair), sum(t[1] for t in per_pair)
+    pooled = commands / gradients
+    spread = Spread.of([c / g for c, g in per_pair])
+    return Row(
+        "Redis round trips per gradient (end to end)",
+        f"{pooled:.1f} commands/gradient",
+        f"{OLD_TRIPS_PER_GRADIENT:.0f} commands/gradient (before the rewrite)",
+        pooled / OLD_TRIPS_PER_GRADIENT,
+        f"whole job's commands (INFO commandstats) / gradients applied, steady rounds of {len(pairs)} runs pooled, "
+        f"per run {spread.lo:.1f}–{spread.hi:.1f}; baseline = {OLD_TRIPS_PER_GRADIENT:.0f} commands per "
+        "learner+parameter pair measured before the rewrite",
+    )
+
+
+def end_to_end_rows(env: str, pairs: list[Pair]) -> list[Row]:
+    """The overhead-share, round-trips and end-to-end rows from the A/B pairs' results."""
+    steady = [p.info[1:] for p in pairs]
+    steady_rounds = min(min(len(p.info), len(p.plain)) for p in pairs) - 1
+    caveat = ""
+    if len(pairs) < REPORT_PAIRS_MIN or steady_rounds < REPORT_STEADY_ROUNDS_MIN:
+        caveat = (
+            f"PRELIMINARY (below {REPORT_PAIRS_MIN} pairs x {REPORT_STEADY_ROUNDS_MIN} steady rounds, "
+            "not for reporting): "
+        )
+
+    pooled = [r for rounds in steady for r in rounds]
+    compute, overhead = function_time(pooled)
+    share = Spread.of([overhead_share(s) for s in steady])
+    actor = statistics.mean(r["actor_time"] for r in pooled)
+    round_s = statistics.mean(r["duration"] for r in pooled)
+    wait = [r["learner_wait_time"] for r in pooled if math.isfinite(r.get("learner_wait_time", math.nan))]
+    wait_note = f"; learner wait {statistics.mean(wait):.2f} s/round counted in neither" if wait else ""
+    rows = [
         Row(
             "platform overhead share of a round's function time (invocation + cache I/O)",
-            f"{overhead / len(steady):.2f} s/round",
-            f"{(compute + overhead) / len(steady):.2f} s/round of function time",
-            overhead / (compute + overhead),
-            f"round {round_s:.2f} s wall, of it {actor:.2f} s waiting for the batch",
-        ),
+            f"{overhead / len(pooled):.2f} s/round",
+            f"{(compute + overhead) / len(pooled):.2f} s/round of function time",
+            share.median,
+            f"{caveat}median of {len(pairs)} runs' shares, min–max {share.lo:.1%}–{share.hi:.1%} "
+            f"(pooled {overhead / (compute + overhead):.1%}); round {round_s:.2f} s wall, of it {actor:.2f} s "
+            f"waiting for the batch{wait_note}",
+        )
+    ]
+    trips = round_trips_row(pairs)
+    if trips is not None:
+        rows.append(trips)
+
+    ours = [ours_rate(p.info) for p in pairs]
+    plain = [plain_rate(p.plain) for p in pairs]
+    ratio = Spread.of([o / b for o, b in zip(ours, plain, strict=True)])
+    rows.append(
         Row(
             f"end-to-end training {env} (fast preset): stellaris train vs plain single-file PPO",
-            f"{ours_rate:,.0f} steps/s",
-            f"{plain_rate:,.0f} steps/s",
-            ours_rate / plain_rate,
-            "2 actors + 4 learner functions vs one process; rounds 2..N",
-        ),
-    ]
+            f"{statistics.median(ours):,.0f} steps/s (median)",
+            f"{statistics.median(plain):,.0f} steps/s (median)",
+            ratio.median,
+            f"{caveat}median of {len(pairs)} A/B pairs, per-pair ratio min–max {ratio.lo:.2f}–{ratio.hi:.2f}x; "
+            f"{steady_rounds} steady rounds per side (rounds 2..N); 2 actors + 4 learner functions vs one process",
+        )
+    )
+    return rows
+
+
+def run_ours(env: str, rounds: int, seed: int, tmp: Path) -> list[dict[str, float]]:
+    """One `stellaris train` run of the fast preset in its own process; its info.csv rows."""
+    run = tmp / f"run-{seed}"
+    cmd = [sys.executable, "-m", "stellaris.cli", "train", "--env", env, "--preset", "fast"]
+    cmd += ["--rounds", str(rounds), "--seed", str(seed), "--out", str(run)]
+    log = tmp / f"log-{seed}.txt"
+    with log.open("w") as f:
+        code = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env={**os.environ}).returncode
+    if code != 0:
+        raise RuntimeError(f"stellaris train failed ({code}): {log.read_text()[-2000:]}")
+    return read_info(run)
+
+
+def training_rows(env: str, rounds: int, pairs: int, console: Console) -> list[Row]:
+    info: dict[int, list[dict[str, float]]] = {}
+    plain: dict[int, list[plain_ppo.RoundResult]] = {}
+    with tempfile.TemporaryDirectory(prefix="stellaris-bench-") as tmp:
+        for i, side in ab_schedule(pairs):
+            console.log(f"end-to-end pair {i + 1}/{pairs}: {side} ({rounds} rounds of the fast preset, seed {i})")
+            if side == "ours":
+                info[i] = run_ours(env, rounds, i, Path(tmp))
+                console.log(f"  stellaris train: {ours_rate(info[i]):,.0f} steps/s over rounds 2..N")
+            else:
+                plain[i] = plain_ppo.train(env, rounds, seed=i)
+                console.log(f"  plain PPO: {plain_rate(plain[i]):,.0f} steps/s over rounds 2..N")
+    return end_to_end_rows(env, [Pair(info[i], plain[i]) for i in range(pairs)])
+
+
+# --- output -----------------------------------------------------------------------------------------------------------
 
 
 def render(rows: list[Row], console: Console) -> None:
@@ -143,26 +279,67 @@ def render(rows: list[Row], console: Console) -> None:
     console.print(table)
 
 
+def write_csv(rows: list[Row], path: Path) -> None:
+    with path.open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["benchmark", "ours", "baseline", "ratio", "note"])
+        w.writerows([r.benchmark, r.ours, r.baseline, f"{r.ratio:.4f}", r.note] for r in rows)
+
+
+def write_json(rows: list[Row], path: Path) -> None:
+    """The table as a JSON list of {benchmark, ours, baseline, ratio, note}; a non-finite ratio is written null."""
+    records = [asdict(r) | {"ratio": float(r.ratio) if math.isfinite(r.ratio) else None} for r in rows]
+    path.write_text(json.dumps(records, indent=2, ensure_ascii=False) + "\n")
+
+
+def select_parts(only: str | None, skip: str | None) -> list[str]:
+    """The parts to run, in PARTS order: all of them, or those named in `only`, less those named in `skip`."""
+
+    def names(text: str | None) -> set[str]:
+        given = {n.strip() for n in (text or "").split(",") if n.strip()}
+        if unknown := given - set(PARTS):
+            raise typer.BadParameter(f"unknown part(s) {', '.join(sorted(unknown))}; choose from {', '.join(PARTS)}")
+        return given
+
+    chosen = names(only) or set(PARTS)
+    return [p for p in PARTS if p in chosen - names(skip)]
+
+
 def main(
     seconds: float = typer.Option(0.5, help="length of one timed window (cache, gateway)"),
     repeats: int = typer.Option(3, help="timed windows per path; medians are reported"),
     env: str = typer.Option("Hopper-v5", help="env for the actor and end-to-end benchmarks"),
-    rounds: int = typer.Option(5, help="training rounds for the end-to-end benchmark"),
-    csv_path: Path | None = typer.Option(None, "--csv", help="also write the table here"),
+    rounds: int = typer.Option(
+        REPORT_STEADY_ROUNDS_MIN + 1, min=2, help="training rounds per end-to-end run; rounds 2..N are measured"
+    ),
+    pairs: int = typer.Option(
+        REPORT_PAIRS_MIN,
+        min=1,
+        help=f"end-to-end A/B pairs (ours, plain), alternated; below {REPORT_PAIRS_MIN} rows are marked PRELIMINARY",
+    ),
+    only: str | None = typer.Option(None, help=f"comma-separated parts to run: {','.join(PARTS)} (default all)"),
+    skip: str | None = typer.Option(None, help="comma-separated parts to leave out"),
+    csv_path: Path | None = typer.Option(None, "--csv", help="also write the table here as CSV"),
+    json_path: Path | None = typer.Option(None, "--json", help="also write the table here as a JSON list of rows"),
 ) -> None:
+    parts = select_parts(only, skip)
     console = Console(stderr=True)
-    rows = cache_rows(seconds, repeats, console)
-    rows += gateway_rows(seconds, repeats, console)
-    console.log("actor sampling")
-    rows += actor_rows(env, repeats)
-    rows += training_rows(env, rounds, console)
+    rows: list[Row] = []
+    if "cache" in parts:
+        rows += cache_rows(seconds, repeats, console)
+    if "gateway" in parts:
+        rows += gateway_rows(seconds, repeats, console)
+    if "actor" in parts:
+        console.log("actor sampling")
+        rows += actor_rows(env, repeats)
+    if "end-to-end" in parts:
+        rows += training_rows(env, rounds, pairs, console)
     out = Console()
     render(rows, out if out.is_terminal else Console(width=200))  # logs keep the rows whole
     if csv_path is not None:
-        with csv_path.open("w", newline="") as f:
-            w = csv.writer(f)
-            w.writerow(["benchmark", "ours", "baseline", "ratio", "note"])
-            w.writerows([r.benchmark, r.ours, r.baseline, f"{r.ratio:.4f}", r.note] for r in rows)
+        write_csv(rows, csv_path)
+    if json_path is not None:
+        write_json(rows, json_path)
 
 
 if __name__ == "__main__":

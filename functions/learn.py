@@ -50,15 +50,15 @@ def _is_weights(
 
 
 def _gradients(policy: ActorCritic, loss: Tensor, max_grad_norm: float | None) -> dict[str, Tensor]:
-    policy.zero_grad(set_to_none=True)
-    loss.backward()
-    params = [p for p in policy.parameters() if p.grad is not None]
+    """d loss / d parameters as fresh tensors (autograd.grad: no .grad buffers to zero or copy), clipped to a total
+    norm of `max_grad_norm` as `clip_grad_norm_` does."""
+    named = list(policy.named_parameters())
+    grads = torch.autograd.grad(loss, [p for _, p in named], allow_unused=True)
+    out = [g if g is not None else torch.zeros_like(p) for (_, p), g in zip(named, grads, strict=True)]
     if max_grad_norm is not None:
-        torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
-    return {
-        name: (p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p))
-        for name, p in policy.named_parameters()
-    }
+        total = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(out)))
+        torch._foreach_mul_(out, torch.clamp(max_grad_norm / (total + 1e-6), max=1.0))
+    return {name: g for (name, _), g in zip(named, out, strict=True)}
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ class ActorState:
     policy: ActorCritic
     reward_scaler: RewardScaler | ClippedRewards | None
     version: int = -1
+    round_trips: int = 0  # the cache client's count when the last batch was pushed
 
 
 def handle(event: dict[str, Any], ctx: Context) -> dict[str, Any]:
@@ -63,9 +64,15 @@ def handle(event: dict[str, Any], ctx: Context) -> dict[str, Any]:
         behaviour_version=state.version,
         env_steps=steps * spec.num_envs,
         arrays=arrays,
-        info={"episode_returns": returns, "episode_lengths": lengths},
+        # Round trips since the last batch (this one's push included below, as one): counted end to end per round.
+        info={
+            "episode_returns": returns,
+            "episode_lengths": lengths,
+            "redis_round_trips": ctx.instance.cache.round_trips - state.round_trips + 1,
+        },
     )
     batch_id = job.trajectories.put(batch)
+    state.round_trips = ctx.instance.cache.round_trips
     return {
         "batch_id": batch_id,
         "version": state.version,

@@ -101,6 +101,7 @@ def handle(event: dict[str, Any], ctx: Context) -> dict[str, Any]:
     learner_id = str(event.get("learner_id") or f"learner-{ctx.call_id}")
     deadline = time.monotonic() + float(event.get("max_s", 3000.0))
     board = job.board
+    trips0 = ctx.instance.cache.round_trips
     compute, waited = Stopwatch(), Stopwatch()
     out: dict[str, Any] = {"gradients": 0, "lost": 0, "dead_lettered": 0, "loss_sum": 0.0, "truncated_sum": 0.0}
     out["truncated_n"] = 0
@@ -141,4 +142,5 @@ def handle(event: dict[str, Any], ctx: Context) -> dict[str, Any]:
             fault_point("learner:before_complete")
             finished = (task_id, GradientRecord(meta, grads))
     status = "done" if time.monotonic() < deadline else "timeout"
-    return {"status": status, "compute_s": compute.seconds, "wait_s": waited.seconds, **out}
+    trips = ctx.instance.cache.round_trips - trips0
+    return {"status": status, "compute_s": compute.seconds, "wait_s": waited.seconds, "redis_round_trips": trips, **out}

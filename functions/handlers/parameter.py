@@ -286,6 +286,7 @@ def handle(event: dict[str, Any], ctx: Context) -> dict[str, Any]:
     if event.get("init"):
         return _initialise(job, event["init"], ctx)
     spec = spec_of(ctx, job)
+    trips0 = ctx.instance.cache.round_trips
     deadline = time.monotonic() + float(event.get("max_s", 3000.0))
     until_round = int(event.get("round") or 0)
     sync_expected = event.get("sync_expected")
@@ -324,4 +325,5 @@ def handle(event: dict[str, Any], ctx: Context) -> dict[str, Any]:
         "decisions": list(server.decisions),
         "compute_s": server.compute.seconds,
         "wait_s": server.waited.seconds,
+        "redis_round_trips": ctx.instance.cache.round_trips - trips0,
     }

@@ -22,7 +22,7 @@ INFO_COLUMNS = [
     "staleness_max", "staleness_mean", "staleness_min", "staleness_std",
     "learner_loss", "cost", "staleness_bound", "env_steps", "truncated_fraction", "aggregations", "flushes",
     "parameter_time", "learner_compute_time", "parameter_compute_time", "cache_time", "invocation_overhead",
-    "cost_learner", "cost_actor", "learner_wait_time", "dead_lettered", "gradients_applied", "redis_commands",
+    "cost_learner", "cost_actor", "learner_wait_time", "dead_lettered", "gradients_applied", "redis_round_trips",
     "learner_restarts", "parameter_restarts", "actor_restarts",
 ]  # fmt: skip
 GRADIENT_COLUMNS = ["gradient_id", "task_id", "round", "base_version", "applied_version"]

@@ -47,7 +47,7 @@ class RoundStats:
     learner_restarts: int = 0
     parameter_restarts: int = 0
     actor_restarts: int = 0
-    redis_commands: int = 0
+    redis_round_trips: int = 0  # every function's and the control plane's, end to end
     # Latency breakdown (paper Fig. 14), seconds summed over the round's calls: algorithm time inside learner and
     # parameter handlers, the rest of their handler time (cache I/O, (de)serialisation), and invocation overhead
     # (client-observed latency minus handler time: HTTP, gateway queueing, instance dispatch).
@@ -61,6 +61,7 @@ class RoundStats:
         self.activations.append(act)
         handler = act.duration_s or 0.0
         self.invocation_s += max(0.0, latency - handler)
+        self.redis_round_trips += int(result.get("redis_round_trips", 0))
         if kind == "actor":
             return
         # Time blocked waiting for work (a learner for tasks others hold, the parameter function for gradients)
@@ -271,7 +272,7 @@ class Trainer:
         function applies their gradients as they land, and record. Returns the info row."""
         self.round += 1
         t0 = time.monotonic()
-        commands0 = self._redis_commands()
+        trips0 = self.cache.round_trips
         rs = RoundStats()
         # Learner instances warm by the time this round's batch is in, from the measured collection time.
         self.gateway.prewarm(self.names["learner"], self.cfg.learners, by_s=self.collect_estimate_s)
@@ -296,7 +297,7 @@ class Trainer:
                 calls.start()
             calls.supervise(until_drained=not last)
         self.job.trajectories.ack(ids)
-        rs.redis_commands = self._redis_commands() - commands0
+        rs.redis_round_trips += self.cache.round_trips - trips0  # the control plane's own
         return self._record(batches, rs, time.monotonic() - t0, actor_time)
 
     def _collect(self, rs: RoundStats) -> tuple[list[tuple[str, BatchMeta]], float]:
@@ -318,6 +319,7 @@ class Trainer:
             got = self.job.trajectories.take("control", count=1, block_s=min(remaining, ACTOR_CHECK_S))
             batches += got
             steps += sum(b.env_steps for _, b in got)
+            rs.redis_round_trips += sum(int(b.info.get("redis_round_trips", 0)) for _, b in got)
             if not got:
                 rs.actor_restarts += self._restart_dead_actors()
         self.env_steps += steps
@@ -338,9 +340,6 @@ class Trainer:
                     raise
                 rs.actor_restarts += 1
         raise TrainingError(f"{role} invocations failed {MAX_RESTARTS} times in a row")
-
-    def _redis_commands(self) -> int:
-        return int(self.cache.client.info("stats").get("total_commands_processed", 0))
 
     # -- accounting -------------------------------------------------------------------------------------------
     def _charge(self, acts: list[Activation]) -> None:
@@ -461,7 +460,7 @@ class Trainer:
             "learner_wait_time": round(rs.learner_wait_s, 4),
             "dead_lettered": self._dead_letters(),
             "gradients_applied": len(deltas),
-            "redis_commands": rs.redis_commands,
+            "redis_round_trips": rs.redis_round_trips,
             "learner_restarts": rs.learner_restarts,
             "parameter_restarts": rs.parameter_restarts,
             "actor_restarts": rs.actor_restarts,

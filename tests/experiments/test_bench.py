@@ -1,0 +1,154 @@
+"""The pure parts of `python -m experiments.bench`, against hand-computed numbers (no training, no wall time)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import typer
+
+from experiments.bench import (
+    OLD_TRIPS_PER_GRADIENT,
+    PARTS,
+    Pair,
+    Row,
+    Spread,
+    ab_schedule,
+    end_to_end_rows,
+    round_trips,
+    round_trips_row,
+    select_parts,
+    write_json,
+)
+from experiments.plain_ppo import RoundResult
+
+STEPS = 1000  # env steps per round, both sides
+
+
+def _info(rounds: int, duration: float, compute: float, **extra: float) -> list[dict[str, float]]:
+    """A `stellaris train` info.csv: round 1 is slow and odd (it must be left out), rounds 2..N steady.
+
+    Each steady round: parameter compute 1 s, invocation 0.5 s, cache 0.5 s (overhead 1 s), learner compute `compute`.
+    """
+    rows = []
+    for i in range(1, rounds + 1):
+        row = {
+            "round_id": i, "env_steps": STEPS * i, "duration": duration, "actor_time": 0.5,
+            "learner_compute_time": compute, "parameter_compute_time": 1.0, "invocation_overhead": 0.5,
+            "cache_time": 0.5, **extra,
+        }  # fmt: skip
+        if i == 1:
+            row |= {"duration": 100.0, "invocation_overhead": 50.0, "redis_round_trips": 1e6, "gradients_applied": 1.0}
+        rows.append({k: v for k, v in row.items() if k in extra or k not in ("redis_round_trips", "gradients_applied")})
+    return rows
+
+
+def _plain(rounds: int, seconds: float) -> list[RoundResult]:
+    return [RoundResult(100.0 if i == 0 else seconds, STEPS, []) for i in range(rounds)]
+
+
+def _pairs(rounds: int, **extra: float) -> list[Pair]:
+    # ours 500, 800, 400 steps/s; plain 1000, 2000, 4000 steps/s -> per-pair ratios 0.5, 0.4, 0.1
+    # function time per steady round: compute 4, 3, 9 s and overhead 1 s -> shares 0.2, 0.25, 0.1
+    return [
+        Pair(_info(rounds, 2.0, 3.0, **extra), _plain(rounds, 1.0)),
+        Pair(_info(rounds, 1.25, 2.0, **extra), _plain(rounds, 0.5)),
+        Pair(_info(rounds, 2.5, 8.0, **extra), _plain(rounds, 0.25)),
+    ]
+
+
+def _by_name(rows: list[Row], words: str) -> Row:
+    (row,) = [r for r in rows if words in r.benchmark]
+    return row
+
+
+def test_spread_is_median_and_min_max() -> None:
+    assert Spread.of([0.5, 0.4, 0.1]) == Spread(0.4, 0.1, 0.5)
+    assert Spread.of([1.0, 2.0, 4.0, 10.0]) == Spread(3.0, 1.0, 10.0)
+    with pytest.raises(ValueError):
+        Spread.of([])
+
+
+def test_ab_schedule_alternates_ours_and_plain() -> None:
+    order = list(ab_schedule(3))
+    assert order == [(0, "ours"), (0, "plain"), (1, "ours"), (1, "plain"), (2, "ours"), (2, "plain")]
+    assert [side for _, side in ab_schedule(5)] == ["ours", "plain"] * 5
+
+
+def test_end_to_end_row_is_the_median_of_per_pair_ratios() -> None:
+    rows = end_to_end_rows("Hopper-v5", _pairs(21))
+    e2e = _by_name(rows, "end-to-end")
+    assert e2e.ratio == pytest.approx(0.4)  # median of 0.5, 0.4, 0.1, not 500/2000 (the ratio of medians)
+    assert e2e.ours == "500 steps/s (median)"
+    assert e2e.baseline == "2,000 steps/s (median)"
+    assert "min–max 0.10–0.50x" in e2e.note
+    assert "20 steady rounds" in e2e.note
+    assert "PRELIMINARY" not in e2e.note
+
+
+def test_overhead_share_is_the_median_per_pair_share() -> None:
+    rows = end_to_end_rows("Hopper-v5", _pairs(21))
+    share = _by_name(rows, "overhead share")
+    assert share.ratio == pytest.approx(0.2)  # median of 0.2, 0.25, 0.1
+    assert "min–max 10.0%–25.0%" in share.note
+    assert "pooled 15.8%" in share.note  # 3 s overhead of 19 s function time per round of the three pairs
+    assert share.ours == "1.00 s/round"
+    assert share.baseline == "6.33 s/round of function time"
+    assert "learner wait" not in share.note
+
+
+def test_learner_wait_is_neither_compute_nor_overhead() -> None:
+    rows = end_to_end_rows("Hopper-v5", _pairs(21, learner_wait_time=50.0))
+    share = _by_name(rows, "overhead share")
+    assert share.ratio == pytest.approx(0.2)
+    assert "learner wait 50.00 s/round counted in neither" in share.note
+
+
+def test_too_few_pairs_or_rounds_are_marked_preliminary() -> None:
+    short = end_to_end_rows("Hopper-v5", _pairs(3))
+    assert all(r.note.startswith("PRELIMINARY") for r in short)
+    two = end_to_end_rows("Hopper-v5", _pairs(21)[:2])
+    assert all(r.note.startswith("PRELIMINARY") for r in two)
+
+
+def test_round_trips_per_gradient_over_steady_rounds() -> None:
+    pairs = [
+        Pair(_info(3, 1.0, 1.0, redis_round_trips=40.0, gradients_applied=4.0), _plain(3, 1.0)),
+        Pair(_info(3, 1.0, 1.0, redis_round_trips=30.0, gradients_applied=2.0), _plain(3, 1.0)),
+        Pair(_info(3, 1.0, 1.0, redis_round_trips=10.0, gradients_applied=2.0), _plain(3, 1.0)),
+    ]
+    assert round_trips(pairs[0].info[1:]) == (80.0, 8.0)
+    row = round_trips_row(pairs)
+    assert row is not None
+    assert row.benchmark == "Redis round trips per gradient (end to end)"
+    assert row.ours == "10.0 commands/gradient"  # (80 + 60 + 20) / (8 + 4 + 4); round 1 left out
+    assert row.ratio == pytest.approx(10.0 / OLD_TRIPS_PER_GRADIENT)
+    assert "per run 5.0–15.0" in row.note
+    assert "33 commands per learner+parameter pair" in row.note
+    assert [r.benchmark for r in end_to_end_rows("Hopper-v5", pairs)].count(row.benchmark) == 1
+
+
+def test_round_trips_row_is_skipped_without_the_columns() -> None:
+    assert round_trips_row(_pairs(3)) is None
+    assert round_trips([{"redis_round_trips": math.nan, "gradients_applied": 2.0}]) is None  # a blank in info.csv
+    assert not any("Redis" in r.benchmark for r in end_to_end_rows("Hopper-v5", _pairs(3)))
+
+
+def test_json_has_exactly_the_table_keys(tmp_path: Path) -> None:
+    path = tmp_path / "bench.json"
+    write_json([Row("a", "1 steps/s", "2 steps/s", 0.5, "n"), Row("b", "x", "y", 2)], path)
+    records = json.loads(path.read_text())
+    assert [set(r) for r in records] == [{"benchmark", "ours", "baseline", "ratio", "note"}] * 2
+    assert records[0] == {"benchmark": "a", "ours": "1 steps/s", "baseline": "2 steps/s", "ratio": 0.5, "note": "n"}
+    assert isinstance(records[1]["ratio"], float)
+
+
+def test_select_parts() -> None:
+    assert select_parts(None, None) == list(PARTS)
+    assert select_parts("end-to-end", None) == ["end-to-end"]
+    assert select_parts("end-to-end, cache", None) == ["cache", "end-to-end"]
+    assert select_parts(None, "cache,gateway") == ["actor", "end-to-end"]
+    with pytest.raises(typer.BadParameter):
+        select_parts("e2e", None)
