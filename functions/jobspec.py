@@ -50,6 +50,8 @@ class JobRequest(BaseModel):
     actors: int = Field(default=1, gt=0)
     seed: int = 0
     env_kwargs: dict[str, Any] = Field(default_factory=dict)
+    horizon_rounds: int | None = Field(default=None, gt=0, description="the run's planned rounds, when known")
+    horizon_steps: int | None = Field(default=None, gt=0, description="the run's planned env steps, when known")
 
 
 def env_kind(env_id: str) -> str:
@@ -68,6 +70,12 @@ def resolve(request: JobRequest) -> JobSpec:
         else:
             fields[key] = value
     algo = type(base).model_validate(fields)
+    if algo.stellaris.horizon_rounds is None:  # the horizon schedules measure k against the planned run
+        horizon = request.horizon_rounds
+        if horizon is None and request.horizon_steps is not None:
+            horizon = -(-request.horizon_steps // algo.train_batch_size)
+        if horizon is not None:
+            algo = algo.model_copy(update={"stellaris": algo.stellaris.model_copy(update={"horizon_rounds": horizon})})
     per_invocation = request.actors * request.num_envs
     actor_steps = max(1, -(-algo.train_batch_size // per_invocation))
     return JobSpec(

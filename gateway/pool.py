@@ -241,6 +241,9 @@ class FunctionPool:
         try:
             live = await self._start_instance()
         except InvocationFailed:
+            # A call may be waiting for this start (the pool was full with it): wake it to start one itself.
+            async with self._changed:
+                self._changed.notify_all()
             return False
         live.idle_since = time.monotonic()
         self._schedule_expiry(live)

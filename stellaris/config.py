@@ -98,6 +98,8 @@ class TrainConfig(BaseModel):
             "num_envs": self.envs_per_actor,
             "actors": self.actors,
             "seed": self.seed,
+            "horizon_rounds": self.rounds,
+            "horizon_steps": self.total_steps,
         }
 
 

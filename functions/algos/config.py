@@ -4,7 +4,8 @@
 defaults, which the paper ran on (PPO: 10 epochs as in the authors' scripts, advantage standardisation;
 IMPACT: 1 epoch, gradient-norm clip 40). ``fast`` is what CleanRL and Stable-Baselines3 use for PPO
 (MuJoCo: lr 3e-4, 2048 steps, minibatches of 64, 10 epochs, clip 0.2, λ 0.95, no KL penalty, 64×64 tanh,
-observation and reward normalisation; Atari: CleanRL's ``ppo_atari`` settings).
+observation and reward normalisation; Atari: CleanRL's ``ppo_atari`` settings). ``paper`` keeps Eq. 3's
+β_k = δ_max·d^k literally; ``fast`` uses the long-run ``horizon_floor`` schedule (``staleness.Schedule``).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Annotated, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
 
-from functions.algos.staleness import AggregationRule, Rule
+from functions.algos.staleness import AggregationRule, Rule, Schedule
 
 EnvKind = Literal["mujoco", "atari"]
 PresetName = Literal["paper", "fast"]
@@ -36,7 +37,12 @@ class NetworkConfig(_Frozen):
 
 
 class StellarisConfig(_Frozen):
-    """The Stellaris mechanisms (SPEC.md §5): aggregation rule (d, v, K, s) and truncation (ρ)."""
+    """The Stellaris mechanisms (SPEC.md §5): aggregation rule (d, v, K, s), truncation (ρ) and β's schedule.
+
+    ``schedule`` picks how β_k = δ_max·d^k (paper Eq. 3) follows the run (``staleness.Schedule``);
+    ``horizon_rounds`` is the run's planned number of rounds, read by the horizon schedules (None: unknown);
+    ``beta_floor`` is the least β the floor schedules admit (capped at δ_max).
+    """
 
     rule: Rule = Rule.STELLARIS
     d: UnitInterval = 0.96
@@ -45,9 +51,21 @@ class StellarisConfig(_Frozen):
     truncation: bool = True
     softsync_k: PositiveInt = 4
     ssp_bound: Annotated[int, Field(ge=0)] = 2
+    schedule: Schedule = Schedule.PAPER
+    horizon_rounds: PositiveInt | None = None
+    beta_floor: NonNegativeFloat = 1.0
 
     def aggregation_rule(self) -> AggregationRule:
-        return AggregationRule(rule=self.rule, d=self.d, v=self.v, softsync_k=self.softsync_k, ssp_bound=self.ssp_bound)
+        return AggregationRule(
+            rule=self.rule,
+            d=self.d,
+            v=self.v,
+            softsync_k=self.softsync_k,
+            ssp_bound=self.ssp_bound,
+            schedule=self.schedule,
+            horizon_rounds=self.horizon_rounds,
+            beta_floor=self.beta_floor,
+        )
 
 
 class _AlgoConfig(_Frozen):
@@ -131,6 +149,7 @@ _FAST_MUJOCO: dict[str, object] = {
     "network": NetworkConfig(kind="mlp", hidden=(64, 64), activation="tanh"),
     "normalize_obs": True,
     "normalize_reward": True,
+    "stellaris": StellarisConfig(schedule=Schedule.HORIZON_FLOOR),
 }
 _FAST_ATARI: dict[str, object] = {
     "lr": 2.5e-4,
@@ -143,6 +162,7 @@ _FAST_ATARI: dict[str, object] = {
     "vf_coef": 0.5,
     "max_grad_norm": 0.5,
     "network": NetworkConfig(kind="atari"),
+    "stellaris": StellarisConfig(schedule=Schedule.HORIZON_FLOOR),
 }
 _PAPER_ATARI: dict[str, object] = {"train_batch_size": 256, "network": NetworkConfig(kind="atari")}
 

@@ -1,9 +1,9 @@
 """Staleness-aware gradient aggregation (Stellaris paper Eq. 3–4, SPEC.md §5) and the baseline rules.
 
-The equations are pure functions (``staleness``, ``staleness_threshold``, ``calibrate_delta_max``,
-``staleness_scale``, ``aggregate``). The rules are pure decisions over an immutable ``AggregationState``
-(round counter and δ_max) and a ``QueueSnapshot`` (current version, the base versions of the queued
-gradients and of the learner tasks of the round still in flight): the parameter function evaluates
+The equations are pure functions (``staleness``, ``staleness_threshold``, ``staleness_bound``,
+``calibrate_delta_max``, ``staleness_scale``, ``aggregate``). The rules are pure decisions over an immutable
+``AggregationState`` (round counter and δ_max) and a ``QueueSnapshot`` (current version, the base versions of
+the queued gradients and of the learner tasks of the round still in flight): the parameter function evaluates
 ``decide`` on every enqueue and on every learner completion, applies what the record says, then folds the
 record back with ``observe`` and moves rounds on with ``next_round``.
 """
@@ -33,6 +33,59 @@ def staleness_threshold(delta_max: float, *, d: float, round_k: int) -> float:
     if round_k < 1:
         raise ValueError(f"rounds count from 1, got {round_k}")
     return delta_max * d**round_k
+
+
+class Schedule(StrEnum):
+    """How β_k of paper Eq. 3 follows the run; every schedule keeps d = 0 synchronous and d = 1 at β = δ_max.
+
+    PAPER: Eq. 3 literally, k = round. Over runs much longer than the paper's 50 rounds β sinks below any
+    reachable mean staleness and nearly every round ends in a liveness flush.
+    HORIZON: k measured against the run's planned horizon, k_eff = k·paper_rounds/horizon_rounds, so the decay
+    over the whole run equals the paper's decay over its 50 rounds; PAPER when no horizon is known.
+    FLOOR: β = max(δ_max·d^k, min(beta_floor, δ_max)): with the default floor 1, one version behind on average
+    stays admissible, a staleness that concurrent learners can reach.
+    HORIZON_FLOOR: the horizon-relative k and the floor.
+    """
+
+    PAPER = "paper"
+    HORIZON = "horizon"
+    FLOOR = "floor"
+    HORIZON_FLOOR = "horizon_floor"
+
+
+def staleness_bound(
+    delta_max: float,
+    *,
+    d: float,
+    round_k: int,
+    schedule: Schedule,
+    horizon_rounds: int | None = None,
+    paper_rounds: int = 50,
+    beta_floor: float = 1.0,
+) -> float:
+    """β_k of paper Eq. 3 under ``schedule``, for rounds k ≥ 1; d ∈ [0, 1].
+
+    The horizon schedules evaluate Eq. 3 at k_eff = k·paper_rounds/horizon_rounds, i.e. with the per-round
+    decay d^(paper_rounds/horizon_rounds); the floor schedules return max(β, min(beta_floor, δ_max)).
+    ``horizon_rounds`` is read only by the horizon schedules (None: no horizon known, k_eff = k). d = 0 gives
+    β = 0 and d = 1 gives β = δ_max under every schedule.
+    """
+    if not 0.0 <= d <= 1.0:
+        raise ValueError(f"d must lie in [0, 1], got {d}")
+    if horizon_rounds is not None and horizon_rounds < 1:
+        raise ValueError(f"horizon_rounds must be at least 1 round, got {horizon_rounds}")
+    if paper_rounds < 1:
+        raise ValueError(f"paper_rounds must be at least 1 round, got {paper_rounds}")
+    if beta_floor < 0:
+        raise ValueError(f"beta_floor must be non-negative, got {beta_floor}")
+    schedule = Schedule(schedule)
+    decay = d
+    if schedule in (Schedule.HORIZON, Schedule.HORIZON_FLOOR) and horizon_rounds is not None:
+        decay = d ** (paper_rounds / horizon_rounds)  # δ_max·decay^k = δ_max·d^(k·paper_rounds/horizon_rounds)
+    beta = staleness_threshold(delta_max, d=decay, round_k=round_k)
+    if schedule in (Schedule.FLOOR, Schedule.HORIZON_FLOOR) and d > 0.0:
+        beta = max(beta, min(beta_floor, delta_max))
+    return beta
 
 
 def calibrate_delta_max(stalenesses: Iterable[int]) -> int:
@@ -122,7 +175,8 @@ class DecisionRecord:
     """One decision and the staleness values that led to it.
 
     ``count``: how many queued gradients, oldest first, to aggregate now (0 on DEFER).
-    ``threshold``: β_k for the Stellaris rule after calibration, the SSP bound for SSP, else None.
+    ``threshold``: β_k (under the rule's schedule) for the Stellaris rule after calibration, the SSP bound for
+    SSP, else None.
     """
 
     rule: Rule
@@ -167,15 +221,25 @@ def _record(
     )
 
 
-def decide_stellaris(state: AggregationState, snapshot: QueueSnapshot, *, d: float) -> DecisionRecord:
+def decide_stellaris(
+    state: AggregationState,
+    snapshot: QueueSnapshot,
+    *,
+    d: float,
+    schedule: Schedule = Schedule.PAPER,
+    horizon_rounds: int | None = None,
+    paper_rounds: int = 50,
+    beta_floor: float = 1.0,
+) -> DecisionRecord:
     """Stellaris rule (paper §V-C, Eq. 3).
 
     While calibrating (round 1) there is no threshold: every gradient is aggregated on arrival, and
     ``observe`` records δ_max. At round k ≥ 2 the whole queue is aggregated iff its mean staleness
-    ≤ β_k = δ_max·d^k; otherwise it is deferred, unless no learner task of the round is still in flight,
-    in which case it is flushed (liveness). d = 1 keeps β at the staleness of pure asynchrony; d = 0 is
-    full synchrony in every round: the queue is aggregated once all learner tasks of the round have
-    finished ("d=0 removes the threshold and forces the parameter function to synchronize all learners").
+    ≤ β_k = δ_max·d^k (``staleness_bound`` under ``schedule``); otherwise it is deferred, unless no learner
+    task of the round is still in flight, in which case it is flushed (liveness). d = 1 keeps β at the
+    staleness of pure asynchrony; d = 0 is full synchrony in every round and under every schedule: the queue
+    is aggregated once all learner tasks of the round have finished ("d=0 removes the threshold and forces the
+    parameter function to synchronize all learners").
     """
     if not 0.0 <= d <= 1.0:
         raise ValueError(f"d must lie in [0, 1], got {d}")
@@ -185,7 +249,15 @@ def decide_stellaris(state: AggregationState, snapshot: QueueSnapshot, *, d: flo
     if state.calibrating:
         return _record(Rule.STELLARIS, Decision.AGGREGATE, state, snapshot)
     assert state.delta_max is not None
-    beta = staleness_threshold(state.delta_max, d=d, round_k=state.round_k)
+    beta = staleness_bound(
+        state.delta_max,
+        d=d,
+        round_k=state.round_k,
+        schedule=schedule,
+        horizon_rounds=horizon_rounds,
+        paper_rounds=paper_rounds,
+        beta_floor=beta_floor,
+    )
     deltas = snapshot.queued_stalenesses
     if deltas and sum(deltas) / len(deltas) <= beta:
         decision = Decision.AGGREGATE
@@ -247,11 +319,15 @@ def decide_ssp(state: AggregationState, snapshot: QueueSnapshot, *, bound: int) 
 
 @dataclass(frozen=True)
 class AggregationRule:
-    """A rule and its parameters: d, v (Stellaris), K (softsync), s (SSP)."""
+    """A rule and its parameters: d, v and β's schedule (Stellaris), K (softsync), s (SSP)."""
 
     rule: Rule = Rule.STELLARIS
     d: float = 0.96
     v: float = 3.0
+    schedule: Schedule = Schedule.PAPER
+    horizon_rounds: int | None = None
+    paper_rounds: int = 50
+    beta_floor: float = 1.0
     softsync_k: int = 4
     ssp_bound: int = 2
 
@@ -262,7 +338,15 @@ def decide(
     """Dispatch to the rule's decision function."""
     match rule.rule:
         case Rule.STELLARIS:
-            return decide_stellaris(state, snapshot, d=rule.d)
+            return decide_stellaris(
+                state,
+                snapshot,
+                d=rule.d,
+                schedule=rule.schedule,
+                horizon_rounds=rule.horizon_rounds,
+                paper_rounds=rule.paper_rounds,
+                beta_floor=rule.beta_floor,
+            )
         case Rule.SYNC:
             return decide_sync(state, snapshot, expected=sync_expected)
         case Rule.ASYNC:

@@ -4,16 +4,20 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
+from dataclasses import replace
 
 import pytest
 import torch
+from pydantic import ValidationError
 
+from functions.algos.config import AlgoName, EnvKind, StellarisConfig, preset
 from functions.algos.staleness import (
     AggregationRule,
     AggregationState,
     Decision,
     QueueSnapshot,
     Rule,
+    Schedule,
     aggregate,
     calibrate_delta_max,
     decide,
@@ -26,9 +30,11 @@ from functions.algos.staleness import (
     next_round,
     observe,
     staleness,
+    staleness_bound,
     staleness_scale,
     staleness_threshold,
 )
+from functions.jobspec import JobRequest, resolve
 
 CALIBRATED = AggregationState(round_k=2, delta_max=4)
 
@@ -188,6 +194,185 @@ def test_empty_queue_defers() -> None:
         decide_ssp(CALIBRATED, _snapshot(3, []), bound=1),
     ):
         assert record.decision is Decision.DEFER and record.count == 0 and record.mean_staleness == 0.0
+
+
+# --- β's schedule over long runs ---------------------------------------------------------------------------
+
+
+def test_bound_paper_is_eq3_literally() -> None:
+    # δ_max = 4, d = 0.96, k = 10: 0.96^10 = 0.66483 → β = 2.65933
+    assert staleness_bound(4, d=0.96, round_k=10, schedule=Schedule.PAPER) == pytest.approx(2.65933, abs=1e-5)
+    # k = 200: 0.96^200 = 2.846e-4 → β = 0.0011384, below any mean staleness a concurrent learner can reach
+    assert staleness_bound(4, d=0.96, round_k=200, schedule=Schedule.PAPER) == pytest.approx(0.0011384, abs=1e-7)
+    # the horizon is ignored under PAPER
+    beta = staleness_bound(4, d=0.96, round_k=10, schedule=Schedule.PAPER, horizon_rounds=500)
+    assert beta == staleness_threshold(4, d=0.96, round_k=10)
+
+
+def test_bound_horizon_measures_k_against_the_run() -> None:
+    # horizon 500 rounds, paper 50: k = 100 → k_eff = 100·50/500 = 10 → β = 4·0.96^10 = 2.65933
+    assert staleness_bound(4, d=0.96, round_k=100, schedule=Schedule.HORIZON, horizon_rounds=500) == pytest.approx(
+        2.65933, abs=1e-5
+    )
+    # the last round, k = 500 → k_eff = 50: the paper's decay over its 50 rounds, 4·0.96^50 = 0.51954
+    assert staleness_bound(4, d=0.96, round_k=500, schedule=Schedule.HORIZON, horizon_rounds=500) == pytest.approx(
+        0.51954, abs=1e-5
+    )
+    # a horizon shorter than the paper's decays faster: horizon 25, k = 10 → k_eff = 20 → 4·0.96^20 = 1.76801
+    assert staleness_bound(4, d=0.96, round_k=10, schedule=Schedule.HORIZON, horizon_rounds=25) == pytest.approx(
+        1.76801, abs=1e-5
+    )
+    # paper_rounds is the knob: paper_rounds 100, horizon 500, k = 50 → k_eff = 10 → 2.65933
+    beta = staleness_bound(4, d=0.96, round_k=50, schedule=Schedule.HORIZON, horizon_rounds=500, paper_rounds=100)
+    assert beta == pytest.approx(2.65933, abs=1e-5)
+    # no horizon known: PAPER
+    assert staleness_bound(4, d=0.96, round_k=100, schedule=Schedule.HORIZON) == staleness_threshold(
+        4, d=0.96, round_k=100
+    )
+
+
+def test_bound_floor_keeps_one_version_behind_admissible() -> None:
+    # k = 200: max(4·0.96^200 = 0.0011384, min(1, 4) = 1) = 1
+    assert staleness_bound(4, d=0.96, round_k=200, schedule=Schedule.FLOOR) == 1.0
+    # early the Eq. 3 value is above the floor and stays: k = 10 → max(2.65933, 1) = 2.65933
+    assert staleness_bound(4, d=0.96, round_k=10, schedule=Schedule.FLOOR) == pytest.approx(2.65933, abs=1e-5)
+    # the floor never exceeds δ_max: δ_max = 0.5, k = 200 → max(0.5·2.846e-4, min(1, 0.5)) = 0.5
+    assert staleness_bound(0.5, d=0.96, round_k=200, schedule=Schedule.FLOOR) == 0.5
+    # a round 1 without staleness (δ_max = 0) keeps β = 0
+    assert staleness_bound(0, d=0.96, round_k=200, schedule=Schedule.FLOOR) == 0.0
+    # other floors: 2 → max(0.0011384, min(2, 4)) = 2;  0 → Eq. 3 itself
+    assert staleness_bound(4, d=0.96, round_k=200, schedule=Schedule.FLOOR, beta_floor=2.0) == 2.0
+    assert staleness_bound(4, d=0.96, round_k=200, schedule=Schedule.FLOOR, beta_floor=0.0) == pytest.approx(
+        0.0011384, abs=1e-7
+    )
+
+
+def test_bound_horizon_floor_combines_both() -> None:
+    # horizon 500: k = 100 → k_eff = 10 → max(2.65933, 1) = 2.65933;  k = 500 → k_eff = 50 → max(0.51954, 1) = 1
+    for round_k, beta in ((100, 2.65933), (500, 1.0)):
+        bound = staleness_bound(4, d=0.96, round_k=round_k, schedule=Schedule.HORIZON_FLOOR, horizon_rounds=500)
+        assert bound == pytest.approx(beta, abs=1e-5)
+    # no horizon: FLOOR
+    assert staleness_bound(4, d=0.96, round_k=200, schedule=Schedule.HORIZON_FLOOR) == 1.0
+
+
+@pytest.mark.parametrize("schedule", list(Schedule))
+@pytest.mark.parametrize("horizon_rounds", [None, 10, 500])
+def test_bound_d_zero_and_one_under_every_schedule(schedule: Schedule, horizon_rounds: int | None) -> None:
+    # d = 1: β = δ_max at every round (pure asynchrony);  d = 0: β = 0 (full synchrony), no floor
+    for round_k in (1, 2, 50, 1000):
+        for d, beta in ((1.0, 4.0), (0.0, 0.0)):
+            bound = staleness_bound(4, d=d, round_k=round_k, schedule=schedule, horizon_rounds=horizon_rounds)
+            assert bound == beta
+
+
+def test_bound_rejects_bad_parameters() -> None:
+    with pytest.raises(ValueError, match="horizon_rounds must be at least 1 round, got 0"):
+        staleness_bound(4, d=0.96, round_k=2, schedule=Schedule.HORIZON, horizon_rounds=0)
+    with pytest.raises(ValueError, match="paper_rounds must be at least 1 round, got 0"):
+        staleness_bound(4, d=0.96, round_k=2, schedule=Schedule.HORIZON, horizon_rounds=10, paper_rounds=0)
+    with pytest.raises(ValueError, match="beta_floor must be non-negative, got -1"):
+        staleness_bound(4, d=0.96, round_k=2, schedule=Schedule.FLOOR, beta_floor=-1.0)
+    with pytest.raises(ValueError, match=r"d must lie in \[0, 1\], got 1.5"):
+        staleness_bound(4, d=1.5, round_k=2, schedule=Schedule.HORIZON, horizon_rounds=10)
+    with pytest.raises(ValueError, match="rounds count from 1"):
+        staleness_bound(4, d=0.96, round_k=0, schedule=Schedule.FLOOR)
+    with pytest.raises(ValueError, match="is not a valid Schedule"):
+        staleness_bound(4, d=0.96, round_k=2, schedule="linear")  # type: ignore[arg-type]
+
+
+def test_floor_admits_one_version_behind_where_paper_defers_or_flushes() -> None:
+    # δ_max = 4, d = 0.96, round 200, queue stalenesses (1, 1): mean 1.0
+    # PAPER: β = 0.0011384 < 1 → DEFER while a learner is in flight, FLUSH when none is;  FLOOR: β = 1 → AGGREGATE
+    state = AggregationState(round_k=200, delta_max=4)
+    in_flight, idle = _snapshot(10, [9, 9], [10]), _snapshot(10, [9, 9])
+    assert decide_stellaris(state, in_flight, d=0.96).decision is Decision.DEFER
+    assert decide_stellaris(state, idle, d=0.96, schedule=Schedule.PAPER).decision is Decision.FLUSH
+    for snapshot in (in_flight, idle):
+        record = decide_stellaris(state, snapshot, d=0.96, schedule=Schedule.FLOOR)
+        assert record.decision is Decision.AGGREGATE and record.count == 2 and record.threshold == 1.0
+    # HORIZON at 500 planned rounds: k_eff = 20 → β = 1.76801 ≥ 1 → AGGREGATE
+    record = decide_stellaris(state, in_flight, d=0.96, schedule=Schedule.HORIZON, horizon_rounds=500)
+    assert record.decision is Decision.AGGREGATE and record.threshold == pytest.approx(1.76801, abs=1e-5)
+    # a mean staleness above the floor is still held back: stalenesses (2, 2), β = 1 → DEFER
+    assert decide_stellaris(state, _snapshot(10, [8, 8], [10]), d=0.96, schedule=Schedule.FLOOR).decision is (
+        Decision.DEFER
+    )
+
+
+@pytest.mark.parametrize("schedule", list(Schedule))
+@pytest.mark.parametrize("round_k", [1, 2, 200])
+def test_decide_d_zero_and_one_under_every_schedule(schedule: Schedule, round_k: int) -> None:
+    state = AggregationState(round_k=round_k, delta_max=None if round_k == 1 else 4)
+    rule = AggregationRule(schedule=schedule, horizon_rounds=500)
+    # d = 0: full synchrony, even for fresh gradients and under the floor
+    assert decide(replace(rule, d=0.0), state, _snapshot(5, [5, 5], [5])).decision is Decision.DEFER
+    synced = decide(replace(rule, d=0.0), state, _snapshot(5, [5, 5, 5]))
+    assert synced.decision is Decision.AGGREGATE and synced.count == 3 and synced.threshold == 0.0
+    # d = 1: gradients 4 versions stale (= δ_max) aggregate on arrival
+    assert decide(replace(rule, d=1.0), state, _snapshot(10, [6], [9])).decision is Decision.AGGREGATE
+
+
+def test_decide_passes_the_schedule_from_the_rule() -> None:
+    state, snapshot = AggregationState(round_k=200, delta_max=4), _snapshot(10, [9, 9], [10])
+    rule = AggregationRule(schedule=Schedule.HORIZON_FLOOR, horizon_rounds=1000, paper_rounds=25, beta_floor=0.5)
+    expected = decide_stellaris(
+        state, snapshot, d=0.96, schedule=Schedule.HORIZON_FLOOR, horizon_rounds=1000, paper_rounds=25, beta_floor=0.5
+    )
+    assert decide(rule, state, snapshot) == expected
+    # k_eff = 200·25/1000 = 5 → β = 4·0.96^5 = 3.26150
+    assert expected.threshold == pytest.approx(3.26150, abs=1e-5)
+    assert AggregationRule().schedule is Schedule.PAPER
+    assert decide(AggregationRule(), state, snapshot).decision is Decision.DEFER
+
+
+@pytest.mark.parametrize("schedule", list(Schedule))
+def test_every_round_drains_under_every_schedule(schedule: Schedule) -> None:
+    test_every_round_drains_its_queue(0, AggregationRule(schedule=schedule, horizon_rounds=4))
+
+
+def test_config_carries_the_schedule_into_the_rule() -> None:
+    config = StellarisConfig(schedule=Schedule.HORIZON, horizon_rounds=245, beta_floor=0.5)
+    rule = config.aggregation_rule()
+    assert (rule.schedule, rule.horizon_rounds, rule.beta_floor, rule.paper_rounds) == (Schedule.HORIZON, 245, 0.5, 50)
+    assert StellarisConfig.model_validate({"schedule": "floor"}).schedule is Schedule.FLOOR
+    assert StellarisConfig().aggregation_rule() == AggregationRule()
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("beta_floor", -0.5, "greater than or equal to 0"),
+        ("horizon_rounds", 0, "greater than 0"),
+        ("schedule", "linear", "'paper', 'horizon', 'floor' or 'horizon_floor'"),
+    ],
+)
+def test_config_rejects_bad_schedule_fields(field: str, value: object, message: str) -> None:
+    with pytest.raises(ValidationError, match=message) as error:
+        StellarisConfig.model_validate({field: value})
+    assert error.value.errors()[0]["loc"] == (field,)
+
+
+@pytest.mark.parametrize("algo", ["ppo", "impact"])
+@pytest.mark.parametrize("env_kind", ["mujoco", "atari"])
+def test_presets_pick_the_schedule(algo: AlgoName, env_kind: EnvKind) -> None:
+    assert preset("paper", algo, env_kind).stellaris.schedule is Schedule.PAPER
+    fast = preset("fast", algo, env_kind).stellaris
+    assert fast == StellarisConfig(schedule=Schedule.HORIZON_FLOOR)
+
+
+def test_job_overrides_merge_over_the_preset_schedule() -> None:
+    def stellaris(preset_name: str, env_id: str, **overrides: object) -> StellarisConfig:
+        request = JobRequest(job="j", env_id=env_id, preset=preset_name, overrides={"stellaris": overrides})
+        return resolve(request).algo.stellaris
+
+    # the fast preset's schedule survives overrides of other fields
+    merged = stellaris("fast", "Hopper-v4", d=0.9, horizon_rounds=245)
+    assert (merged.schedule, merged.d, merged.horizon_rounds) == (Schedule.HORIZON_FLOOR, 0.9, 245)
+    assert stellaris("fast", "ALE/Pong-v5").schedule is Schedule.HORIZON_FLOOR
+    # and can itself be overridden, by name
+    assert stellaris("fast", "Hopper-v4", schedule="paper").schedule is Schedule.PAPER
+    assert stellaris("paper", "Hopper-v4", schedule="floor", beta_floor=2.0).aggregation_rule().beta_floor == 2.0
 
 
 # --- baselines ---------------------------------------------------------------------------------------------
