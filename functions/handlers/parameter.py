@@ -125,8 +125,8 @@ def _kept(job: JobCache, lease: UpdateLease, lease_s: float) -> Iterator[threadi
 
 
 class _Server:
-    """The serving loop's state: the policy and optimizer, the aggregator's fields, and the queued gradients'
-    metadata (their payloads stay in Redis until aggregated)."""
+    """The serving loop's state: the policy and optimizer, the aggregator's fields, and the queued gradients: each
+    entry is read once, when it lands; decisions use its metadata, and its arrays are decoded only to aggregate."""
 
     def __init__(
         self, ctx: Context, job: JobCache, spec: JobSpec, lease: UpdateLease, optimizer_name: str, until_round: int
@@ -143,6 +143,7 @@ class _Server:
         self.fields: dict[str, float] = {k.decode(): float(v) for k, v in raw.items()}
         self.fields.setdefault("round_k", 1.0)
         self.queue: dict[str, GradientMeta] = {}  # arrival order
+        self.entries: dict[str, Entry] = {}  # their payloads, as read
         self.last_id = "0-0"
         last_control = job.client.xrevrange(job.keys.control, count=1)
         self.control_id = last_control[0][0].decode() if last_control else "0-0"
@@ -156,6 +157,7 @@ class _Server:
             self.last_id = e.id
             try:
                 self.queue[e.id] = self.job.gradients.meta(e)
+                self.entries[e.id] = e
             except (CodecError, RecordError) as exc:
                 self._dead_letter(e.id, f"{type(exc).__name__}: {exc}")
 
@@ -172,6 +174,7 @@ class _Server:
             pipe.xdel(k.grad, gradient_id)
             pipe.execute()
         self.queue.pop(gradient_id, None)
+        self.entries.pop(gradient_id, None)
 
     def wait(self, block_s: float) -> None:
         """Block until gradients land or a control event arrives (stop, dead letter), up to `block_s`."""
@@ -228,13 +231,11 @@ class _Server:
 
     def apply(self, used: list[tuple[str, GradientMeta]], record: DecisionRecord, state: AggregationState) -> None:
         ids = [gid for gid, _ in used]
-        entries = self.job.client.xrange(self.job.keys.grad, min=ids[0], max=ids[-1])
-        by_id = {i.decode(): f for i, f in entries}
         records = []
         for gid in ids:
             try:
-                records.append(self.job.gradients.record(Entry(gid, by_id[gid])))
-            except (CodecError, RecordError, KeyError) as exc:
+                records.append(self.job.gradients.record(self.entries[gid]))
+            except (CodecError, RecordError) as exc:
                 self._dead_letter(gid, f"payload unreadable: {type(exc).__name__}: {exc}")
                 return  # decide again without it
         with self.compute:
@@ -279,7 +280,7 @@ class _Server:
         fault_point("parameter:after_publish")
         self.fields = fields
         for gid in ids:
-            del self.queue[gid]
+            del self.queue[gid], self.entries[gid]
         self.decisions.append({"decision": record.decision.value, "count": record.count, "version": self.version})
 
 

@@ -123,6 +123,9 @@ def test_multi_task_learner_processes_with_the_parameter_function_applying_as_gr
     assert {d["status"] for d in done} == {"done"}
     assert sum(d["gradients"] for d in done) == rounds * 8
     log = assert_exactly_once(job, rounds, tasks_per_round=8)
+    # Event-driven: in round 1 (calibrating, no threshold) the parameter function applied gradients as they landed,
+    # while learners were still working, not all at once when the round ended.
+    assert sum(1 for e in log if all(g[2] == 1 for g in e["gradients"])) > 1
     # Staleness accounting: recorded stalenesses are current version - base version, δ_max is round 1's max.
     for e in log:
         assert all(g[4] == e["version"] - 1 - g[3] for g in e["gradients"])
