@@ -83,6 +83,26 @@ def _fold_obs_moments(policy: Any, records: list[Any]) -> None:
             policy.obs_normalizer.update_from_moments(t["_obs_mean"], t["_obs_var"], float(t["_obs_count"]))
 
 
+def _warm_key(job: JobCache, optimizer_name: str) -> str:
+    return f"param-model:{job.keys.job}:{optimizer_name}"
+
+
+def _warm_model(ctx: Context, job: JobCache, spec: JobSpec, optimizer_name: str) -> tuple[int, Any, Any]:
+    """(version, policy, optimizer) as the store has them: this instance's own from its last invocation when the
+    store's version is still the one it published (one update lease at a time, so usually), else loaded. The memo
+    entry is taken out while an invocation mutates them and put back when it ends."""
+    warm = ctx.memo.pop(_warm_key(job, optimizer_name), None)
+    current = job.policies.version()
+    if warm is not None and warm[0] == current:
+        return warm
+    version, blob = job.policies.latest()
+    policy = warm[1] if warm is not None else new_policy(ctx, spec)
+    load_policy_bytes(policy, blob)
+    optimizer = build_optimizer(optimizer_name, list(policy.parameters()), lr=spec.algo.lr)
+    load_optimizer_bytes(optimizer, job.policies.optimizer_state() or b"")
+    return version, policy, optimizer
+
+
 def _initialise(job: JobCache, request: Any, ctx: Context) -> dict[str, Any]:
     """Create the job: resolve a JobRequest (when given) into the stored spec, then publish version 0, the seeded
     initial policy. Both are no-ops for what the job already has (a resumed job keeps its policy)."""
@@ -97,6 +117,8 @@ def _initialise(job: JobCache, request: Any, ctx: Context) -> dict[str, Any]:
     torch.manual_seed(spec.seed)
     policy = new_policy(ctx, spec)
     version = job.policies.initialise(policy_to_bytes(policy, version=0))
+    # Warm now, not in round 1: the first optimizer a process builds imports torch's compiler stack (~2 s here).
+    ctx.memo[_warm_key(job, "adam")] = _warm_model(ctx, job, spec, "adam")
     return {"status": "ok", "version": version, "spec": spec.model_dump(mode="json")}
 
 
@@ -133,12 +155,7 @@ class _Server:
     ) -> None:
         self.ctx, self.job, self.spec, self.lease, self.until_round = ctx, job, spec, lease, until_round
         self.rule: AggregationRule = spec.algo.stellaris.aggregation_rule()
-        version, blob = job.policies.latest()
-        self.version = version
-        self.policy = new_policy(ctx, spec)
-        load_policy_bytes(self.policy, blob)
-        self.optimizer = build_optimizer(optimizer_name, list(self.policy.parameters()), lr=spec.algo.lr)
-        load_optimizer_bytes(self.optimizer, job.policies.optimizer_state() or b"")
+        self.version, self.policy, self.optimizer = _warm_model(ctx, job, spec, optimizer_name)
         raw = job.client.hgetall(job.keys.aggregator)
         self.fields: dict[str, float] = {k.decode(): float(v) for k, v in raw.items()}
         self.fields.setdefault("round_k", 1.0)
@@ -305,7 +322,8 @@ def handle(event: dict[str, Any], ctx: Context) -> dict[str, Any]:
         return {"status": "busy", "decisions": []}
     status = "ok"
     with _kept(job, lease, lease_s) as lost:
-        server = _Server(ctx, job, spec, lease, str(event.get("optimizer", "adam")), until_round)
+        optimizer_name = str(event.get("optimizer", "adam"))
+        server = _Server(ctx, job, spec, lease, optimizer_name, until_round)
         server.take(job.gradients.read("0-0", count=job.limits.gradient_maxlen))  # what a predecessor left
         try:
             while not server.stop and not lost.is_set():
@@ -324,6 +342,8 @@ def handle(event: dict[str, Any], ctx: Context) -> dict[str, Any]:
             status = "fenced"  # our lease ran out and another holder took over: it carries on from the cache
         if lost.is_set():
             status = "fenced"
+        if status != "fenced":
+            ctx.memo[_warm_key(job, optimizer_name)] = (server.version, server.policy, server.optimizer)
     return {
         "status": status,
         "version": server.version,

@@ -28,6 +28,7 @@ from stellaris.control.platform import Platform
 
 BATCH_WAIT_S = 300.0
 ACTOR_CHECK_S = 1.0  # while waiting for batches, how often dead serverful actors are looked for
+PREWARM_WAIT_S = 120.0
 MAX_RESTARTS = 64  # replacements of failed invocations (or dead actors) per round before the job gives up
 
 
@@ -199,6 +200,8 @@ class Trainer:
             "STELLARIS_JOB_TASK_MAXLEN": str(max(4096, 2 * per_round)),
         }
         self._register(self._pool_spec("learner", self.cfg.learners, env, LEARNER_PRICING))
+        # Learners warm before round 1, so that round is like the others (δ_max is calibrated in it).
+        self.gateway.prewarm(self.names["learner"], self.cfg.learners, wait_s=PREWARM_WAIT_S)
         if self.cfg.actor_kind == "serverless":
             self._register(self._pool_spec("actor", self.cfg.actors, env, ACTOR_PRICING))
         else:
