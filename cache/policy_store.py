@@ -29,25 +29,6 @@ redis.call('PEXPIRE', KEYS[4], ARGV[3])
 return tonumber(ARGV[4])
 """
 
-# KEYS: version, lock, new policy, optim, events, retired policy (or the new one when none retires)
-# ARGV: lease value, expected version, weights, optim ('' keeps the old one), ttl ms, retired grace ms
-_PUBLISH = """
-if redis.call('GET', KEYS[2]) ~= ARGV[1] then return redis.error_reply('FENCE update lease not held') end
-local cur = tonumber(redis.call('GET', KEYS[1]))
-if cur == nil then return redis.error_reply('FENCE store not initialised') end
-if cur ~= tonumber(ARGV[2]) then
-  return redis.error_reply('FENCE version is ' .. cur .. ', expected ' .. ARGV[2])
-end
-local new = cur + 1
-redis.call('SET', KEYS[3], ARGV[3], 'PX', ARGV[5])
-if ARGV[4] ~= '' then redis.call('SET', KEYS[4], ARGV[4], 'PX', ARGV[5]) end
-redis.call('SET', KEYS[1], new, 'PX', ARGV[5])
-if KEYS[6] ~= KEYS[3] then redis.call('PEXPIRE', KEYS[6], ARGV[6]) end
-redis.call('XADD', KEYS[5], 'MAXLEN', '~', 64, '*', 'v', new)
-redis.call('PEXPIRE', KEYS[5], ARGV[5])
-return new
-"""
-
 # Publish and acknowledge as one step: the new version, the optimizer state, the aggregator's state, the removal of
 # the gradients that went into it, and its record in the applied log, all or nothing.
 # KEYS: version, lock, new policy, optim, events, retired policy, gradients, gradients freed, aggregator, applied
@@ -143,7 +124,6 @@ class PolicyStore:
         self.ttl_ms = int(ttl_s * 1000)
         self.retired_grace_ms = int(retired_grace_s * 1000)
         self._init = client.register_script(_INIT)
-        self._publish = client.register_script(_PUBLISH)
         self._release = client.register_script(_RELEASE)
         self._publish_ack = client.register_script(_PUBLISH_ACK)
         self._refresh = client.register_script(_REFRESH)
@@ -228,34 +208,9 @@ class PolicyStore:
         self, lease: UpdateLease, *, expected_version: int, weights: bytes, optimizer_state: bytes = b""
     ) -> int:
         """Store version `expected_version + 1` if `lease` still holds and nobody published in between."""
-        k = self.keys
-        new = expected_version + 1
-        retired = new - self.keep_versions
-        try:
-            return int(
-                self._publish(
-                    keys=[
-                        k.policy_version,
-                        k.update_lock,
-                        k.policy(new),
-                        k.optim,
-                        k.policy_events,
-                        k.policy(retired) if retired >= 0 else k.policy(new),
-                    ],
-                    args=[
-                        lease.value,
-                        expected_version,
-                        weights,
-                        optimizer_state,
-                        self.ttl_ms,
-                        self.retired_grace_ms,
-                    ],
-                )
-            )
-        except redis.ResponseError as exc:
-            if "FENCE" in str(exc):
-                raise FencingError(f"job {self.keys.job!r}: publish refused: {exc}") from exc
-            raise
+        return self.publish_and_ack(
+            lease, expected_version=expected_version, weights=weights, optimizer_state=optimizer_state
+        )
 
     def refresh(self, lease: UpdateLease, *, lease_s: float) -> bool:
         """Extend a held lease (False when it was lost: it ran out and someone else may hold it now)."""
