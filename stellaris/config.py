@@ -87,6 +87,9 @@ class TrainConfig(BaseModel):
             "truncation": self.truncation,
             "softsync_k": self.softsync_k,
             "ssp_bound": self.ssp_bound,
+            # The floor schedules' least β: with L learners applying as gradients land, the gradients that end a
+            # round reach a staleness of about L; a lower floor ends most rounds in a liveness flush (README).
+            "beta_floor": float(self.learners),
         }
         overrides = {**self.overrides, "stellaris": {**stellaris, **self.overrides.get("stellaris", {})}}
         return {
