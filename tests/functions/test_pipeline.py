@@ -207,10 +207,12 @@ def test_a_parameter_crash_around_publish_applies_every_gradient_once(
     driver.enqueue(driver.tasks(driver.collect(), range(2)), close=True)
     driver.learner({"job": job_id, "round": 1})
     assert job.gradients.length() == 8 and job.policies.version() == 0
-    env = {"STELLARIS_FAULT": point, "STELLARIS_JOB_PARAMETER_LEASE_S": str(LEASE_S)}
+    # Its lease is short so that the replacement does not wait long, but long enough that a loaded machine does not
+    # starve its heartbeat (it would then stop, fenced, before reaching the fail point).
+    env = {"STELLARIS_FAULT": point, "STELLARIS_JOB_PARAMETER_LEASE_S": "2.0"}
     [doomed] = spawn("parameter", redis_server.url, job_id, 1, loop=False, env=env)
-    doomed.communicate(timeout=60)
-    assert doomed.returncode == -signal.SIGKILL
+    output, _ = doomed.communicate(timeout=60)
+    assert doomed.returncode == -signal.SIGKILL, output
     applied_before = 2 if point.endswith("before_publish@3") else 3
     assert job.policies.version() == applied_before and job.gradients.length() == 8 - applied_before
     # The replacement waits for the dead holder's lease to run out, then carries on from the cache.

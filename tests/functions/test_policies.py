@@ -150,7 +150,7 @@ def test_distributions_support_kl() -> None:
             for parameter in other.parameters():
                 parameter.add_(0.1)
         kl = kl_divergence(policy.distribution(obs), other.distribution(obs))
-        assert kl.shape == (4,) and (kl >= 0).all()
+        assert kl.shape == (4,) and (kl >= -1e-6).all()  # KL >= 0 up to float32 rounding
         torch.testing.assert_close(kl_divergence(policy.distribution(obs), policy.distribution(obs)), torch.zeros(4))
 
 
