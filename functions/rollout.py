@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -25,18 +29,31 @@ class EpisodeTracker:
         return cls(np.zeros(num_envs), np.zeros(num_envs, dtype=np.int64))
 
     def step(self, rewards: np.ndarray, done: np.ndarray) -> None:
-        self.returns += rewards
-        self.lengths += 1
-        for i in np.flatnonzero(done):
-            self.finished_returns.append(float(self.returns[i]))
-            self.finished_lengths.append(int(self.lengths[i]))
-            self.returns[i] = 0.0
-            self.lengths[i] = 0
+        """Fold in one step (``[N]``) or consecutive steps (``[T, N]``, time-major) of rewards and episode ends.
+
+        Episodes finish in time order and returns are summed left to right, exactly as step-by-step calls would.
+        """
+        n = len(self.returns)
+        rewards = np.asarray(rewards, np.float64).reshape(-1, n)
+        done = np.asarray(done, bool).reshape(-1, n)
+        start = np.zeros(n, np.int64)  # each env's first step of its current episode within these steps
+        for t, i in zip(*np.nonzero(done), strict=True):
+            self.finished_returns.append(_running_total(self.returns[i], rewards[start[i] : t + 1, i]))
+            self.finished_lengths.append(int(self.lengths[i] + t + 1 - start[i]))
+            self.returns[i], self.lengths[i], start[i] = 0.0, 0, t + 1
+        unfinished = np.where(np.arange(len(rewards))[:, None] >= start, rewards, 0.0)
+        self.returns[:] = np.cumsum(np.vstack([self.returns, unfinished]), axis=0)[-1]
+        self.lengths += len(rewards) - start
 
     def take(self) -> tuple[list[float], list[int]]:
         out = (self.finished_returns, self.finished_lengths)
         self.finished_returns, self.finished_lengths = [], []
         return out
+
+
+def _running_total(start: float, values: np.ndarray) -> float:
+    """`start` + values[0] + values[1] + …, added left to right (a running total, not a pairwise sum)."""
+    return float(np.cumsum(np.concatenate(([start], values)))[-1])
 
 
 @dataclass
@@ -56,14 +73,30 @@ class RewardScaler:
         return cls(gamma, np.zeros(num_envs))
 
     def __call__(self, rewards: np.ndarray, done: np.ndarray) -> np.ndarray:
-        self.returns = self.returns * self.gamma + rewards
-        n, batch_mean, batch_var = len(self.returns), float(self.returns.mean()), float(self.returns.var())
-        delta, total = batch_mean - self.mean, self.count + n
-        self.var = (self.var * self.count + batch_var * n + delta**2 * self.count * n / total) / total
-        self.mean += delta * n / total
-        self.count = total
-        self.returns[done] = 0.0
-        return np.clip(rewards / np.sqrt(self.var + 1e-8), -self.clip, self.clip)
+        """Scale one step (``[N]``) or consecutive steps (``[T, N]``, time-major), each step by the std as it
+        stood after that step's update, as step-by-step calls would."""
+        steps_rewards = np.asarray(rewards, np.float64).reshape(-1, len(self.returns))
+        steps_done = np.asarray(done, bool).reshape(steps_rewards.shape)
+        discounted = np.empty_like(steps_rewards)
+        returns = self.returns
+        for t, ended in enumerate(steps_done.any(axis=1).tolist()):
+            returns = returns * self.gamma + steps_rewards[t]
+            discounted[t] = returns
+            if ended:
+                returns = np.where(steps_done[t], 0.0, returns)
+        self.returns = returns
+        n = discounted.shape[1]
+        std = np.empty(len(discounted))
+        for t, (batch_mean, batch_var) in enumerate(
+            zip(discounted.mean(axis=1).tolist(), discounted.var(axis=1).tolist(), strict=True)
+        ):
+            delta, total = batch_mean - self.mean, self.count + n
+            self.var = (self.var * self.count + batch_var * n + delta**2 * self.count * n / total) / total
+            self.mean += delta * n / total
+            self.count = total
+            std[t] = math.sqrt(self.var + 1e-8)
+        scaled = np.clip(steps_rewards / std[:, None], -self.clip, self.clip)
+        return scaled.reshape(np.shape(rewards))
 
 
 @dataclass
@@ -85,6 +118,37 @@ def _env_action(action: torch.Tensor, space: gym.Space) -> np.ndarray:
     return a
 
 
+def _step_each(
+    envs: gym.vector.SyncVectorEnv, actions: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict[str, np.ndarray]]:
+    """`envs.step(actions)` of a same-step-autoreset SyncVectorEnv, without batching every env's info dict: the
+    same sub-env calls in the same order, the same observations, rewards and episode ends, and `final_obs` the
+    only info (as SyncVectorEnv reports it). The vector env's own buffers are left stale; in same-step mode its
+    `step` and `reset` never read them."""
+    n, space = envs.num_envs, envs.single_observation_space
+    obs = np.empty((n, *space.shape), space.dtype)
+    rewards, terms, truncs = np.zeros(n), np.zeros(n, bool), np.zeros(n, bool)
+    info: dict[str, np.ndarray] = {}
+    for i, env in enumerate(envs.envs):
+        obs[i], rewards[i], terms[i], truncs[i], _ = env.step(actions[i])
+        if terms[i] or truncs[i]:
+            info.setdefault("final_obs", np.full(n, None, dtype=object))[i] = obs[i].copy()
+            obs[i], _ = env.reset()
+    return obs, rewards, terms, truncs, info
+
+
+def _stepper(envs: gym.vector.VectorEnv) -> Callable[[np.ndarray], tuple[Any, ...]]:
+    """`_step_each` where it is exact (a plain SyncVectorEnv, same-step autoreset, Box/Discrete observations),
+    else the vector env's own `step`."""
+    if (
+        type(envs) is gym.vector.SyncVectorEnv
+        and envs.autoreset_mode == gym.vector.AutoresetMode.SAME_STEP
+        and isinstance(envs.single_observation_space, gym.spaces.Box | gym.spaces.Discrete)
+    ):
+        return partial(_step_each, envs)
+    return envs.step
+
+
 def collect(
     policy: ActorCritic,
     envs: gym.vector.VectorEnv,
@@ -95,48 +159,50 @@ def collect(
 ) -> tuple[dict[str, np.ndarray], np.ndarray]:
     """Step `envs` for `steps` steps from `obs`; return time-major arrays [T, N, ...] and the next observation.
 
-    Besides the trajectory it records what the learners need to bootstrap: V of the true final observation at
-    truncated steps (`truncation_values`), and the observation and value after the last step.
+    One batched policy call per step for all N envs. Besides the trajectory it records what the learners need
+    to bootstrap: V of the true final observation at truncated steps (`truncation_values`), and the observation
+    and value after the last step. Episode tracking and reward scaling read only rewards and episode ends, so
+    they run once over the whole [T, N] block after the loop.
     """
     n = envs.num_envs
     obs_buf = np.empty((steps, *obs.shape), dtype=obs.dtype)
-    act_buf: np.ndarray | None = None
-    logp = np.empty((steps, n), np.float32)
-    values = np.empty((steps, n), np.float32)
-    rewards = np.empty((steps, n), np.float32)
+    env_rewards = np.empty((steps, n), np.float64)
     terms = np.empty((steps, n), bool)
     truncs = np.empty((steps, n), bool)
     trunc_values = np.zeros((steps, n), np.float32)
+    actions: list[torch.Tensor] = []
+    log_probs: list[torch.Tensor] = []
+    values: list[torch.Tensor] = []
     space = envs.single_action_space
+    sample = policy.sampler()  # the policy does not change during a rollout
+    step = _stepper(envs)
     for t in range(steps):
         obs_buf[t] = obs
-        action, lp, value = policy.act(torch.as_tensor(obs))
-        if act_buf is None:
-            act_buf = np.empty((steps, *action.shape), dtype=action.numpy().dtype)
-        act_buf[t] = action.numpy()
-        logp[t], values[t] = lp.numpy(), value.numpy()
-        obs, reward, term, trunc, info = envs.step(_env_action(action, space))
-        done = np.logical_or(term, trunc)
-        tracker.step(np.asarray(reward, np.float64), done)
-        if reward_scaler is not None:
-            reward = reward_scaler(np.asarray(reward, np.float64), done)
-        rewards[t], terms[t], truncs[t] = reward, term, trunc
-        cut = np.flatnonzero(np.logical_and(trunc, np.logical_not(term)))
-        if cut.size and "final_obs" in info:
-            final = np.stack([info["final_obs"][i] for i in cut]).astype(obs.dtype)
-            with torch.no_grad():
-                trunc_values[t, cut] = policy.value(torch.as_tensor(final)).numpy()
+        action, log_prob, value = sample(torch.as_tensor(obs))
+        actions.append(action)
+        log_probs.append(log_prob)
+        values.append(value)
+        obs, reward, term, trunc, info = step(_env_action(action, space))
+        env_rewards[t], terms[t], truncs[t] = reward, term, trunc
+        if "final_obs" in info:  # some env's episode ended this step (same-step autoreset)
+            cut = np.flatnonzero(np.logical_and(trunc, np.logical_not(term)))
+            if cut.size:
+                final = np.stack([info["final_obs"][i] for i in cut]).astype(obs.dtype)
+                with torch.no_grad():
+                    trunc_values[t, cut] = policy.value(torch.as_tensor(final)).numpy()
+    done = np.logical_or(terms, truncs)
+    tracker.step(env_rewards, done)
+    rewards = env_rewards if reward_scaler is None else reward_scaler(env_rewards, done)
     with torch.no_grad():
         last_values = policy.value(torch.as_tensor(obs)).numpy().astype(np.float32)
-    assert act_buf is not None
     arrays = {
         "observations": obs_buf,
-        "actions": act_buf,
-        "rewards": rewards,
+        "actions": torch.stack(actions).numpy(),
+        "rewards": rewards.astype(np.float32),
         "terminations": terms,
         "truncations": truncs,
-        "behaviour_log_probs": logp,
-        "values": values,
+        "behaviour_log_probs": torch.stack(log_probs).numpy().astype(np.float32),
+        "values": torch.stack(values).numpy().astype(np.float32),
         "truncation_values": trunc_values,
         "last_observations": np.asarray(obs),
         "last_values": last_values,

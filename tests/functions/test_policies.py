@@ -150,7 +150,7 @@ def test_distributions_support_kl() -> None:
             for parameter in other.parameters():
                 parameter.add_(0.1)
         kl = kl_divergence(policy.distribution(obs), other.distribution(obs))
-        assert kl.shape == (4,) and (kl >= -1e-6).all()  # KL >= 0 up to float32 rounding
+        assert kl.shape == (4,) and (kl >= -1e-6).all()  # near-equal logits: float32 rounding may dip below 0
         torch.testing.assert_close(kl_divergence(policy.distribution(obs), policy.distribution(obs)), torch.zeros(4))
 
 
@@ -199,3 +199,80 @@ def test_act_and_evaluate_agree_over_seeds(seed: int) -> None:
     torch.testing.assert_close(log_prob2.detach(), log_prob)
     torch.testing.assert_close(value2.detach(), value)
     torch.testing.assert_close(policy.distribution(obs).log_prob(action).detach(), log_prob)
+
+
+SAMPLER_CASES = [  # observation space, action space, normalise observations
+    (spaces.Box(-1, 1, (6,)), spaces.Box(-1, 1, (4,)), True),
+    (spaces.Box(-1, 1, (5,)), spaces.Discrete(3), False),
+    (spaces.Discrete(16), spaces.Discrete(4), False),
+    (ATARI_OBS, spaces.Discrete(6), False),
+]
+
+
+@pytest.mark.parametrize(("observation_space", "action_space", "normalize"), SAMPLER_CASES)
+@pytest.mark.parametrize("seed", [0, 1])
+def test_sampler_equals_act_for_a_fixed_seed(
+    observation_space: spaces.Space, action_space: spaces.Space, normalize: bool, seed: int
+) -> None:
+    torch.manual_seed(seed)
+    policy = build_policy(observation_space, action_space, hidden=(32, 32), normalize_obs=normalize)
+    obs = _obs(observation_space, 8, seed)
+    if normalize:
+        policy.update_obs_normalizer(torch.randn(64, *observation_space.shape) * 3 + 1)
+    with torch.no_grad():
+        for parameter in policy.parameters():  # away from the init, so σ ≠ 1 and the logits are not flat
+            parameter.add_(0.3 * torch.randn_like(parameter))
+    sample = policy.sampler()
+    torch.manual_seed(100 + seed)
+    want = policy.act(obs)
+    torch.manual_seed(100 + seed)
+    got = sample(obs)
+    for a, b in zip(got, want, strict=True):  # the same RNG calls on the same arguments: bit for bit
+        assert a.dtype == b.dtype and a.shape == b.shape
+        assert torch.equal(a, b)
+    action, log_prob, value = got
+    assert action.is_inference()  # outside autograd: fed to envs and stored, never differentiated
+    with torch.no_grad():
+        torch.testing.assert_close(log_prob, policy.distribution(obs).log_prob(action), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(value, policy.value(obs))
+
+
+def test_sampler_log_prob_by_hand_and_snapshot() -> None:
+    torch.manual_seed(7)
+    policy = mujoco_actor_critic(4, 2, hidden=(8,))
+    assert policy.log_std is not None
+    with torch.no_grad():
+        policy.log_std.copy_(torch.tensor([0.0, math.log(2.0)]))
+    sample = policy.sampler()
+    obs = torch.randn(64, 4)
+    action, log_prob, _ = sample(obs)
+    mean, sigma = policy.actor(obs).detach(), torch.tensor([1.0, 2.0])
+    expected = (-((action - mean) ** 2) / (2 * sigma**2) - sigma.log() - 0.5 * math.log(2 * math.pi)).sum(-1)
+    torch.testing.assert_close(log_prob, expected)
+    assert not log_prob.requires_grad
+    # σ is a snapshot: a changed policy needs a new sampler, which then agrees with act() again
+    with torch.no_grad():
+        policy.log_std.add_(1.0)
+    torch.manual_seed(8)
+    stale = sample(obs)
+    torch.manual_seed(8)
+    fresh = policy.sampler()(obs)
+    torch.manual_seed(8)
+    assert torch.equal(fresh[0], policy.act(obs)[0]) and not torch.equal(stale[0], fresh[0])
+
+
+def test_sampler_draws_from_pi() -> None:
+    """Many draws for one observation: Gaussian mean and std per dimension, categorical frequencies."""
+    torch.manual_seed(9)
+    gaussian = mujoco_actor_critic(3, 2, hidden=(8,))
+    obs = torch.randn(1, 3).expand(20000, 3)
+    action, _, _ = gaussian.sampler()(obs)
+    dist = gaussian.distribution(obs[:1])
+    torch.testing.assert_close(action.mean(0), dist.mean[0].detach(), atol=0.03, rtol=0)
+    torch.testing.assert_close(action.std(0), dist.stddev[0].detach(), atol=0.03, rtol=0)
+    categorical = build_policy(spaces.Box(-1, 1, (3,)), spaces.Discrete(4), hidden=(8,))
+    with torch.no_grad():
+        categorical.actor[-1].bias.copy_(torch.tensor([0.0, 1.0, -1.0, 0.5]))
+    action, _, _ = categorical.sampler()(obs)
+    frequencies = torch.bincount(action, minlength=4) / len(action)
+    torch.testing.assert_close(frequencies, categorical.distribution(obs[:1]).probs[0].detach(), atol=0.02, rtol=0)
