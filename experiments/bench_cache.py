@@ -27,7 +27,7 @@ from rich.table import Table
 from safetensors.numpy import load as st_load
 from safetensors.numpy import save as st_save
 
-from cache import Cache, GradientRecord, JobCache, JobLimits, TrajectoryBatch, connect
+from cache import Cache, GradientMeta, GradientRecord, JobCache, JobLimits, TrajectoryBatch, connect
 from cache.codec import decode, encode
 
 HOPPER_OBS, HOPPER_ACT, STEPS = 11, 3, 4096
@@ -96,19 +96,21 @@ def paths_for(job: JobCache, name: str, arrays: dict[str, Any]) -> dict[str, tup
         record = TrajectoryBatch("bench-actor", 0, STEPS, arrays)
         queue = job.trajectories
 
-        def ours() -> None:
+        def ours() -> None:  # push, a consumer's read with the arrays decoded, ack
             queue.put(record)
-            [(bid, _)] = queue.take("bench")
-            queue.ack([bid])
+            [entry] = queue.stream.read("bench")
+            TrajectoryBatch.from_fields(entry.fields)
+            queue.ack([entry.id])
 
     else:
-        grad = GradientRecord("bench-learner", 0, ("0-1",), arrays)
+        grad = GradientRecord(GradientMeta("bench-learner", 0, "0-1", 1), arrays)
         gqueue = job.gradients
 
-        def ours() -> None:
+        def ours() -> None:  # push, the parameter function's read with the tensors decoded, delete
             gqueue.put(grad)
-            [(gid, _)] = gqueue.take("bench", count=1)
-            gqueue.ack([gid])
+            [entry] = gqueue.read("0-0", count=1)
+            gqueue.record(entry)
+            client.xdel(gqueue.key, entry.id)
 
     def codec_set_get() -> None:
         client.set(key, encode(arrays))
