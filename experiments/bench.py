@@ -233,7 +233,7 @@ def end_to_end_rows(env: str, pairs: list[Pair]) -> list[Row]:
             f"{statistics.median(plain):,.0f} steps/s (median)",
             ratio.median,
             f"{caveat}median of {len(pairs)} A/B pairs, per-pair ratio min–max {ratio.lo:.2f}–{ratio.hi:.2f}x; "
-            f"{steady_rounds} steady rounds per side (rounds 2..N); 1 actor x 2 envs + 2 learners (defaults) vs 1 process",
+            f"{steady_rounds} steady rounds per side (rounds 2..N); 1 actor x 2 envs, 2 learners vs 1 process",
         )
     )
     return rows
