@@ -184,7 +184,8 @@ def round_trips_row(pairs: list[Pair]) -> Row | None:
         f"{pooled:.1f} commands/gradient",
         f"{OLD_TRIPS_PER_GRADIENT:.0f} commands/gradient (before the rewrite)",
         pooled / OLD_TRIPS_PER_GRADIENT,
-        f"whole job's commands (INFO commandstats) / gradients applied, steady rounds of {len(pairs)} runs pooled, "
+        "round trips of every function and the control plane (counted at each client) / gradients applied, "
+        f"steady rounds of {len(pairs)} runs pooled, "
         f"per run {spread.lo:.1f}–{spread.hi:.1f}; baseline = {OLD_TRIPS_PER_GRADIENT:.0f} commands per "
         "learner+parameter pair measured before the rewrite",
     )
