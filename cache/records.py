@@ -75,14 +75,8 @@ class TrajectoryBatch:
             raise RecordError("trajectory batch: env_steps and behaviour_version must be non-negative")
 
     def fields(self) -> list[bytes | memoryview]:
-        meta = {
-            "kind": "trajectory",
-            "actor_id": self.actor_id,
-            "behaviour_version": self.behaviour_version,
-            "env_steps": self.env_steps,
-            "info": dict(self.info),
-        }
-        return encode_fields(self.arrays, meta)
+        meta = BatchMeta(self.actor_id, self.behaviour_version, self.env_steps, self.info)
+        return encode_fields(self.arrays, meta.to_dict())
 
     @classmethod
     def from_fields(cls, fields: Mapping[bytes, bytes], *, max_bytes: int = DEFAULT_MAX_BYTES) -> TrajectoryBatch:
@@ -99,6 +93,15 @@ class BatchMeta:
     behaviour_version: int
     env_steps: int
     info: Mapping[str, Any]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "kind": "trajectory",
+            "actor_id": self.actor_id,
+            "behaviour_version": self.behaviour_version,
+            "env_steps": self.env_steps,
+            "info": dict(self.info),
+        }
 
     @classmethod
     def from_fields(cls, fields: Mapping[bytes, bytes]) -> BatchMeta:

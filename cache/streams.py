@@ -141,12 +141,6 @@ class BoundedStream:
             if entries or deadline - time.monotonic() <= 0:
                 return entries
 
-    def read_pending(self, consumer: str, *, count: int = 1024) -> list[Entry]:
-        """Entries already delivered to `consumer` and not yet acknowledged, oldest first."""
-        self.ensure_group()
-        reply = self.client.xreadgroup(self.group, consumer, {self.key: "0"}, count=count)
-        return [e for _, items in (reply or []) for raw_id, f in items if (e := _entry(raw_id, f))]
-
     def ack(self, entry_ids: Sequence[str]) -> int:
         """Acknowledge and delete entries; wakes producers waiting for room. Returns how many were pending."""
         if not entry_ids:
