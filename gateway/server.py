@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
 import sys
@@ -22,7 +23,13 @@ def serve(settings: GatewaySettings, *, ready_line: bool = True, log_level: str 
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.bind((settings.host, settings.port))
     port = sock.getsockname()[1]
-    app = create_app(settings, on_ready=(lambda: print(f"READY {port}", flush=True)) if ready_line else None)
+
+    def ready() -> None:
+        print(f"READY {port}", flush=True)
+        # Nothing else goes to stdout: a spawner may stop reading it, and a full pipe would block the gateway.
+        os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+
+    app = create_app(settings, on_ready=ready if ready_line else None)
 
     config = uvicorn.Config(app, log_level=log_level, access_log=False, timeout_graceful_shutdown=30)
     server = uvicorn.Server(config)

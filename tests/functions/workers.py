@@ -2,7 +2,9 @@
 
 One handler invocation (learner or parameter) for round ROUND, its result printed as one JSON line, so tests can
 kill an invocation's process with SIGKILL at any moment; with LOOP=loop, one invocation per round from ROUND on,
-like a warm instance invoked every round, until the job's stop key is set. Job limits come from STELLARIS_JOB_*."""
+like a warm instance invoked every round, until the job's stop key is set; a looping worker prints its results
+when it stops (nobody reads its stdout before then, and a full pipe would block it). Job limits come from
+STELLARIS_JOB_*."""
 
 from __future__ import annotations
 
@@ -31,13 +33,15 @@ def main() -> None:
     with Cache(CacheSettings(url=url)) as cache:
         instance = Instance(cache)
         print("READY", flush=True)
+        lines: list[str] = []
         while True:
             ctx = Context(uuid.uuid4().hex[:12], instance)
             out = handlers[role]({"job": job_id, "round": round_k, "max_s": 300}, ctx)
-            print(json.dumps({k: v for k, v in out.items() if k != "decisions"}), flush=True)
+            lines.append(json.dumps({k: v for k, v in out.items() if k != "decisions"}))
             if not loop or cache.client.exists(stop_key(job_id)):
-                return
+                break
             round_k += 1
+        print("\n".join(lines), flush=True)
 
 
 if __name__ == "__main__":
