@@ -82,6 +82,15 @@ redis.call('PEXPIRE', KEYS[1], ARGV[2])
 return 1
 """
 
+# KEYS: version. ARGV: the version the caller holds ('' for none), policy key prefix. The policy key shares the
+# job's hash tag (same slot) but depends on the version read here.
+_NEWER = """
+local v = redis.call('GET', KEYS[1])
+if not v then return false end
+if v == ARGV[1] then return {v} end
+return {v, redis.call('GET', ARGV[2] .. v)}
+"""
+
 _RELEASE = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('DEL', KEYS[1])
@@ -127,6 +136,7 @@ class PolicyStore:
         self._release = client.register_script(_RELEASE)
         self._publish_ack = client.register_script(_PUBLISH_ACK)
         self._refresh = client.register_script(_REFRESH)
+        self._newer = client.register_script(_NEWER)
 
     # -- reading ----------------------------------------------------------------------------------------------
     def version(self) -> int | None:
@@ -163,6 +173,19 @@ class PolicyStore:
             if now is not None and int(now) == version and blob is not None:
                 return version, bytes(blob)
         raise VersionNotFound(f"job {self.keys.job!r}: the policy kept changing while being read")
+
+    def newer_than(self, version: int | None) -> tuple[int, bytes] | None:
+        """The newest (version, weights) unless the newest is `version` (then None): one round trip, so a caller
+        holding a policy can look for a newer one often."""
+        held = "" if version is None else str(version)
+        raw = self._newer(keys=[self.keys.policy_version], args=[held, self.keys.policy(0)[:-1]])
+        if not raw:
+            raise VersionNotFound(f"job {self.keys.job!r} has no policy yet")
+        if len(raw) == 1:
+            return None
+        if raw[1] is None:  # the newest version is never retired; only a deleted job gets here
+            raise VersionNotFound(f"job {self.keys.job!r}: policy version {int(raw[0])} is gone from the store")
+        return int(raw[0]), bytes(raw[1])
 
     def optimizer_state(self) -> bytes | None:
         blob = self.client.get(self.keys.optim)

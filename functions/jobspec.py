@@ -20,6 +20,9 @@ class JobSpec(BaseModel):
     algo: AlgoConfig
     num_envs: int = Field(default=4, gt=0, description="envs stepped by one actor")
     actor_steps: int = Field(default=128, gt=0, description="steps per env in one actor invocation")
+    policy_refresh_steps: int = Field(
+        default=0, ge=0, description="steps per env between an actor's looks for a newer policy (0: once a batch)"
+    )
     seed: int = 0
     env_kwargs: dict[str, Any] = Field(default_factory=dict)
 
@@ -48,6 +51,7 @@ class JobRequest(BaseModel):
     overrides: dict[str, Any] = Field(default_factory=dict, description="algorithm fields; 'stellaris' nests")
     num_envs: int = Field(default=1, gt=0)
     actors: int = Field(default=1, gt=0)
+    policy_refresh_steps: int = Field(default=0, ge=0, description="see JobSpec")
     seed: int = 0
     env_kwargs: dict[str, Any] = Field(default_factory=dict)
     horizon_rounds: int | None = Field(default=None, gt=0, description="the run's planned rounds, when known")
@@ -84,6 +88,7 @@ def resolve(request: JobRequest) -> JobSpec:
         algo=algo,
         num_envs=request.num_envs,
         actor_steps=actor_steps,
+        policy_refresh_steps=request.policy_refresh_steps,
         seed=request.seed,
         env_kwargs=request.env_kwargs,
     )

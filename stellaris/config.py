@@ -32,6 +32,10 @@ class TrainConfig(BaseModel):
     actor_kind: Literal["serverful", "serverless"] = "serverful"
     envs_per_actor: int = Field(default=2, ge=1, le=1024)
     actor_run_ahead: int = Field(default=2, ge=1, le=64, description="batches per actor queued before it blocks")
+    actor_policy_refresh: int = Field(
+        default=0, ge=0, le=100_000,
+        description="steps per env between an actor's looks for a newer policy mid-batch (0: once a batch)",
+    )  # fmt: skip
     learners: int = Field(default=2, ge=1, le=256, description="max concurrent learner functions")
     d: float = Field(default=0.96, ge=0.0, le=1.0)
     v: float = Field(default=3.0, gt=0)
@@ -102,6 +106,7 @@ class TrainConfig(BaseModel):
             "overrides": overrides,
             "num_envs": self.envs_per_actor,
             "actors": self.actors,
+            "policy_refresh_steps": self.actor_policy_refresh,
             "seed": self.seed,
             "horizon_rounds": self.rounds,
             "horizon_steps": self.total_steps,

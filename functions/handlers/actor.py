@@ -8,7 +8,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from cache import TrajectoryBatch
+from cache import TrajectoryBatch, VersionNotFound
 from functions.context import Context
 from functions.envs import make_vector_env
 from functions.handlers import job_id_of
@@ -48,20 +48,29 @@ def handle(event: dict[str, Any], ctx: Context) -> dict[str, Any]:
         state = ActorState(envs, obs, EpisodeTracker.for_envs(spec.num_envs), new_policy(ctx, spec), scaler)
         ctx.memo[key] = state
 
-    version = job.policies.version()
-    if version is None:
-        raise LookupError(f"job {job.keys.job!r} has no policy yet")
-    if version != state.version:
-        version, blob = job.policies.latest()
+    def refresh() -> bool:
+        """Load the newest policy if it is not the one held (one round trip either way)."""
+        newer = job.policies.newer_than(state.version if state.version >= 0 else None)
+        if newer is None:
+            return False
+        state.version, blob = newer
         load_policy_bytes(state.policy, blob)
-        state.version = version
+        return True
 
+    try:
+        refresh()
+    except VersionNotFound as exc:
+        raise LookupError(f"job {job.keys.job!r} has no policy yet") from exc
+    first_version = state.version
     steps = int(event.get("steps", spec.actor_steps))
-    arrays, state.obs = collect(state.policy, state.envs, state.obs, state.tracker, steps, state.reward_scaler)
+    arrays, state.obs = collect(
+        state.policy, state.envs, state.obs, state.tracker, steps, state.reward_scaler,
+        refresh=refresh, refresh_every=spec.policy_refresh_steps,
+    )  # fmt: skip
     returns, lengths = state.tracker.take()
     batch = TrajectoryBatch(
         actor_id=actor_id,
-        behaviour_version=state.version,
+        behaviour_version=first_version,  # the oldest policy in the batch (each step's log-prob is its own)
         env_steps=steps * spec.num_envs,
         arrays=arrays,
         # Round trips since the last batch (this one's push included below, as one): counted end to end per round.
@@ -75,7 +84,7 @@ def handle(event: dict[str, Any], ctx: Context) -> dict[str, Any]:
     state.round_trips = ctx.instance.cache.round_trips
     return {
         "batch_id": batch_id,
-        "version": state.version,
+        "version": first_version,
         "env_steps": batch.env_steps,
         "episode_returns": returns,
     }
