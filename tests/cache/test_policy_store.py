@@ -127,3 +127,17 @@ def test_version_counter_under_concurrent_writer_processes(redis_server, job: Jo
     # Every publish got its own version: none lost, none published twice.
     assert sorted(published) == list(range(1, writers * each + 1))
     assert job.policies.version() == writers * each
+
+
+def test_newer_than_returns_weights_only_when_the_version_changed(job: JobCache) -> None:
+    with pytest.raises(VersionNotFound, match="no policy yet"):
+        job.policies.newer_than(None)
+    job.policies.initialise(b"w0")
+    assert job.policies.newer_than(None) == (0, b"w0")
+    assert job.policies.newer_than(0) is None
+    publish_once(job, b"w1")
+    assert job.policies.newer_than(0) == (1, b"w1")
+    before = job.client.round_trips  # type: ignore[attr-defined]
+    assert job.policies.newer_than(1) is None
+    assert job.policies.newer_than(0) == (1, b"w1")
+    assert job.client.round_trips - before == 2  # type: ignore[attr-defined]  # one round trip per look

@@ -236,3 +236,34 @@ def test_other_vector_envs_step_through_their_own_step() -> None:
         [lambda: gym.make("CartPole-v1")], autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP
     )
     assert _stepper(envs) == envs.step
+
+
+def test_refresh_mid_rollout_switches_the_policy_and_each_log_prob_is_its_own() -> None:
+    """`refresh` is called every `refresh_every` steps; after it loads new weights, the following steps are taken
+    (and their behaviour log-probs and values computed) by the new policy, the earlier ones by the old."""
+    envs = make_vector_env("Hopper-v5", 2, seed=5)
+    space = (envs.single_observation_space, envs.single_action_space)
+    torch.manual_seed(0)
+    old, new = build_policy(*space, hidden=(8,)), build_policy(*space, hidden=(8,))
+    policy = build_policy(*space, hidden=(8,))
+    policy.load_state_dict(old.state_dict())
+    calls: list[int] = []
+
+    def refresh() -> bool:
+        calls.append(len(calls))
+        if len(calls) == 1:  # the first look (step 4) finds a newer policy, the second (step 8) does not
+            policy.load_state_dict(new.state_dict())
+            return True
+        return False
+
+    obs, _ = envs.reset(seed=5)
+    arrays, _ = collect(policy, envs, obs, EpisodeTracker.for_envs(2), 12, refresh=refresh, refresh_every=4)
+    assert calls == [0, 1]
+    steps_obs = torch.as_tensor(arrays["observations"]).reshape(24, -1)
+    actions = torch.as_tensor(arrays["actions"]).reshape(24, -1)
+    with torch.no_grad():
+        by_old, by_new = (p.evaluate(steps_obs, actions)[0].reshape(12, 2).numpy() for p in (old, new))
+    logp = arrays["behaviour_log_probs"]
+    np.testing.assert_allclose(logp[:4], by_old[:4], atol=1e-5)
+    np.testing.assert_allclose(logp[4:], by_new[4:], atol=1e-5)
+    assert not np.allclose(logp[4:], by_old[4:], atol=1e-3)  # the two policies differ: the test can fail
