@@ -63,12 +63,17 @@ def make_figures(
 
 def print_summary(suite: str, rows: list[dict[str, Any]]) -> None:
     table = Table(title=f"{suite}: final reward (mean ± std over seeds), cost, ratios vs baseline")
-    for col in ("group", "variant", "seeds", "reward", "wall s", "cost $", "reward ratio", "cost ratio", "overhead"):
+    columns = ("group", "variant", "seeds", "reward", "reward ½ run", "reward end", "to target s", "wall s", "cost $",
+               "reward ratio", "cost ratio", "overhead")  # fmt: skip
+    for col in columns:
         table.add_column(col, justify="left" if col in ("group", "variant") else "right")
     for r in rows:
         table.add_row(
             r["group"], r["variant"], str(r["seeds"]),
             f"{fmt(r['final_reward_mean'], '.1f')} ± {fmt(r['final_reward_std'], '.1f')}",
+            f"{fmt(r['reward_half_mean'], '.0f')} ± {fmt(r['reward_half_std'], '.0f')}",
+            f"{fmt(r['reward_end_mean'], '.0f')} ± {fmt(r['reward_end_std'], '.0f')}",
+            fmt(r["time_to_target_s_mean"], ".0f"),
             fmt(r["wall_clock_s_mean"], ".0f"), fmt(r["cost_usd_mean"], ".4f"),
             fmt(r["reward_ratio"], ".2f"), fmt(r["cost_ratio"], ".2f"),
             fmt(100 * r["overhead_share_mean"], ".1f") + "%",
@@ -90,12 +95,14 @@ def run_suite(
     gateway_url: str | None = None,
     gateway_token: str | None = None,
     report_only: bool = False,
+    variants: list[str] | None = None,
+    target_reward: float | None = None,
 ) -> int:
     """Run (or resume) the suite, then write its CSVs and figures; returns the exit code. With `report_only`, only
     the CSVs and figures, from the runs already under `out`."""
     budget = PRESETS.get(preset)
     n_seeds = seeds if seeds is not None else (budget.default_seeds if budget else 1)
-    plans = plan(suite, preset, n_seeds)  # raises ValueError naming a bad suite, preset or seed count
+    plans = plan(suite, preset, n_seeds, variants)  # raises ValueError naming a bad suite, preset, seeds or variant
     assert budget is not None
     if parallel < 1:
         raise ValueError(f"parallel must be at least 1, got {parallel}")
@@ -131,7 +138,7 @@ def run_suite(
             console.print(f"[yellow]interrupted[/]: finished runs are kept; run the same command to resume ({out})")
             code = 130
     failed = [o for o in outcomes if o.status == "failed"]
-    results = [r for p in plans if (r := run_result(p, run_dir(out, p))) is not None]
+    results = [r for p in plans if (r := run_result(p, run_dir(out, p), target_reward=target_reward)) is not None]
     suite_dir = out / suite
     rows = write_outputs(suite_dir, suite, results)
     note = f"preset {preset}: {budget.description}"
@@ -158,7 +165,9 @@ app = typer.Typer(add_completion=False)
 @app.command()
 def main(
     suite: str = typer.Argument(..., help=f"one of: {', '.join(SUITES)}"),
-    preset: str = typer.Option("quick", help="quick (≤15 min per suite on 2 cores) or paper (50 rounds, Table III)"),
+    preset: str = typer.Option(
+        "quick", help="quick (≤15 min per suite on 2 cores), paper (50 rounds, Table III) or long (500k steps)"
+    ),
     seeds: int | None = typer.Option(None, help="seeds per configuration (default: quick 2, paper 10)"),
     out: Path = typer.Option(Path("results"), help="output root; suites under one root share identical runs"),
     parallel: int = typer.Option(2, help="training runs at a time"),
@@ -166,6 +175,8 @@ def main(
     gateway_url: str | None = typer.Option(None, "--gateway-url", help="use this gateway instead of a local one"),
     gateway_token: str | None = typer.Option(None, "--gateway-token", envvar="STELLARIS_GATEWAY_TOKEN"),
     report_only: bool = typer.Option(False, "--report-only", help="only write CSVs and figures from runs under DIR"),
+    variants: str | None = typer.Option(None, help="comma-separated rows of the suite to run (default: all)"),
+    target_reward: float | None = typer.Option(None, help="also report the wall-clock to this reward"),
 ) -> None:
     """Run one suite of the paper's evaluation and write its summary.csv and figures."""
     signal.signal(signal.SIGTERM, _interrupt)
@@ -173,6 +184,8 @@ def main(
         code = run_suite(
             suite, preset=preset, seeds=seeds, out=out, parallel=parallel,
             redis_url=redis_url, gateway_url=gateway_url, gateway_token=gateway_token, report_only=report_only,
+            variants=None if variants is None else [v.strip() for v in variants.split(",") if v.strip()],
+            target_reward=target_reward,
         )  # fmt: skip
     except ValueError as exc:
         typer.echo(f"error: {exc}", err=True)

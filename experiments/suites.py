@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 SuiteName = Literal["algorithms", "cost", "ablation", "sensitivity", "breakdown"]
-PresetName = Literal["quick", "paper"]
+PresetName = Literal["quick", "paper", "long"]
 SUITES: tuple[str, ...] = ("algorithms", "cost", "ablation", "sensitivity", "breakdown")
 
 MUJOCO = ("Hopper-v5", "Walker2d-v5", "Humanoid-v5")
@@ -29,9 +30,10 @@ VARIANTS: dict[str, dict[str, Any]] = {
 }
 ABLATION: dict[str, dict[str, Any]] = {
     "stellaris": VARIANTS["stellaris"],
+    "sync": {"mode": "sync", "billing": "serverless"},
+    "async": {"mode": "async", "billing": "serverless"},
     "softsync": {"mode": "softsync", "billing": "serverless"},
     "ssp": {"mode": "ssp", "billing": "serverless"},
-    "async": {"mode": "async", "billing": "serverless"},
     "no-truncation": {**VARIANTS["stellaris"], "truncation": False},
 }
 SENSITIVITY: dict[str, tuple[float, ...]] = {
@@ -84,6 +86,16 @@ PRESETS: dict[str, Budget] = {
             "atari": {"train_batch_size": 512, "num_minibatches": 4, "num_epochs": 2},
         },
     ),
+    "long": Budget(
+        description="LONG preset: 500k env steps on MuJoCo (245 rounds of 2048), the fast (CleanRL) hyperparameters "
+        "unchanged (32 minibatches x 10 epochs), the 2-core defaults (1 actor x 2 envs, 2 learner functions), 3 "
+        "seeds; rewards are also read at half the run (the 50k steps before 250k) and its end",
+        preset="fast",
+        default_seeds=3,
+        learners=2,
+        actors=1,
+        rounds={"mujoco": 245, "atari": 245},
+    ),
 }
 
 
@@ -132,12 +144,13 @@ def _config(suite: str, budget: Budget, env: str, algo: str, seed: int, fields: 
     }
 
 
-def plan(suite: str, preset: str, seeds: int) -> list[RunPlan]:
-    """The runs of `suite` under `preset` for seeds 0..seeds-1; raises ValueError naming a bad argument."""
+def plan(suite: str, preset: str, seeds: int, variants: Sequence[str] | None = None) -> list[RunPlan]:
+    """The runs of `suite` under `preset` for seeds 0..seeds-1, only the rows in `variants` when given; raises
+    ValueError naming a bad argument."""
     if suite not in SUITES:
         raise ValueError(f"unknown suite {suite!r}; choose one of {', '.join(SUITES)}")
     if preset not in PRESETS:
-        raise ValueError(f"unknown preset {preset!r}; choose quick or paper")
+        raise ValueError(f"unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
     if seeds < 1:
         raise ValueError(f"seeds must be at least 1, got {seeds}")
     budget = PRESETS[preset]
@@ -163,6 +176,12 @@ def plan(suite: str, preset: str, seeds: int) -> list[RunPlan]:
                     fields = {**VARIANTS["stellaris"], **SENSITIVITY_DEFAULTS, name: value}
                     config = _config(suite, budget, "Hopper-v5", "ppo", seed, fields)
                     runs.append(RunPlan(name, f"{name}={value:g}", seed, config))
+    if variants is not None:
+        known = list(dict.fromkeys(p.variant for p in runs))
+        unknown = [v for v in variants if v not in known]
+        if unknown:
+            raise ValueError(f"unknown variant(s) {', '.join(unknown)} of {suite}; choose from {', '.join(known)}")
+        runs = [p for p in runs if p.variant in variants]
     return runs
 
 

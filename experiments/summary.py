@@ -22,6 +22,8 @@ BREAKDOWN = {
     "cache_s": "cache I/O + serialisation",
 }
 FINAL_SHARE = 0.2  # the final reward is taken over the last 20% of rounds (at least one with episodes)
+WINDOW_STEPS = 50_000  # rewards at half the run and at its end: the rounds within this many env steps before
+TARGET_ROUNDS = 10  # time to a target reward: when the episode-weighted mean of the last this-many rounds reaches it
 
 
 def read_info(path: Path) -> list[dict[str, float]]:
@@ -46,6 +48,32 @@ def final_reward(rows: list[dict[str, float]]) -> float:
     return float(np.average([r["eval_reward_mean"] for r in with_eps], weights=weights))
 
 
+def _weighted(rows: list[dict[str, float]]) -> float:
+    with_eps = [r for r in rows if r["episodes"] > 0 and not math.isnan(r["eval_reward_mean"])]
+    if not with_eps:
+        return math.nan
+    return float(np.average([r["eval_reward_mean"] for r in with_eps], weights=[r["episodes"] for r in with_eps]))
+
+
+def window_reward(rows: list[dict[str, float]], end_steps: float, width: float = WINDOW_STEPS) -> float:
+    """Episode-weighted mean reward of the rounds whose cumulative env steps lie in (end − width, end]; NaN when
+    the run did not get that far or no episode ended there."""
+    if not rows or rows[-1]["env_steps"] < end_steps:
+        return math.nan
+    return _weighted([r for r in rows if end_steps - width < r["env_steps"] <= end_steps])
+
+
+def time_to_reward(rows: list[dict[str, float]], target: float, window: int = TARGET_ROUNDS) -> float:
+    """Training wall-clock (s) at the end of the first round where the episode-weighted mean reward of the last
+    `window` rounds reaches `target`; NaN if it never does."""
+    elapsed = 0.0
+    for i, r in enumerate(rows):
+        elapsed += r["duration"]
+        if i + 1 >= window and _weighted(rows[i + 1 - window : i + 1]) >= target:
+            return elapsed
+    return math.nan
+
+
 @dataclass
 class RunResult:
     run_id: str
@@ -55,6 +83,9 @@ class RunResult:
     rounds: int
     env_steps: int
     final_reward: float
+    reward_half: float  # window_reward at half the run's env steps (250k of a 500k run)
+    reward_end: float  # window_reward at the run's last round
+    time_to_target_s: float  # time_to_reward for the suite's target (NaN without one)
     wall_clock_s: float
     cost_usd: float
     cost_learner_usd: float
@@ -78,7 +109,7 @@ def _mean(rows: list[dict[str, float]], key: str) -> float:
     return float(np.mean(values)) if values else math.nan
 
 
-def run_result(plan: RunPlan, path: Path) -> RunResult | None:
+def run_result(plan: RunPlan, path: Path, *, target_reward: float | None = None) -> RunResult | None:
     """The run's numbers, or None when it has not finished a round."""
     if not (path / "info.csv").exists():
         return None
@@ -100,6 +131,9 @@ def run_result(plan: RunPlan, path: Path) -> RunResult | None:
         rounds=len(rows),
         env_steps=int(last["env_steps"]),
         final_reward=final_reward(rows),
+        reward_half=window_reward(rows, _planned_steps(plan, rows) / 2),
+        reward_end=window_reward(rows, last["env_steps"]),
+        time_to_target_s=math.nan if target_reward is None else time_to_reward(rows, target_reward),
         wall_clock_s=float(state.get("elapsed_s", sum(r["duration"] for r in rows))),
         cost_usd=last["cost"],
         cost_learner_usd=last.get("cost_learner", math.nan),
@@ -115,8 +149,14 @@ def run_result(plan: RunPlan, path: Path) -> RunResult | None:
     )
 
 
+def _planned_steps(plan: RunPlan, rows: list[dict[str, float]]) -> float:
+    """The env steps the run is planned for: its rounds times the steps of a round (read from round 1)."""
+    return plan.rounds * rows[0]["env_steps"] if "rounds" in plan.config else rows[-1]["env_steps"]
+
+
 SUMMARY_COLUMNS = [
-    "group", "variant", "seeds", "rounds", "env_steps", "final_reward_mean", "final_reward_std", "wall_clock_s_mean",
+    "group", "variant", "seeds", "rounds", "env_steps", "final_reward_mean", "final_reward_std", "reward_half_mean",
+    "reward_half_std", "reward_end_mean", "reward_end_std", "time_to_target_s_mean", "wall_clock_s_mean",
     "cost_usd_mean", "cost_usd_std", "cost_learner_usd_mean", "cost_actor_usd_mean", "staleness_mean",
     "overhead_share_mean", "baseline", "reward_ratio", "cost_ratio", "time_ratio",
 ]  # fmt: skip
@@ -128,6 +168,11 @@ def _stats(values: list[float]) -> tuple[float, float]:
     if a.size == 0:
         return math.nan, math.nan
     return float(a.mean()), float(a.std(ddof=1)) if a.size > 1 else 0.0
+
+
+def _mean_std(name: str, values: list[float]) -> dict[str, float]:
+    mean, std = _stats(values)
+    return {f"{name}_mean": mean, f"{name}_std": std}
 
 
 def _ratio(x: float, base: float) -> float:
@@ -152,6 +197,9 @@ def summarise(suite: str, results: list[RunResult]) -> list[dict[str, Any]]:
             "env_steps": max(r.env_steps for r in rs),
             "final_reward_mean": reward,
             "final_reward_std": reward_std,
+            **_mean_std("reward_half", [r.reward_half for r in rs]),
+            **_mean_std("reward_end", [r.reward_end for r in rs]),
+            "time_to_target_s_mean": _stats([r.time_to_target_s for r in rs])[0],
             "wall_clock_s_mean": _stats([r.wall_clock_s for r in rs])[0],
             "cost_usd_mean": cost,
             "cost_usd_std": cost_std,

@@ -9,7 +9,7 @@ from experiments.suites import ENVS, SUITES, baseline_of, plan
 
 @pytest.mark.parametrize(
     ("suite", "runs"),
-    [("algorithms", 2 * 6 * 2), ("cost", 2 * 6 * 2), ("ablation", 5), ("sensitivity", 5 + 4 + 4), ("breakdown", 6)],
+    [("algorithms", 2 * 6 * 2), ("cost", 2 * 6 * 2), ("ablation", 6), ("sensitivity", 5 + 4 + 4), ("breakdown", 6)],
 )
 def test_plan_sizes_per_seed(suite: str, runs: int) -> None:
     assert len(plan(suite, "quick", 1)) == runs
@@ -43,6 +43,21 @@ def test_paper_preset_is_the_papers_setting() -> None:
     assert {p.config["rounds"] for p in plans} == {50}
     assert {p.config["preset"] for p in plans} == {"paper"} and all(not p.config["overrides"] for p in plans)
     assert {p.config["learners"] for p in plans} == {4}
+
+
+def test_long_preset_is_500k_steps_of_the_fast_settings_on_the_2_core_defaults() -> None:
+    plans = plan("ablation", "long", 3, ["stellaris", "sync", "async", "softsync", "ssp"])
+    assert [p.variant for p in plans[:5]] == ["stellaris", "sync", "async", "softsync", "ssp"]
+    assert len(plans) == 15 and {p.seed for p in plans} == {0, 1, 2}
+    assert {p.config["rounds"] for p in plans} == {245}  # 245 x 2048 = 501,760 env steps
+    assert {(p.config["preset"], p.config["learners"], p.config["actors"]) for p in plans} == {("fast", 2, 1)}
+    assert all(not p.config["overrides"] for p in plans)  # CleanRL's 32 minibatches x 10 epochs
+
+
+def test_variants_filter_and_a_bad_variant_is_named() -> None:
+    assert [p.variant for p in plan("ablation", "quick", 1, ["async"])] == ["async"]
+    with pytest.raises(ValueError, match=r"unknown variant\(s\) nope of ablation; choose from stellaris, sync"):
+        plan("ablation", "quick", 1, ["nope"])
 
 
 def test_baselines() -> None:

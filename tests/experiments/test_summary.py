@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from experiments.suites import RunPlan
-from experiments.summary import final_reward, run_result, summarise, write_outputs
+from experiments.summary import final_reward, run_result, summarise, time_to_reward, window_reward, write_outputs
 from stellaris.control.outputs import INFO_COLUMNS
 
 
@@ -52,6 +52,19 @@ def test_final_reward_is_the_episode_weighted_tail() -> None:
     assert final_reward(rows) == pytest.approx(4.0)  # no episodes in the tail: the last round that had some
     rows[3]["episodes"] = 0
     assert math.isnan(final_reward(rows))
+
+
+def test_window_reward_and_time_to_reward() -> None:
+    rows = [_row(i, 10.0 * i, 1 + i % 2, 0.0) for i in range(1, 11)]  # 100 env steps per round, 2 s each
+    # (500, 700]: rounds 6 and 7, rewards 60 (2 episodes) and 70 (1 episode)
+    assert window_reward(rows, 700, width=200) == pytest.approx((60 * 1 + 70 * 2) / 3)
+    assert math.isnan(window_reward(rows, 1100, width=200))  # the run did not get there
+    rows[5]["episodes"] = rows[6]["episodes"] = 0
+    assert math.isnan(window_reward(rows, 700, width=200))  # no episode ended in the window
+    rows = [_row(i, 10.0 * i, 1, 0.0) for i in range(1, 11)]
+    # 3-round means: 20 after round 3, 30 after round 4, ...: 50 is first reached after round 6, at 12 s
+    assert time_to_reward(rows, 50.0, window=3) == pytest.approx(12.0)
+    assert math.isnan(time_to_reward(rows, 100.0, window=3))
 
 
 def test_summary_means_stds_and_ratios(tmp_path: Path) -> None:
