@@ -31,9 +31,12 @@ class TrainConfig(BaseModel):
     actors: int = Field(default=1, ge=1, le=1024)
     actor_kind: Literal["serverful", "serverless"] = "serverful"
     envs_per_actor: int = Field(default=2, ge=1, le=1024)
+    # Policy lag: a batch is collected while learners train on the previous one. Following the newest policy every 4
+    # steps mid-batch, Hopper (fast preset, seed 1) returned 1,330 over 200-250k steps, against 537 holding one
+    # policy per batch and 887 refreshing every 16 steps (README, "Actors and policy lag").
     actor_run_ahead: int = Field(default=2, ge=1, le=64, description="batches per actor queued before it blocks")
     actor_policy_refresh: int = Field(
-        default=0, ge=0, le=100_000,
+        default=4, ge=0, le=100_000,
         description="steps per env between an actor's looks for a newer policy mid-batch (0: once a batch)",
     )  # fmt: skip
     learners: int = Field(default=2, ge=1, le=256, description="max concurrent learner functions")
