@@ -146,6 +146,7 @@ def ppo_gradient(
         vf_coef=cfg.vf_coef,
         ent_coef=cfg.ent_coef,
         is_weights=weights,
+        truncation_form=cfg.stellaris.truncation_form,
         old_values=data.values[idx] if cfg.vf_clip is not None else None,
         vf_clip=cfg.vf_clip,
     )

@@ -49,6 +49,7 @@ class StellarisConfig(_Frozen):
     v: PositiveFloat = 3.0
     rho: PositiveFloat = 1.0
     truncation: bool = True
+    truncation_form: Literal["surrogate", "weighted"] = "surrogate"  # PPO only: see ppo.clipped_surrogate
     softsync_k: PositiveInt = 4
     ssp_bound: Annotated[int, Field(ge=0)] = 2
     schedule: Schedule = Schedule.PAPER

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 from torch import Tensor
@@ -35,13 +36,32 @@ def truncated_ratio(ratio: Tensor, is_weights: Tensor | None) -> Tensor:
     return ratio * scale.detach()
 
 
-def clipped_surrogate(ratio: Tensor, advantages: Tensor, *, clip: float, is_weights: Tensor | None = None) -> Tensor:
-    """Per-sample PPO objective min(r̃·A, clip(r, 1 − ε, 1 + ε)·A) (PPO Eq. 7, paper §V-A).
+TruncationForm = Literal["surrogate", "weighted"]
 
-    r = π_θ/μ with π_θ the learner policy and μ the behaviour policy; r̃ = ``truncated_ratio(r, R')``.
+
+def clipped_surrogate(
+    ratio: Tensor,
+    advantages: Tensor,
+    *,
+    clip: float,
+    is_weights: Tensor | None = None,
+    form: TruncationForm = "surrogate",
+) -> Tensor:
+    """Per-sample PPO objective with the Stellaris weight R' (PPO Eq. 7, paper §V-A, Eq. 2).
+
+    r = π_θ/μ with π_θ the learner policy and μ the behaviour policy.
+    - ``surrogate`` (SPEC.md §5 as written): min(r̃·A, clip(r, 1 − ε, 1 + ε)·A), r̃ = ``truncated_ratio(r, R')``.
+      Since R' ≤ ρ = 1 < 1 + ε, the unclipped term wins for every A > 0, so the clip never stops a positive
+      advantage's gradient: PPO's trust region is gone on that side, and epochs keep pushing.
+    - ``weighted``: stopgrad(R'/r)·min(r·A, clip(r, 1 − ε, 1 + ε)·A): vanilla PPO's clip decides which samples
+      carry a gradient, and each one's gradient is R'·A·∇log π_θ, the same as ``surrogate`` inside the trust
+      region.
     """
-    unclipped = truncated_ratio(ratio, is_weights) * advantages
     clipped = torch.clamp(ratio, 1.0 - clip, 1.0 + clip) * advantages
+    if form == "weighted" and is_weights is not None:
+        weight = torch.where(ratio > 0, is_weights.to(ratio.dtype) / ratio, torch.zeros_like(ratio)).detach()
+        return weight * torch.minimum(ratio * advantages, clipped)
+    unclipped = truncated_ratio(ratio, is_weights) * advantages
     return torch.minimum(unclipped, clipped)
 
 
@@ -70,6 +90,7 @@ def ppo_loss(
     vf_coef: float,
     ent_coef: float,
     is_weights: Tensor | None = None,
+    truncation_form: TruncationForm = "surrogate",
     old_values: Tensor | None = None,
     vf_clip: float | None = None,
 ) -> PPOLossTerms:
@@ -82,7 +103,8 @@ def ppo_loss(
     is R' (paper Eq. 2); with it the unclipped term uses r̃ (see ``clipped_surrogate``).
     """
     ratio = torch.exp(new_log_probs - behaviour_log_probs)
-    policy_loss = -clipped_surrogate(ratio, advantages, clip=clip, is_weights=is_weights).mean()
+    surrogate = clipped_surrogate(ratio, advantages, clip=clip, is_weights=is_weights, form=truncation_form)
+    policy_loss = -surrogate.mean()
     v_loss = value_loss(values, returns, old_values=old_values, vf_clip=vf_clip)
     if kl is None:
         if kl_coef != 0.0:

@@ -194,3 +194,32 @@ def test_config_is_frozen_and_validated() -> None:
     with pytest.raises(ValidationError):
         PPOConfig(unknown_field=1)
     assert PPOConfig.model_validate_json(config.model_dump_json()) == config
+
+
+def _surrogate_grads(log_pi: list[float], log_mu: list[float], adv: list[float], weights: list[float], form: str):
+    log_probs = torch.tensor(log_pi, dtype=torch.float64, requires_grad=True)
+    ratio = torch.exp(log_probs - torch.tensor(log_mu, dtype=torch.float64))
+    w = torch.tensor(weights, dtype=torch.float64)
+    objective = clipped_surrogate(ratio, torch.tensor(adv, dtype=torch.float64), clip=0.2, is_weights=w, form=form)
+    (grad,) = torch.autograd.grad(objective.sum(), log_probs)
+    return objective.detach().tolist(), grad.tolist()
+
+
+def test_weighted_truncation_keeps_the_trust_region_the_surrogate_form_loses() -> None:
+    # Sample 1: r = 1.5 (> 1 + ε), A = 1, R' = 1. Surrogate form: min(R'·A, 1.2·A) = 1 picks the unclipped term,
+    #   gradient d/dlog π = R'·A = 1 (the clip no longer stops it). Weighted: (R'/r)·min(1.5, 1.2) = 0.8, clipped:
+    #   gradient 0, as in vanilla PPO.
+    # Sample 2: r = 0.9 (inside), A = 2, R' = 0.45: both forms value R'·A = 0.9 with gradient R'·A = 0.9.
+    # Sample 3: r = 1.5, A = −1, R' = 1. Surrogate: min(−1, −1.2) = −1.2, clipped, gradient 0. Weighted:
+    #   (1/1.5)·min(−1.5, −1.2) = −1, gradient (R'/r)·r·A = −1, vanilla PPO's pull-back scaled by R'/r.
+    log_mu = [math.log(0.4), math.log(0.5), math.log(0.4)]
+    log_pi = [math.log(0.6), math.log(0.45), math.log(0.6)]
+    adv, weights = [1.0, 2.0, -1.0], [1.0, 0.45, 1.0]
+    values, grads = _surrogate_grads(log_pi, log_mu, adv, weights, "surrogate")
+    assert values == pytest.approx([1.0, 0.9, -1.2]) and grads == pytest.approx([1.0, 0.9, 0.0])
+    values, grads = _surrogate_grads(log_pi, log_mu, adv, weights, "weighted")
+    assert values == pytest.approx([0.8, 0.9, -1.0]) and grads == pytest.approx([0.0, 0.9, -1.0])
+    # Without weights both forms are vanilla PPO.
+    ratio = torch.tensor([1.5, 0.9])
+    a = torch.tensor([1.0, 2.0])
+    assert torch.equal(clipped_surrogate(ratio, a, clip=0.2, form="weighted"), clipped_surrogate(ratio, a, clip=0.2))
