@@ -151,6 +151,16 @@ class JobCache:
         raw = self.client.get(self.keys.spec)
         return None if raw is None else raw.decode()
 
+    def stop_round(self, round_k: int) -> None:
+        """End round `round_k`'s invocations early (the control plane stops mid-round): the round is marked closed,
+        so learners leave once the tasks already enqueued are done, and the parameter function is told to stop."""
+        self.board.close(round_k)
+        ttl_ms = int(self.limits.ttl_s * 1000)
+        with self.client.pipeline(transaction=True) as pipe:
+            pipe.xadd(self.keys.control, {"event": "stop"}, maxlen=64, approximate=True)
+            pipe.pexpire(self.keys.control, ttl_ms)
+            pipe.execute()
+
     def delete(self) -> int:
         """Remove this job's keys only (never FLUSHALL): SCAN the job's namespace and UNLINK in batches."""
         removed = 0

@@ -6,6 +6,7 @@ Event-driven: batches are awaited with XREADGROUP BLOCK, learner completions as 
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import subprocess
@@ -17,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import msgpack
+import redis
 
 from cache import BatchMeta, JobCache, JobLimits, LearnerTask
 from cache.lifetime import die_with_parent
@@ -169,6 +171,7 @@ class Trainer:
         self.last_policy: bytes | None = None  # the newest checkpointed weights, written as safetensors at the end
         self.spec: dict[str, Any] = {}
         self.dead_letters_after = "0-0"
+        self.finished = False
         self.names = {role: f"{self.job_id}-{role}" for role in ("actor", "learner", "parameter")}
 
     def _queue_bound(self) -> int:
@@ -495,6 +498,7 @@ class Trainer:
         """After the last round: the job's functions and cache data go (the run directory has the checkpoint), so a
         shared deployment keeps no idle instances or keys of finished jobs."""
         self._stop_actors()
+        self.finished = True
         for name in self.names.values():
             try:
                 self.gateway.delete(name)
@@ -516,6 +520,11 @@ class Trainer:
 
     def close(self) -> None:
         self._stop_actors()
+        if not self.finished and self.round > 0:
+            # Stopped mid-round: end the round's invocations, or their calls would outlive the control plane (a
+            # learner waits for tasks that never come) and exiting would wait on them.
+            with contextlib.suppress(redis.RedisError):
+                self.job.stop_round(self.round)
         self.pool.shutdown(wait=False, cancel_futures=True)
         if self.last_policy is not None:
             self.run.write_final_policy(self.last_policy)

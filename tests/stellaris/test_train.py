@@ -3,17 +3,21 @@
 from __future__ import annotations
 
 import csv
+import json
 import math
 import os
 import re
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
+import redis
 import yaml
 
+from cache.keys import JobKeys
 from stellaris.control.outputs import INFO_COLUMNS, INVOCATION_COLUMNS, TIMELINE_COLUMNS
 from tests.procs import default_sigint, wait_pid_gone
 
@@ -180,5 +184,45 @@ def test_train_drives_a_running_deployment_given_its_urls(redis_server, tmp_path
             assert re.search(rf'function="j[0-9a-f]+-{role}"', metrics), role
         assert left == []  # a finished job removes its functions from a shared deployment
         assert len(rows(out / "info.csv")) == 2
+    finally:
+        stop_gateway(gw)
+
+
+def test_a_run_stopped_mid_round_ends_its_invocations_on_a_shared_deployment(redis_server, tmp_path: Path) -> None:
+    """SIGTERM while a sync round's learner and parameter invocations are in flight on a gateway the run does not
+    own: the run closes the round and tells the parameter function to stop, so those calls end and the process
+    exits. (A sync round is enqueued a step at a time and closed with its last step; before, a round stopped half
+    way was never closed, its learners waited for tasks that never came, and exiting waited on their calls.)"""
+    from tests.gateway.conftest import TOKEN, start_gateway, stop_gateway
+
+    gw = start_gateway(redis_server.url)
+    try:
+        out = tmp_path / "run"
+        # 64 tasks a round: most of a round's time is its invocations, so the signal lands while they run.
+        cmd = train_cmd(tmp_path, "--rounds", "1000", "--mode", "sync", "--out", str(out),
+                        "--redis-url", redis_server.url,
+                        "--gateway-url", gw.url, "--gateway-token", TOKEN,
+                        overrides={**FAST_CARTPOLE["overrides"], "num_minibatches": 8, "num_epochs": 8})  # fmt: skip
+        env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "STELLARIS_GATEWAY_URL")}
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            if line.startswith("round 2 "):
+                break
+        job = JobKeys(json.loads((out / "state.json").read_text())["job"])
+        with redis.Redis.from_url(redis_server.url) as client:
+            # The round's learner invocations are in flight once they hold a lease (they register on their first
+            # claim and stay registered while they wait between the round's sync steps).
+            deadline = time.monotonic() + 60
+            while not client.zcard(job.learner_deadlines):
+                assert time.monotonic() < deadline, "no learner invocation of round 3 started"
+                time.sleep(0.01)
+        proc.send_signal(signal.SIGTERM)
+        try:
+            code = proc.wait(timeout=90)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            pytest.fail("the stopped run did not exit: its in-flight invocations kept it alive")
+        assert code in (130, 143), proc.stderr.read()[-2000:]
     finally:
         stop_gateway(gw)
