@@ -58,6 +58,7 @@ Handler = Callable[[dict[str, Any], Context], dict[str, Any]]
 
 CALL_ID_HEADER = "X-Call-Id"
 TRACEBACK_LINES = 20
+MAX_EVENT_BYTES = 2 << 30  # above the gateway's largest max_body_bytes (1 GiB) re-serialised
 RESPONSE_FLUSH_S = 2.0  # after the drain, how long aiohttp may take to write responses already computed
 log = logging.getLogger("stellaris.runtime")
 
@@ -217,7 +218,8 @@ class Runtime:
         return self._slots.busy if self._slots is not None else 0
 
     def app(self) -> web.Application:
-        app = web.Application()
+        # Bodies come from the gateway, which enforces its own (configurable) cap: accept anything it may forward.
+        app = web.Application(client_max_size=MAX_EVENT_BYTES)
         app.router.add_get("/health", self.health)
         app.router.add_get("/ready", self.ready)
         app.router.add_post("/invoke", self.invoke)

@@ -30,6 +30,7 @@ from cache.keys import GatewayKeys
 from gateway.activations import ActivationStore
 from gateway.backends.base import Backend
 from gateway.backends.process import ProcessBackend
+from gateway.limits import BodyLimit, TooDeep, parse_json
 from gateway.metering import Metrics, charge
 from gateway.models import Activation, FunctionSpec, Status
 from gateway.pool import FunctionPool, InvocationFailed, Outcome, QueueFull
@@ -197,11 +198,20 @@ def create_app(
 
     app = FastAPI(title="Stellaris gateway", version="0.1.0", lifespan=lifespan)
     app.state.gateway = gw
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
-        kinds = {401: "Unauthorized", 404: "NotFound", 409: "Conflict", 422: "ValidationError"}
+        kinds = {
+            400: "BadRequest", 401: "Unauthorized", 404: "NotFound", 409: "Conflict", 413: "PayloadTooLarge",
+            422: "ValidationError",
+        }  # fmt: skip
         return _error(exc.status_code, kinds.get(exc.status_code, "HTTPError"), str(exc.detail), exc.headers)
+
+    @app.exception_handler(RecursionError)
+    async def too_deep(request: Request, exc: RecursionError) -> JSONResponse:
+        # A body nested deeper than the JSON decoder can go, on a route that parses it into a model.
+        return _error(400, "BadRequest", str(TooDeep(settings.max_json_depth).detail))
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -264,7 +274,7 @@ def create_app(
     async def event_of(request: Request) -> dict[str, Any]:
         raw = await request.body()
         try:
-            event = json.loads(raw) if raw else {}
+            event = parse_json(raw, settings.max_json_depth) if raw else {}
         except ValueError as exc:
             raise HTTPException(422, f"body: not valid JSON ({exc})") from exc
         if not isinstance(event, dict):

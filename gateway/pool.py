@@ -161,8 +161,12 @@ class FunctionPool:
                 headers={"X-Call-Id": call_id},
                 timeout=aiohttp.ClientTimeout(total=self.spec.timeout_s + 5.0),
             ) as resp:
-                body = await resp.json(content_type=None)
                 code = resp.status
+                try:
+                    body = await resp.json(content_type=None)
+                except ValueError:  # not JSON (e.g. a proxy's or server's plain-text error page)
+                    text = (await resp.text(errors="replace"))[:500]
+                    body = {"error": {"type": "BadResponse", "message": f"instance answered {code}: {text}"}}
                 duration_ms = resp.headers.get("X-Duration-Ms")
         except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
             outcome.duration_s = time.monotonic() - started

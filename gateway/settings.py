@@ -29,6 +29,8 @@ class GatewaySettings(BaseSettings):
     namespace: str = Field(default="gateway", description="registry namespace shared by this gateway's workers")
     backend: str = Field(default="process", description="default backend for functions that name none")
     activation_ttl_s: float = Field(default=86400.0, gt=0)
+    max_body_bytes: int = Field(default=1 << 20, ge=1, le=1 << 30, description="request body cap (413 beyond)")
+    max_json_depth: int = Field(default=64, ge=1, le=512, description="JSON nesting cap of a body (400 beyond)")
     stop_timeout_s: float = Field(default=10.0, gt=0)
     spec_refresh_s: float = Field(default=2.0, ge=0, description="how stale a worker's copy of a spec may get")
     # Docker backend: host-Python mode runs the project's own interpreter from read-only bind mounts (bare images).

@@ -1,0 +1,89 @@
+"""Request-size limits at the gateway's edge: a body cap (413) and a JSON nesting cap (400), both configurable.
+
+The body cap is an ASGI middleware: a declared Content-Length over the cap is refused before anything is read,
+and a body without one (chunked) is counted as it arrives and refused once it passes the cap, so no request can
+make the gateway buffer more than the cap. Routes turn the exceptions raised here into JSON errors.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+
+class BodyTooLarge(HTTPException):
+    def __init__(self, limit: int) -> None:
+        super().__init__(413, f"request body over the gateway's limit of {limit} bytes (max_body_bytes)")
+
+
+class TooDeep(HTTPException):
+    def __init__(self, limit: int) -> None:
+        super().__init__(400, f"body: JSON nested deeper than the gateway's limit of {limit} (max_json_depth)")
+
+
+def _error_response(exc: HTTPException) -> dict[str, Any]:
+    kind = "PayloadTooLarge" if exc.status_code == 413 else "BadRequest"
+    return {"error": {"type": kind, "message": str(exc.detail)}}
+
+
+class BodyLimit:
+    """ASGI middleware: at most `max_bytes` of request body per request."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app, self.max_bytes = app, max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope.get("headers") or []).get(b"content-length")
+        if declared is not None and (not declared.isdigit() or int(declared) > self.max_bytes):
+            await _send_json(send, BodyTooLarge(self.max_bytes))
+            return
+        seen = 0
+
+        async def counted() -> Message:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.max_bytes:
+                    raise BodyTooLarge(self.max_bytes)
+            return message
+
+        await self.app(scope, counted, send)
+
+
+async def _send_json(send: Send, exc: HTTPException) -> None:
+    body = json.dumps(_error_response(exc)).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": exc.status_code, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+def json_depth(value: Any) -> int:
+    """Nesting depth of a decoded JSON value (a scalar is 0, `[]` and `{}` are 1), without recursion."""
+    deepest, stack = 0, [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            stack.extend((v, depth + 1) for v in item.values())
+            deepest = max(deepest, depth + 1)
+        elif isinstance(item, list):
+            stack.extend((v, depth + 1) for v in item)
+            deepest = max(deepest, depth + 1)
+    return deepest
+
+
+def parse_json(raw: bytes, max_depth: int) -> Any:
+    """`raw` decoded, refused (TooDeep) past `max_depth` levels; ValueError when it is not JSON."""
+    try:
+        value = json.loads(raw)
+    except RecursionError as exc:  # deeper than the decoder itself can go
+        raise TooDeep(max_depth) from exc
+    if json_depth(value) > max_depth:
+        raise TooDeep(max_depth)
+    return value

@@ -1,0 +1,76 @@
+"""Request-size limits against a real gateway: oversized bodies get a JSON 413, over-deep JSON a JSON 400, never a
+5xx, on the invocation route and on the FastAPI routes alike."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from gateway.client import GatewayClient
+from gateway.limits import json_depth
+from tests.gateway.conftest import start_gateway, stop_gateway
+from tests.gateway.test_api import spec
+
+MIB = 1 << 20
+
+
+def nested(depth: int) -> bytes:
+    return b"[" * depth + b"]" * depth
+
+
+def test_json_depth() -> None:
+    assert json_depth(1) == 0 and json_depth([]) == 1 and json_depth({"a": [1, {"b": []}]}) == 4
+    assert json_depth([[[]], []]) == 3
+
+
+def _error(resp, status: int, kind: str, word: str) -> None:
+    assert resp.status_code == status, resp.text
+    assert resp.headers["content-type"].startswith("application/json")
+    error = resp.json()["error"]
+    assert error["type"] == kind and word in error["message"]
+
+
+@pytest.mark.parametrize("path", ["/function/{name}", "/async-function/{name}", "/system/functions"])
+def test_a_body_over_the_limit_is_a_json_413(client: GatewayClient, fname: str, path: str) -> None:
+    client.register(spec(fname))
+    url = path.format(name=fname)
+    declared = client.http.post(url, content=b"x" * (MIB + 1), headers={"content-type": "application/json"})
+    _error(declared, 413, "PayloadTooLarge", "max_body_bytes")
+
+    def chunks() -> Iterator[bytes]:  # no Content-Length: counted as it arrives
+        for _ in range(3):
+            yield b" " * (MIB // 2)
+
+    chunked = client.http.post(url, content=chunks(), headers={"content-type": "application/json"})
+    _error(chunked, 413, "PayloadTooLarge", "max_body_bytes")
+    assert client.invoke(fname, {"ok": 1})["event"] == {"ok": 1}  # the gateway is fine afterwards
+
+
+@pytest.mark.parametrize("depth", [65, 1_100, 100_000])
+def test_json_nested_past_the_limit_is_a_json_400(client: GatewayClient, fname: str, depth: int) -> None:
+    client.register(spec(fname))
+    for path in (f"/function/{fname}", "/system/functions"):
+        body = nested(depth) if path.startswith("/function") else b'{"name": ' + nested(depth) + b"}"
+        resp = client.http.post(path, content=body, headers={"content-type": "application/json"})
+        if path.startswith("/function"):
+            _error(resp, 400, "BadRequest", "max_json_depth")
+        else:  # a model route: refused as too deep or as not matching the model, never a 5xx
+            assert resp.status_code in (400, 422), resp.text
+            assert resp.json()["error"]["type"] in ("BadRequest", "ValidationError")
+    assert client.invoke(fname, {"a": {"b": {"c": [1]}}})["event"] == {"a": {"b": {"c": [1]}}}  # 4 deep is fine
+
+
+def test_the_cap_is_configurable_and_what_passes_it_reaches_the_handler(redis_server, fname: str) -> None:
+    """A 2 MiB event under a 4 MiB cap is served (the runtime accepts whatever the gateway lets through; it used to
+    answer a plain-text 413 past 1 MiB, which the gateway turned into a 500); past the cap it is a JSON 413."""
+    gw = start_gateway(redis_server.url, STELLARIS_GATEWAY_MAX_BODY_BYTES=str(4 * MIB))
+    try:
+        with gw.client() as client:
+            client.register(spec(fname))
+            big = "x" * (2 * MIB)
+            assert client.invoke(fname, {"big": big})["event"]["big"] == big
+            resp = client.http.post(f"/function/{fname}", content=b"x" * (4 * MIB + 1))
+            _error(resp, 413, "PayloadTooLarge", f"{4 * MIB} bytes")
+    finally:
+        stop_gateway(gw)
