@@ -152,6 +152,11 @@ class GatewayKeys:
     def activation(self, activation_id: str) -> str:
         return f"{self.base}:act:{activation_id}"
 
+    @property
+    def activations(self) -> str:
+        """Sorted set: activation id -> creation time (s), the index that caps how many records are kept."""
+        return f"{self.base}:acts"
+
     def activation_done(self, activation_id: str) -> str:
         """List pushed once when the activation ends, so any worker's waiter can block on it."""
         return f"{self.base}:act:{activation_id}:done"

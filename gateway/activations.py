@@ -1,8 +1,10 @@
-"""Activation records in the cache, with a TTL; any worker can answer for any activation and wait for its end."""
+"""Activation records in the cache, bounded by age (a TTL) and by count (the oldest beyond `max_records` are
+dropped); any worker can answer for any activation and wait for its end."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -12,12 +14,33 @@ from gateway.models import Activation, Status
 
 FINAL = {Status.SUCCESS, Status.ERROR, Status.TIMEOUT, Status.REJECTED}
 
+# Drop the oldest records beyond the cap, and index entries older than the TTL (their records are gone). KEYS: index.
+# ARGV: cap, record key prefix, ttl ms, oldest creation time kept (s). The record keys share the index's hash tag
+# (one slot), though they are named here rather than declared.
+_TRIM = """
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', '(' .. ARGV[4])
+local extra = redis.call('ZCARD', KEYS[1]) - tonumber(ARGV[1])
+if extra > 0 then
+  local old = redis.call('ZRANGE', KEYS[1], 0, extra - 1)
+  for _, id in ipairs(old) do
+    redis.call('UNLINK', ARGV[2] .. id, ARGV[2] .. id .. ':done')
+  end
+  redis.call('ZREMRANGEBYRANK', KEYS[1], 0, extra - 1)
+end
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
+return math.max(extra, 0)
+"""
+
 
 class ActivationStore:
-    def __init__(self, client: aioredis.Redis, keys: GatewayKeys, *, ttl_s: float, batch_max: int = 512) -> None:
+    def __init__(
+        self, client: aioredis.Redis, keys: GatewayKeys, *, ttl_s: float, max_records: int, batch_max: int = 512
+    ) -> None:
         self.client = client
         self.keys = keys
         self.ttl_ms = int(ttl_s * 1000)
+        self.max_records = max_records
+        self._trim = client.register_script(_TRIM)
         self.batch_max = batch_max
         self._pending: list[Activation] = []
         self._flush: asyncio.Task[None] | None = None
@@ -35,6 +58,7 @@ class ActivationStore:
             async with self.client.pipeline(transaction=False) as pipe:
                 for act in batch:
                     self._queue_writes(pipe, act)
+                await self._queue_trim(pipe)
                 await pipe.execute()
 
     async def drain(self) -> None:
@@ -42,7 +66,13 @@ class ActivationStore:
             await self._flush
         await self._write_pending()
 
+    async def _queue_trim(self, pipe: Any) -> None:
+        oldest = time.time() - self.ttl_ms / 1000
+        keys, args = [self.keys.activations], [self.max_records, self.keys.activation(""), self.ttl_ms, oldest]
+        await self._trim(keys=keys, args=args, client=pipe)  # queued on the pipeline
+
     def _queue_writes(self, pipe: Any, act: Activation) -> None:
+        pipe.zadd(self.keys.activations, {act.id: act.start}, nx=True)
         pipe.set(self.keys.activation(act.id), act.model_dump_json(), px=self.ttl_ms)
         if act.status in FINAL:
             pipe.rpush(self.keys.activation_done(act.id), 1)
@@ -51,6 +81,7 @@ class ActivationStore:
     async def save(self, act: Activation) -> None:
         async with self.client.pipeline(transaction=True) as pipe:
             self._queue_writes(pipe, act)
+            await self._queue_trim(pipe)
             await pipe.execute()
 
     async def get(self, activation_id: str) -> Activation | None:

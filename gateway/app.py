@@ -70,7 +70,9 @@ class Gateway:
         self.cache = Cache(CacheSettings(url=self.settings.redis_url) if self.settings.redis_url else None)
         self.redis = aioredis.Redis.from_url(self.cache.url)
         self.registry = Registry(self.redis, self.keys)
-        self.activations = ActivationStore(self.redis, self.keys, ttl_s=self.settings.activation_ttl_s)
+        self.activations = ActivationStore(
+            self.redis, self.keys, ttl_s=self.settings.activation_ttl_s, max_records=self.settings.activation_max
+        )
         self.http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=None))
         self._backends.setdefault("process", ProcessBackend(redis_url=self.cache.url))
         for spec in await self.registry.all():

@@ -28,7 +28,10 @@ class GatewaySettings(BaseSettings):
     redis_url: str | None = Field(default=None, description="None: $REDIS_URL, else an embedded redis-server")
     namespace: str = Field(default="gateway", description="registry namespace shared by this gateway's workers")
     backend: str = Field(default="process", description="default backend for functions that name none")
-    activation_ttl_s: float = Field(default=86400.0, gt=0)
+    activation_ttl_s: float = Field(default=3600.0, gt=0, le=30 * 86400, description="age cap of a record")
+    activation_max: int = Field(
+        default=100_000, ge=1, le=10_000_000, description="count cap of records (~1 KB each; oldest dropped)"
+    )
     max_body_bytes: int = Field(default=1 << 20, ge=1, le=1 << 30, description="request body cap (413 beyond)")
     max_json_depth: int = Field(default=64, ge=1, le=512, description="JSON nesting cap of a body (400 beyond)")
     stop_timeout_s: float = Field(default=10.0, gt=0)

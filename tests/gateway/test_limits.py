@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from gateway.client import GatewayClient
+from gateway.client import GatewayClient, GatewayError
 from gateway.limits import json_depth
 from tests.gateway.conftest import start_gateway, stop_gateway
 from tests.gateway.test_api import spec
@@ -72,5 +72,28 @@ def test_the_cap_is_configurable_and_what_passes_it_reaches_the_handler(redis_se
             assert client.invoke(fname, {"big": big})["event"]["big"] == big
             resp = client.http.post(f"/function/{fname}", content=b"x" * (4 * MIB + 1))
             _error(resp, 413, "PayloadTooLarge", f"{4 * MIB} bytes")
+    finally:
+        stop_gateway(gw)
+
+
+def test_activation_records_are_capped_by_count(redis_server, cache_conn, fname: str) -> None:
+    """200 calls under a cap of 50 records: at most 50 records (and their done markers) are left, the newest kept,
+    the oldest gone (404); the records' memory is bounded accordingly."""
+    gw = start_gateway(redis_server.url, STELLARIS_GATEWAY_ACTIVATION_MAX="50")
+    try:
+        with gw.client() as client:
+            client.register(spec(fname))
+            ids = [client.invoke_with_id(fname, {"i": i})[0] for i in range(200)]
+            assert client.activation(ids[-1], wait_s=5).status == "success"
+            with pytest.raises(GatewayError) as gone:
+                client.activation(ids[0])
+            assert gone.value.status_code == 404
+        prefix = f"stl:gw:{{{gw.namespace}}}:act:"
+        keys = list(cache_conn.client.scan_iter(match=f"{prefix}*", count=1000))
+        records = [k for k in keys if not k.endswith(b":done")]
+        assert len(records) <= 50 and len(keys) - len(records) <= 50, len(records)
+        assert cache_conn.client.zcard(f"stl:gw:{{{gw.namespace}}}:acts") <= 50
+        used = sum(cache_conn.client.memory_usage(k) or 0 for k in keys)
+        assert used < 50 * 2048, used  # ~1 KB a record: the cap bounds the memory
     finally:
         stop_gateway(gw)
