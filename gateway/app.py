@@ -19,6 +19,7 @@ import aiohttp
 import redis.asyncio as aioredis
 from fastapi import Depends, FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, Field
@@ -198,8 +199,23 @@ def create_app(
         finally:
             await gw.stop()
 
-    app = FastAPI(title="Stellaris gateway", version="0.1.0", lifespan=lifespan)
+    # The API description is behind the token like every route but /healthz, unless public_docs says otherwise.
+    public = settings.public_docs
+    app = FastAPI(
+        title="Stellaris gateway", version="0.1.0", lifespan=lifespan, redoc_url=None,
+        openapi_url="/openapi.json" if public else None, docs_url="/docs" if public else None,
+    )  # fmt: skip
     app.state.gateway = gw
+    if not public:
+
+        @app.get("/openapi.json", include_in_schema=False)
+        async def openapi(_: Auth) -> dict[str, Any]:
+            return app.openapi()
+
+        @app.get("/docs", include_in_schema=False)
+        async def docs(_: Auth) -> Response:
+            return get_swagger_ui_html(openapi_url="/openapi.json", title="Stellaris gateway")
+
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
 
     @app.exception_handler(HTTPException)

@@ -32,6 +32,7 @@ class GatewaySettings(BaseSettings):
     activation_max: int = Field(
         default=100_000, ge=1, le=10_000_000, description="count cap of records (~1 KB each; oldest dropped)"
     )
+    public_docs: bool = Field(default=False, description="serve /openapi.json and /docs without the token")
     max_body_bytes: int = Field(default=1 << 20, ge=1, le=1 << 30, description="request body cap (413 beyond)")
     max_json_depth: int = Field(default=64, ge=1, le=512, description="JSON nesting cap of a body (400 beyond)")
     stop_timeout_s: float = Field(default=10.0, gt=0)

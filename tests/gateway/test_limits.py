@@ -97,3 +97,22 @@ def test_activation_records_are_capped_by_count(redis_server, cache_conn, fname:
         assert used < 50 * 2048, used  # ~1 KB a record: the cap bounds the memory
     finally:
         stop_gateway(gw)
+
+
+def test_the_api_description_is_behind_the_token_unless_made_public(gateway, redis_server) -> None:
+    import httpx
+
+    with httpx.Client(base_url=gateway.url) as anon, gateway.client() as client:
+        for path in ("/openapi.json", "/docs"):
+            denied = anon.get(path)
+            assert denied.status_code == 401 and denied.json()["error"]["type"] == "Unauthorized"
+        assert "/function/{name}" in client.http.get("/openapi.json").json()["paths"]
+        assert client.http.get("/docs").status_code == 200
+        assert anon.get("/redoc").status_code in (401, 404)
+    public = start_gateway(redis_server.url, STELLARIS_GATEWAY_PUBLIC_DOCS="true")
+    try:
+        with httpx.Client(base_url=public.url) as anon:
+            assert "paths" in anon.get("/openapi.json").json() and anon.get("/docs").status_code == 200
+            assert anon.get("/system/functions").status_code == 401  # only the description is public
+    finally:
+        stop_gateway(public)
