@@ -28,7 +28,7 @@ class JobLimits(BaseSettings):
     task_maxlen: int = Field(default=4096, gt=0, description="learner tasks queued or in flight")
     keep_versions: int = Field(default=8, gt=0, description="policy versions whose weights are kept")
     ttl_s: float = Field(default=86400.0, gt=0, description="TTL of every job key, refreshed on write")
-    retired_grace_s: float = Field(default=60.0, ge=0, description="how long a retired version lingers")
+    retired_grace_s: float = Field(default=60.0, ge=0, description="how long a retired version a learner holds lingers")
     learner_lease_s: float = Field(
         default=5.0, gt=0, description="a learner's lease, refreshed while it lives; its tasks are taken over after"
     )

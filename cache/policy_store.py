@@ -1,9 +1,10 @@
 """The versioned policy store: an integer version advanced atomically, and only by the holder of the update lease.
 
-Weights of the newest `keep_versions` versions are kept (truncation needs the policies other learners hold);
-older ones get a short grace TTL and then expire. Optimizer state lives beside the policy and is replaced in the
-same atomic step as the version, so the parameter function is stateless between invocations. Every publish also
-appends to a small events stream that waiters block on (XREAD BLOCK), so nobody polls for new versions.
+Weights of the newest `keep_versions` versions are kept (truncation needs the policies other learners hold); a
+version leaving them is dropped at once unless a registered learner still holds it, which keeps it for a short
+grace TTL, so at most K versions plus those held are stored. Optimizer state lives beside the policy and is
+replaced in the same atomic step as the version, so the parameter function is stateless between invocations. Every
+publish also appends to a small events stream that waiters block on (XREAD BLOCK), so nobody polls for new versions.
 """
 
 from __future__ import annotations
@@ -31,8 +32,9 @@ return tonumber(ARGV[4])
 
 # Publish and acknowledge as one step: the new version, the optimizer state, the aggregator's state, the removal of
 # the gradients that went into it, and its record in the applied log, all or nothing.
-# KEYS: version, lock, new policy, optim, events, retired policy, gradients, gradients freed, aggregator, applied
-# ARGV: lease value, expected version, weights, optim, ttl ms, retired grace ms, applied maxlen,
+# KEYS: version, lock, new policy, optim, events, retired policy, gradients, gradients freed, aggregator, applied,
+#       learners (id -> held version)
+# ARGV: lease value, expected version, weights, optim, ttl ms, retired grace ms, applied maxlen, retired version,
 #       n ids, ids..., n aggregator pairs, field, value, ..., then the applied record's field/value pairs
 _PUBLISH_ACK = """
 if redis.call('GET', KEYS[2]) ~= ARGV[1] then return redis.error_reply('FENCE update lease not held') end
@@ -41,8 +43,8 @@ if cur == nil then return redis.error_reply('FENCE store not initialised') end
 if cur ~= tonumber(ARGV[2]) then
   return redis.error_reply('FENCE version is ' .. cur .. ', expected ' .. ARGV[2])
 end
-local n = tonumber(ARGV[8])
-for i = 9, 8 + n do
+local n = tonumber(ARGV[9])
+for i = 10, 9 + n do
   if #redis.call('XRANGE', KEYS[7], ARGV[i], ARGV[i]) == 0 then
     return redis.error_reply('FENCE gradient ' .. ARGV[i] .. ' is gone')
   end
@@ -51,10 +53,17 @@ local new = cur + 1
 redis.call('SET', KEYS[3], ARGV[3], 'PX', ARGV[5])
 if ARGV[4] ~= '' then redis.call('SET', KEYS[4], ARGV[4], 'PX', ARGV[5]) end
 redis.call('SET', KEYS[1], new, 'PX', ARGV[5])
-if KEYS[6] ~= KEYS[3] then redis.call('PEXPIRE', KEYS[6], ARGV[6]) end
+if KEYS[6] ~= KEYS[3] then
+  -- The version leaving the newest K: kept a grace period only while a registered learner holds it, else dropped.
+  local held = false
+  for _, v in ipairs(redis.call('HVALS', KEYS[11])) do
+    if v == ARGV[8] then held = true break end
+  end
+  if held then redis.call('PEXPIRE', KEYS[6], ARGV[6]) else redis.call('UNLINK', KEYS[6]) end
+end
 redis.call('XADD', KEYS[5], 'MAXLEN', '~', 64, '*', 'v', new)
 redis.call('PEXPIRE', KEYS[5], ARGV[5])
-for i = 9, 8 + n do
+for i = 10, 9 + n do
   redis.call('XDEL', KEYS[7], ARGV[i])
   redis.call('LPUSH', KEYS[8], '1')
 end
@@ -62,7 +71,7 @@ if n > 0 then
   redis.call('LTRIM', KEYS[8], 0, 1023)
   redis.call('PEXPIRE', KEYS[8], ARGV[5])
 end
-local a = 9 + n
+local a = 10 + n
 local pairs_n = tonumber(ARGV[a])
 if pairs_n > 0 then
   redis.call('HSET', KEYS[9], unpack(ARGV, a + 1, a + 2 * pairs_n))
@@ -274,6 +283,7 @@ class PolicyStore:
                         k.freed(k.grad),
                         k.aggregator,
                         k.applied,
+                        k.learners,
                     ],
                     args=[
                         lease.value,
@@ -283,6 +293,7 @@ class PolicyStore:
                         self.ttl_ms,
                         self.retired_grace_ms,
                         applied_maxlen,
+                        str(retired),
                         len(gradient_ids),
                         *gradient_ids,
                         len(agg) // 2,

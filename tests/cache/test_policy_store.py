@@ -47,13 +47,22 @@ def test_only_the_newest_k_versions_are_kept(cache_conn: Cache, job_id: str) -> 
         job.delete()
 
 
-def test_retired_versions_linger_for_their_grace_ttl(job: JobCache) -> None:
+def test_a_retired_version_lingers_only_while_a_learner_holds_it(job: JobCache) -> None:
+    """At most K versions plus those registered learners hold: thousands of publishes leave K keys (a 60 s grace
+    for every retired version once kept 4,023 versions against K = 8)."""
     job.policies.initialise(b"w0")
-    for v in range(1, job.limits.keep_versions + 1):
+    job.client.hset(job.keys.learners, "learner-a", "1")  # holds version 1
+    k = job.limits.keep_versions
+    for v in range(1, k + 2):
         publish_once(job, f"w{v}".encode())
-    ttl_ms = job.client.pttl(job.keys.policy(0))
+    assert not job.client.exists(job.keys.policy(0))  # retired, held by nobody: gone at once
+    ttl_ms = job.client.pttl(job.keys.policy(1))  # retired while held: a grace TTL
     assert 0 < ttl_ms <= job.limits.retired_grace_s * 1000
-    assert job.client.pttl(job.keys.policy(1)) > job.limits.retired_grace_s * 1000
+    assert job.client.pttl(job.keys.policy(2)) > job.limits.retired_grace_s * 1000  # still among the newest K
+    for v in range(k + 2, 200):
+        publish_once(job, f"w{v}".encode())
+    stored = [key for key in job.client.scan_iter(match=job.keys.policy(0)[:-1] + "*") if key.split(b":")[-1].isdigit()]
+    assert len(stored) == k + 1, stored  # the newest K and the held one
 
 
 def test_publish_needs_the_lease_and_the_expected_version(job: JobCache) -> None:
