@@ -103,7 +103,10 @@ class ProcessBackend:
     def _wait_ready(self, proc: subprocess.Popen[bytes], spec: FunctionSpec) -> int:
         """Block on the runtime's `READY <port>` line (an event, not a poll), bounded by startup_timeout_s."""
         assert proc.stdout is not None
-        ready, _, _ = select.select([proc.stdout], [], [], self.startup_timeout_s)
+        # poll(), not select(): select fails on descriptors numbered above 1,024, which a busy gateway reaches.
+        poller = select.poll()
+        poller.register(proc.stdout, select.POLLIN)
+        ready = poller.poll(self.startup_timeout_s * 1000)
         line = proc.stdout.readline().decode(errors="replace").strip() if ready else ""
         if line.startswith("READY "):
             return int(line.split()[1])
