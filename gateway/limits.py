@@ -13,6 +13,9 @@ from typing import Any
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from gateway.models import FunctionSpec
+from gateway.settings import GatewaySettings
+
 
 class BodyTooLarge(HTTPException):
     def __init__(self, limit: int) -> None:
@@ -87,3 +90,20 @@ def parse_json(raw: bytes, max_depth: int) -> Any:
     if json_depth(value) > max_depth:
         raise TooDeep(max_depth)
     return value
+
+
+def check_caps(spec: FunctionSpec, settings: GatewaySettings) -> None:
+    """Refuse (422, naming the field and the cap) a function that asks for more than this gateway allows, so no
+    registration or pre-warm can start more instances or memory than the host was configured for."""
+    problems = []  # min_warm is at most max_instances already (FunctionSpec)
+    if spec.max_instances > settings.max_instances:
+        problems.append(f"max_instances {spec.max_instances} is over the gateway's cap of {settings.max_instances}")
+    if spec.resources.memory_bytes > settings.max_instance_memory_bytes:
+        problems.append(
+            f"resources.memory_bytes {spec.resources.memory_bytes} is over the gateway's cap of "
+            f"{settings.max_instance_memory_bytes}"
+        )
+    if problems:
+        raise HTTPException(
+            422, "; ".join(problems) + " (STELLARIS_GATEWAY_MAX_INSTANCES / _MAX_INSTANCE_MEMORY_BYTES)"
+        )

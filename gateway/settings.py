@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import os
 import socket
 
 from pydantic import Field, model_validator
@@ -19,6 +20,10 @@ def is_loopback(host: str) -> bool:
             return False
 
 
+def _physical_memory() -> int:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
 class GatewaySettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="STELLARIS_GATEWAY_", extra="forbid", frozen=True)
 
@@ -31,6 +36,10 @@ class GatewaySettings(BaseSettings):
     activation_ttl_s: float = Field(default=3600.0, gt=0, le=30 * 86400, description="age cap of a record")
     activation_max: int = Field(
         default=100_000, ge=1, le=10_000_000, description="count cap of records (~1 KB each; oldest dropped)"
+    )
+    max_instances: int = Field(default=64, ge=1, le=1024, description="cap on a function's max_instances")
+    max_instance_memory_bytes: int = Field(
+        default_factory=lambda: _physical_memory(), ge=1 << 20, description="cap on one instance's memory_bytes"
     )
     public_docs: bool = Field(default=False, description="serve /openapi.json and /docs without the token")
     max_body_bytes: int = Field(default=1 << 20, ge=1, le=1 << 30, description="request body cap (413 beyond)")

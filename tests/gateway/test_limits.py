@@ -116,3 +116,25 @@ def test_the_api_description_is_behind_the_token_unless_made_public(gateway, red
             assert anon.get("/system/functions").status_code == 401  # only the description is public
     finally:
         stop_gateway(public)
+
+
+def test_instance_and_memory_caps_refuse_a_registration_with_a_422(redis_server, fname: str) -> None:
+    """A pre-warm of 1,024 instances once ran the host out of memory: now the gateway caps what one function may ask
+    for, and names the field and the cap; a pre-warm never starts more than the function's (capped) max."""
+    gw = start_gateway(redis_server.url, STELLARIS_GATEWAY_MAX_INSTANCES="3",
+                       STELLARIS_GATEWAY_MAX_INSTANCE_MEMORY_BYTES=str(512 * MIB))  # fmt: skip
+    try:
+        with gw.client() as client:
+            for kwargs, word in (
+                ({"max_instances": 1024}, "max_instances 1024 is over the gateway's cap of 3"),
+                ({"resources": {"memory_bytes": 1 << 40}}, "resources.memory_bytes 1099511627776 is over"),
+            ):
+                resp = client.http.post("/system/functions", json=spec(fname, **kwargs).model_dump())
+                _error(resp, 422, "ValidationError", word)
+            client.register(spec(fname, max_instances=3, resources={"memory_bytes": 256 * MIB}))
+            out = client.http.post(f"/system/functions/{fname}/prewarm", json={"count": 1024, "wait_s": 30}).json()
+            assert out["starting"] == 3 and len(client.function(fname)["status"]["instances"]) <= 3
+            resp = client.http.put(f"/system/functions/{fname}", json=spec(fname, max_instances=64).model_dump())
+            _error(resp, 422, "ValidationError", "max_instances 64")
+    finally:
+        stop_gateway(gw)
