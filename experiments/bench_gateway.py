@@ -76,6 +76,7 @@ def start_gateway(redis_url: str) -> tuple[subprocess.Popen[str], str]:
         "STELLARIS_GATEWAY_PORT": "0",
         "STELLARIS_GATEWAY_TOKEN": TOKEN,
         "STELLARIS_LOG_LEVEL": "WARNING",
+        "STELLARIS_GATEWAY_TARGET_PREFIXES": '["functions.handlers.", "experiments."]',  # the no-op handler
     }
     proc = subprocess.Popen([sys.executable, "-m", "gateway"], cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None

@@ -31,7 +31,7 @@ from cache.keys import GatewayKeys
 from gateway.activations import ActivationStore
 from gateway.backends.base import Backend
 from gateway.backends.process import ProcessBackend
-from gateway.limits import BodyLimit, TooDeep, check_caps, parse_json
+from gateway.limits import BodyLimit, TooDeep, check_registration, parse_json
 from gateway.metering import Metrics, charge
 from gateway.models import Activation, FunctionSpec, Status
 from gateway.pool import FunctionPool, InvocationFailed, Outcome, QueueFull
@@ -249,7 +249,7 @@ def create_app(
     # -- registry ---------------------------------------------------------------------------------------------
     @app.post("/system/functions", status_code=201)
     async def create_function(spec: FunctionSpec, _: Auth) -> dict[str, Any]:
-        check_caps(spec, settings)
+        check_registration(spec, settings)
         if not await gw.registry.put(spec, create=True):
             raise HTTPException(409, f"function {spec.name!r} exists; use PUT to update it")
         pool = gw._pool_for(spec)
@@ -260,7 +260,7 @@ def create_app(
     async def update_function(name: str, spec: FunctionSpec, _: Auth) -> dict[str, Any]:
         if spec.name != name:
             raise HTTPException(422, f"name in the body ({spec.name!r}) differs from the path ({name!r})")
-        check_caps(spec, settings)
+        check_registration(spec, settings)
         if await gw.registry.get(name) is None:
             raise HTTPException(404, f"no function named {name!r}")
         await gw.registry.put(spec, create=False)

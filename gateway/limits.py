@@ -7,6 +7,7 @@ make the gateway buffer more than the cap. Routes turn the exceptions raised her
 
 from __future__ import annotations
 
+import fnmatch
 import json
 from typing import Any
 
@@ -14,7 +15,7 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.models import FunctionSpec
-from gateway.settings import GatewaySettings
+from gateway.settings import ENV_DENY, GatewaySettings
 
 
 class BodyTooLarge(HTTPException):
@@ -92,10 +93,20 @@ def parse_json(raw: bytes, max_depth: int) -> Any:
     return value
 
 
-def check_caps(spec: FunctionSpec, settings: GatewaySettings) -> None:
-    """Refuse (422, naming the field and the cap) a function that asks for more than this gateway allows, so no
-    registration or pre-warm can start more instances or memory than the host was configured for."""
+def check_registration(spec: FunctionSpec, settings: GatewaySettings) -> None:
+    """Refuse (422, naming the field) a function that asks for more than this gateway allows: more instances or
+    memory than its caps (so no registration or pre-warm can exhaust the host), a handler outside the allowed
+    module prefixes, or an environment variable off the allow-list or on the deny list (variables that change how
+    an interpreter or loader starts would let a registrant run any code as the gateway's user)."""
     problems = []  # min_warm is at most max_instances already (FunctionSpec)
+    if spec.target is not None and not spec.target.split(":", 1)[0].startswith(tuple(settings.target_prefixes)):
+        allowed = ", ".join(settings.target_prefixes)
+        problems.append(f"target {spec.target!r} is outside the allowed handler modules ({allowed}; TARGET_PREFIXES)")
+    for name in spec.env:
+        if any(fnmatch.fnmatchcase(name.upper(), p) for p in ENV_DENY):
+            problems.append(f"env {name!r} changes how a program starts and is never allowed")
+        elif not any(fnmatch.fnmatchcase(name, p) for p in settings.env_allow):
+            problems.append(f"env {name!r} is not on the allow-list ({', '.join(settings.env_allow)}; ENV_ALLOW)")
     if spec.max_instances > settings.max_instances:
         problems.append(f"max_instances {spec.max_instances} is over the gateway's cap of {settings.max_instances}")
     if spec.resources.memory_bytes > settings.max_instance_memory_bytes:

@@ -20,6 +20,17 @@ def is_loopback(host: str) -> bool:
             return False
 
 
+# What a registered function may set in its instances' environment: this project's settings and thread counts.
+DEFAULT_ENV_ALLOW = (
+    "STELLARIS_*", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "MUJOCO_GL",
+)  # fmt: skip
+# Variables that change how an interpreter, the dynamic loader or a shell starts: never, whatever env_allow says.
+ENV_DENY = (
+    "PYTHON*", "LD_*", "DYLD_*", "PERL*", "RUBY*", "NODE_*", "JAVA_TOOL_OPTIONS", "_JAVA_OPTIONS", "BASH_ENV",
+    "ENV", "SHELLOPTS", "PS4", "IFS", "PATH", "HOME", "BROWSER", "GCONV_PATH", "MALLOC_*", "TMPDIR",
+)  # fmt: skip
+
+
 def _physical_memory() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
@@ -40,6 +51,14 @@ class GatewaySettings(BaseSettings):
     max_instances: int = Field(default=64, ge=1, le=1024, description="cap on a function's max_instances")
     max_instance_memory_bytes: int = Field(
         default_factory=lambda: _physical_memory(), ge=1 << 20, description="cap on one instance's memory_bytes"
+    )
+    target_prefixes: list[str] = Field(
+        default_factory=lambda: ["functions.handlers."],
+        description="handler modules a registration may name (module path prefixes); anything else is a 422",
+    )
+    env_allow: list[str] = Field(
+        default_factory=lambda: list(DEFAULT_ENV_ALLOW),
+        description="env variable names (fnmatch patterns) a registration may set; the deny list always wins",
     )
     public_docs: bool = Field(default=False, description="serve /openapi.json and /docs without the token")
     max_body_bytes: int = Field(default=1 << 20, ge=1, le=1 << 30, description="request body cap (413 beyond)")

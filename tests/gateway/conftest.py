@@ -42,6 +42,7 @@ def start_gateway(redis_url: str, namespace: str | None = None, **env: str) -> R
             "STELLARIS_GATEWAY_PORT": "0",
             "STELLARIS_GATEWAY_TOKEN": TOKEN,
             "STELLARIS_GATEWAY_NAMESPACE": namespace,
+            "STELLARIS_GATEWAY_TARGET_PREFIXES": '["functions.handlers.", "tests.functions."]',
             **env,
         },
     )

@@ -138,3 +138,26 @@ def test_instance_and_memory_caps_refuse_a_registration_with_a_422(redis_server,
             _error(resp, 422, "ValidationError", "max_instances 64")
     finally:
         stop_gateway(gw)
+
+
+@pytest.mark.parametrize(
+    ("fields", "word"),
+    [
+        # The probe's injection: an importable module run with an interpreter option in its environment.
+        ({"target": "antigravity:geohash", "env": {"BROWSER": "perlthanks", "PERL5OPT": "-Mbase;system('id')"}},
+         "target 'antigravity:geohash' is outside the allowed handler modules"),
+        ({"env": {"PYTHONSTARTUP": "/tmp/x.py"}}, "env 'PYTHONSTARTUP' changes how a program starts"),
+        ({"env": {"LD_PRELOAD": "/tmp/x.so"}}, "env 'LD_PRELOAD' changes how a program starts"),
+        ({"env": {"ld_preload": "/tmp/x.so"}}, "env 'ld_preload' changes how a program starts"),
+        ({"env": {"SOME_VAR": "1"}}, "env 'SOME_VAR' is not on the allow-list"),
+    ],
+)  # fmt: skip
+def test_registration_refuses_foreign_targets_and_dangerous_env(
+    client: GatewayClient, fname: str, fields: dict, word: str
+) -> None:
+    body = {"name": fname, "target": "tests.functions.sample_handlers:echo", **fields}
+    resp = client.http.post("/system/functions", json=body)
+    _error(resp, 422, "ValidationError", word)
+    assert fname not in [f["name"] for f in client.functions()]  # nothing was registered
+    ok = {"name": fname, "target": "tests.functions.sample_handlers:echo", "env": {"OMP_NUM_THREADS": "1"}}
+    assert client.http.post("/system/functions", json=ok).status_code == 201  # allowed names still pass
