@@ -167,17 +167,29 @@ class Gateway:
         return code, body
 
 
-def authorised(request: Request) -> None:
-    """Bearer-token check on every route but health (constant-time comparison)."""
-    token = request.app.state.gateway.settings.token
-    if token is None:
-        return
+def _bearer_matches(request: Request, *tokens: str | None) -> bool:
     scheme, _, given = request.headers.get("authorization", "").partition(" ")
-    if scheme.lower() != "bearer" or not secrets.compare_digest(given.encode(), token.encode()):
+    return scheme.lower() == "bearer" and any(
+        t is not None and secrets.compare_digest(given.encode(), t.encode()) for t in tokens
+    )
+
+
+def authorised(request: Request) -> None:
+    """The admin token (`token`): every route but health. No token configured: an open loopback gateway."""
+    token = request.app.state.gateway.settings.token
+    if token is not None and not _bearer_matches(request, token):
+        raise HTTPException(401, "missing or bad bearer token (admin)", headers={"WWW-Authenticate": "Bearer"})
+
+
+def may_invoke(request: Request) -> None:
+    """Invoking and reading activations: the admin token or the invoke token (`invoke_token`)."""
+    settings = request.app.state.gateway.settings
+    if settings.token is not None and not _bearer_matches(request, settings.token, settings.invoke_token):
         raise HTTPException(401, "missing or bad bearer token", headers={"WWW-Authenticate": "Bearer"})
 
 
 Auth = Annotated[None, Depends(authorised)]
+InvokeAuth = Annotated[None, Depends(may_invoke)]
 
 
 def create_app(
@@ -306,7 +318,7 @@ def create_app(
         dependency solving costs more than the rest of the gateway's work per call."""
         name = request.path_params["name"]
         try:
-            authorised(request)
+            may_invoke(request)
             pool = await gw.pool(name)
             event = await event_of(request)
         except HTTPException as exc:
@@ -328,12 +340,12 @@ def create_app(
         "/function/{name}",
         responses={200: {"description": "the handler's result"}, 404: {}, 422: {}, 429: {}, 502: {}, 504: {}},
     )
-    async def invoke_documented(name: str, event: dict[str, Any], _: Auth) -> dict[str, Any]:
+    async def invoke_documented(name: str, event: dict[str, Any], _: InvokeAuth) -> dict[str, Any]:
         """Synchronous invocation (OpenAPI entry only: the raw route above serves every request)."""
         raise HTTPException(500, "unreachable: served by the raw route")
 
     @app.post("/async-function/{name}", status_code=202)
-    async def invoke_async(name: str, request: Request, _: Auth) -> JSONResponse:
+    async def invoke_async(name: str, request: Request, _: InvokeAuth) -> JSONResponse:
         pool = await gw.pool(name)
         event = await event_of(request)
         if pool.full():
@@ -355,7 +367,7 @@ def create_app(
         return JSONResponse({"activation_id": act.id}, status_code=202, headers={"X-Call-Id": act.id})
 
     @app.get("/activations/{activation_id}")
-    async def activation(activation_id: str, _: Auth, wait_s: float = 0.0) -> dict[str, Any]:
+    async def activation(activation_id: str, _: InvokeAuth, wait_s: float = 0.0) -> dict[str, Any]:
         act = await gw.activations.wait(activation_id, min(max(wait_s, 0.0), 60.0))
         if act is None:
             raise HTTPException(404, f"no activation {activation_id!r} (unknown or expired)")

@@ -40,7 +40,12 @@ class GatewaySettings(BaseSettings):
 
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=0, le=65535)
-    token: str | None = Field(default=None, description="bearer token; required to bind a non-loopback address")
+    token: str | None = Field(
+        default=None,
+        description="admin bearer token (register, update, delete, metrics, docs, and invoke too); "
+        "required to bind a non-loopback address",
+    )
+    invoke_token: str | None = Field(default=None, description="bearer token that may only invoke and read activations")
     redis_url: str | None = Field(default=None, description="None: $REDIS_URL, else an embedded redis-server")
     namespace: str = Field(default="gateway", description="registry namespace shared by this gateway's workers")
     backend: str = Field(default="process", description="default backend for functions that name none")
@@ -74,4 +79,8 @@ class GatewaySettings(BaseSettings):
     def _token_for_remote(self) -> GatewaySettings:
         if not is_loopback(self.host) and not self.token:
             raise ValueError(f"refusing to bind non-loopback address {self.host!r} without a token")
+        if self.invoke_token is not None and self.token is None:
+            raise ValueError("invoke_token needs an admin token too (without one the gateway is open to all)")
+        if self.invoke_token is not None and self.invoke_token == self.token:
+            raise ValueError("invoke_token must differ from the admin token")
         return self

@@ -161,3 +161,36 @@ def test_registration_refuses_foreign_targets_and_dangerous_env(
     assert fname not in [f["name"] for f in client.functions()]  # nothing was registered
     ok = {"name": fname, "target": "tests.functions.sample_handlers:echo", "env": {"OMP_NUM_THREADS": "1"}}
     assert client.http.post("/system/functions", json=ok).status_code == 201  # allowed names still pass
+
+
+def test_an_invoke_token_invokes_and_reads_activations_but_administers_nothing(redis_server, fname: str) -> None:
+    import httpx
+
+    gw = start_gateway(redis_server.url, STELLARIS_GATEWAY_INVOKE_TOKEN="invoke-only")
+    try:
+        with gw.client() as admin:
+            admin.register(spec(fname))
+        headers = {"Authorization": "Bearer invoke-only"}
+        with httpx.Client(base_url=gw.url, headers=headers, timeout=30) as invoker:
+            call = invoker.post(f"/function/{fname}", json={"x": 1})
+            assert call.status_code == 200 and call.json()["event"] == {"x": 1}
+            queued = invoker.post(f"/async-function/{fname}", json={"x": 2})
+            assert queued.status_code == 202
+            record = invoker.get(f"/activations/{queued.json()['activation_id']}", params={"wait_s": 10})
+            assert record.status_code == 200 and record.json()["status"] == "success"
+            for method, path, body in (
+                ("POST", "/system/functions", spec(f"{fname}-x").model_dump()),
+                ("PUT", f"/system/functions/{fname}", spec(fname).model_dump()),
+                ("DELETE", f"/system/functions/{fname}", None),
+                ("POST", f"/system/functions/{fname}/prewarm", {"count": 1}),
+                ("GET", "/system/functions", None),
+                ("GET", "/metrics", None),
+                ("GET", "/openapi.json", None),
+            ):
+                resp = invoker.request(method, path, json=body)
+                assert resp.status_code == 401, (method, path, resp.text)
+        with gw.client() as admin:
+            assert fname in [f["name"] for f in admin.functions()]  # nothing the invoker tried took effect
+            assert f"{fname}-x" not in [f["name"] for f in admin.functions()]
+    finally:
+        stop_gateway(gw)
