@@ -143,12 +143,14 @@ class Gateway:
         task.add_done_callback(self.tasks.discard)
         return task
 
-    async def run(self, pool: FunctionPool, act: Activation, event: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    async def run(
+        self, pool: FunctionPool, act: Activation, event: dict[str, Any], *, admitted: bool = False
+    ) -> tuple[int, dict[str, Any]]:
         """Invoke and complete the activation record; returns (HTTP status, body)."""
         name = pool.spec.name
         outcome: Outcome | None = None
         try:
-            outcome = await pool.invoke(event, call_id=act.id)
+            outcome = await pool.invoke(event, call_id=act.id, admitted=admitted)
             code, body = 200, outcome.result or {}
             act.status, act.result = Status.SUCCESS, outcome.result
         except InvocationFailed as failed:
@@ -348,19 +350,20 @@ def create_app(
     async def invoke_async(name: str, request: Request, _: InvokeAuth) -> JSONResponse:
         pool = await gw.pool(name)
         event = await event_of(request)
-        if pool.full():
+        try:
+            pool.admit()  # decided now, before the 202: an accepted call is never rejected later
+        except QueueFull as full:
             gw.metrics.invocations.labels(name, "429").inc()
-            return _error(429, "TooManyRequests", f"function {name!r}: concurrency and queue are full",
-                          {"Retry-After": "1"})  # fmt: skip
+            return _error(429, "TooManyRequests", str(full), {"Retry-After": f"{full.retry_after_s:.0f}"})
         act = Activation(id=uuid.uuid4().hex, function=name, status=Status.QUEUED, start=time.time())
-        await gw.activations.save(act)
+        try:
+            await gw.activations.save(act)
+        except BaseException:
+            pool.release_admission()
+            raise
 
         async def background() -> None:
-            try:
-                await gw.run(pool, act, event)
-            except QueueFull as full:
-                act.status, act.status_code, act.end = Status.REJECTED, 429, time.time()
-                act.error = {"type": "TooManyRequests", "message": str(full)}
+            await gw.run(pool, act, event, admitted=True)
             await gw.activations.save(act)
 
         gw.spawn(background())

@@ -74,15 +74,28 @@ class FunctionPool:
 
     # -- admission and invocation -----------------------------------------------------------------------------
     def full(self) -> bool:
-        """Every slot busy and the wait queue at its bound: a new call would be refused (429)."""
-        return self._slots.locked() and self.waiting >= self.spec.queue_max
+        """Every slot and every queue place taken (counting admitted calls that have not reached a slot yet): a
+        new call would be refused (429)."""
+        return self.running + self.waiting >= self.spec.max_concurrency + self.spec.queue_max
 
-    async def invoke(self, event: dict[str, Any], *, call_id: str) -> Outcome:
+    def admit(self) -> None:
+        """Take a place among the waiting calls now, or raise QueueFull: an asynchronous call is admitted before its
+        202 is sent, so a 202 is never followed by a rejection."""
         if self.full():
             raise QueueFull(self.spec.name, retry_after_s=max(1.0, self.spec.timeout_s / 10))
-        accepted = time.monotonic()
         self.waiting += 1
         self._gauges()
+
+    def release_admission(self) -> None:
+        """Give back a place `admit` took for a call that will not run."""
+        self.waiting -= 1
+        self._gauges()
+
+    async def invoke(self, event: dict[str, Any], *, call_id: str, admitted: bool = False) -> Outcome:
+        """Run one call: `admitted` when `admit` already took its place."""
+        if not admitted:
+            self.admit()
+        accepted = time.monotonic()
         try:
             await self._slots.acquire()
         finally:

@@ -194,3 +194,29 @@ def test_an_invoke_token_invokes_and_reads_activations_but_administers_nothing(r
             assert f"{fname}-x" not in [f["name"] for f in admin.functions()]
     finally:
         stop_gateway(gw)
+
+
+def test_async_admission_is_decided_before_the_202(client: GatewayClient, fname: str) -> None:
+    """300 async calls at once against 2 slots + 8 queue places: every call that got a 202 runs to success, the rest
+    are refused with a 429 up front (before, 115 of 127 accepted calls were rejected afterwards). More than 10 may be
+    accepted: places free up while the burst is still arriving."""
+    import asyncio
+
+    import httpx
+
+    client.register(spec(fname, "sleep", max_concurrency=2, max_instances=2, queue_max=8, timeout_s=30))
+    headers = {"Authorization": client.http.headers["Authorization"]}
+
+    async def burst() -> list[httpx.Response]:
+        async with httpx.AsyncClient(base_url=str(client.http.base_url), headers=headers, timeout=60) as http:
+            return await asyncio.gather(
+                *(http.post(f"/async-function/{fname}", json={"seconds": 0.2}) for _ in range(300))
+            )
+
+    answers = asyncio.run(burst())
+    accepted = [r.json()["activation_id"] for r in answers if r.status_code == 202]
+    refused = [r for r in answers if r.status_code == 429]
+    assert len(accepted) + len(refused) == 300 and accepted and refused, (len(accepted), len(refused))
+    assert all(r.json()["error"]["type"] == "TooManyRequests" for r in refused)
+    for activation_id in accepted:
+        assert client.activation(activation_id, wait_s=30).status == "success"
