@@ -16,6 +16,7 @@ from contextlib import asynccontextmanager
 from typing import Annotated, Any
 
 import aiohttp
+import redis
 import redis.asyncio as aioredis
 from fastapi import Depends, FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
@@ -69,7 +70,11 @@ class Gateway:
 
     async def start(self) -> None:
         self.cache = Cache(CacheSettings(url=self.settings.redis_url) if self.settings.redis_url else None)
-        self.redis = aioredis.Redis.from_url(self.cache.url)
+        # A bounded pool that makes a request wait for a free connection (up to redis_wait_s) rather than fail.
+        pool = aioredis.BlockingConnectionPool.from_url(
+            self.cache.url, max_connections=self.settings.redis_max_connections, timeout=self.settings.redis_wait_s
+        )
+        self.redis = aioredis.Redis(connection_pool=pool)
         self.registry = Registry(self.redis, self.keys)
         self.activations = ActivationStore(
             self.redis, self.keys, ttl_s=self.settings.activation_ttl_s, max_records=self.settings.activation_max
@@ -239,6 +244,12 @@ def create_app(
             422: "ValidationError",
         }  # fmt: skip
         return _error(exc.status_code, kinds.get(exc.status_code, "HTTPError"), str(exc.detail), exc.headers)
+
+    @app.exception_handler(redis.RedisError)
+    async def cache_unavailable(request: Request, exc: redis.RedisError) -> JSONResponse:
+        # The gateway's own cache is unreachable or its connections are all busy: the gateway's fault, retryable.
+        message = f"the gateway's cache is unavailable: {type(exc).__name__}: {exc}"
+        return _error(503, "CacheUnavailable", message, {"Retry-After": "1"})
 
     @app.exception_handler(RecursionError)
     async def too_deep(request: Request, exc: RecursionError) -> JSONResponse:

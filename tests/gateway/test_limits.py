@@ -220,3 +220,28 @@ def test_async_admission_is_decided_before_the_202(client: GatewayClient, fname:
     assert all(r.json()["error"]["type"] == "TooManyRequests" for r in refused)
     for activation_id in accepted:
         assert client.activation(activation_id, wait_s=30).status == "success"
+
+
+def test_a_small_cache_pool_makes_requests_wait_not_fail(redis_server, fname: str) -> None:
+    """One cache connection for 200 concurrent requests (registry reads, activation writes): every one answered, no
+    5xx (the pool used to run dry and answer 500)."""
+    import asyncio
+
+    import httpx
+
+    gw = start_gateway(redis_server.url, STELLARIS_GATEWAY_REDIS_MAX_CONNECTIONS="1")
+    try:
+        with gw.client() as client:
+            client.register(spec(fname, max_concurrency=4, max_instances=2, queue_max=1000))
+            headers = {"Authorization": client.http.headers["Authorization"]}
+
+        async def burst() -> list[httpx.Response]:
+            async with httpx.AsyncClient(base_url=gw.url, headers=headers, timeout=60) as http:
+                calls = [http.post(f"/function/{fname}", json={"i": i}) for i in range(100)]
+                reads = [http.get(f"/system/functions/{fname}") for _ in range(100)]
+                return await asyncio.gather(*calls, *reads)
+
+        codes = [r.status_code for r in asyncio.run(burst())]
+        assert codes == [200] * 200, sorted(set(codes))
+    finally:
+        stop_gateway(gw)
