@@ -8,6 +8,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
+from cache import RedisServerDied
 from stellaris.config import TrainConfig
 from stellaris.control.outputs import RunDir, fmt
 from stellaris.control.platform import Platform
@@ -32,6 +33,17 @@ def _progress(trainer: Trainer, row: dict | None, steps_per_s: float) -> Table:
             f"cost ${trainer.cost:.4f}",
         )
     return table
+
+
+def _raise_if_cache_died(platform: Platform, exc: Exception) -> None:
+    """Whatever failed (a 502 from a function, a connection error here), a dead embedded Redis is the cause to
+    report: one line with its exit code and the tail of its log, not the traceback of whatever noticed first."""
+    server = platform.cache.server if platform.cache is not None else None
+    if server is not None:
+        try:
+            server.raise_if_dead()
+        except RedisServerDied as died:
+            raise died from exc
 
 
 def run_training(cfg: TrainConfig, *, resume: bool = False) -> int:
@@ -62,8 +74,14 @@ def run_training(cfg: TrainConfig, *, resume: bool = False) -> int:
                                 highlight=False,
                             )
                 trainer.finish()
+            except Exception as exc:
+                _raise_if_cache_died(p, exc)
+                raise
             finally:
                 trainer.close()
+    except RedisServerDied as died:
+        console.print(f"[red]error:[/] {died}", highlight=False, soft_wrap=True)
+        return 1
     except KeyboardInterrupt:
         console.print(f"[yellow]interrupted[/]: stopped cleanly; resume with `stellaris train --resume {run.path}`")
         return 130

@@ -226,3 +226,27 @@ def test_a_run_stopped_mid_round_ends_its_invocations_on_a_shared_deployment(red
         assert code in (130, 143), proc.stderr.read()[-2000:]
     finally:
         stop_gateway(gw)
+
+
+def test_a_dead_embedded_redis_is_reported_in_one_line_with_its_log_tail(tmp_path: Path) -> None:
+    """kill -9 of the embedded redis-server mid-run: the run exits 1 with the RedisServerDied message (exit code
+    and log tail) as its last words, not the traceback of whichever call noticed first, and leaves no process."""
+    env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "STELLARIS_GATEWAY_URL")}
+    proc = subprocess.Popen(
+        train_cmd(tmp_path, "--rounds", "1000", "--out", str(tmp_path / "run")),
+        cwd=ROOT, env=env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
+    )  # fmt: skip
+    assert proc.stderr is not None
+    for line in proc.stderr:
+        if line.startswith("round 2 "):
+            break
+    kids = descendants(proc.pid)
+    [server] = [pid for pid in kids if Path(f"/proc/{pid}/comm").read_text().strip() == "redis-server"]
+    os.kill(server, signal.SIGKILL)
+    rest = proc.stderr.read()
+    assert proc.wait(timeout=120) == 1, rest[-3000:]
+    tail = rest[rest.rfind("error:") :]
+    assert "embedded redis-server" in tail and "exited with code -9" in tail and "last log lines" in tail, rest[-3000:]
+    assert "Traceback" not in tail
+    for pid in kids:
+        assert wait_pid_gone(pid, 30), f"process {pid} outlived the run"
