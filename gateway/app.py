@@ -235,13 +235,13 @@ def create_app(
         async def docs(_: Auth) -> Response:
             return get_swagger_ui_html(openapi_url="/openapi.json", title="Stellaris gateway")
 
-    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes, timeout_s=settings.body_timeout_s)
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
         kinds = {
-            400: "BadRequest", 401: "Unauthorized", 404: "NotFound", 409: "Conflict", 413: "PayloadTooLarge",
-            422: "ValidationError",
+            400: "BadRequest", 401: "Unauthorized", 404: "NotFound", 408: "RequestTimeout", 409: "Conflict",
+            413: "PayloadTooLarge", 422: "ValidationError",
         }  # fmt: skip
         return _error(exc.status_code, kinds.get(exc.status_code, "HTTPError"), str(exc.detail), exc.headers)
 

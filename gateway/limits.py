@@ -7,6 +7,7 @@ make the gateway buffer more than the cap. Routes turn the exceptions raised her
 
 from __future__ import annotations
 
+import asyncio
 import fnmatch
 import json
 from typing import Any
@@ -23,21 +24,26 @@ class BodyTooLarge(HTTPException):
         super().__init__(413, f"request body over the gateway's limit of {limit} bytes (max_body_bytes)")
 
 
+class BodyTooSlow(HTTPException):
+    def __init__(self, timeout_s: float) -> None:
+        super().__init__(408, f"request body stalled for {timeout_s:g} s (body_timeout_s)")
+
+
 class TooDeep(HTTPException):
     def __init__(self, limit: int) -> None:
         super().__init__(400, f"body: JSON nested deeper than the gateway's limit of {limit} (max_json_depth)")
 
 
 def _error_response(exc: HTTPException) -> dict[str, Any]:
-    kind = "PayloadTooLarge" if exc.status_code == 413 else "BadRequest"
+    kind = {413: "PayloadTooLarge", 408: "RequestTimeout"}.get(exc.status_code, "BadRequest")
     return {"error": {"type": kind, "message": str(exc.detail)}}
 
 
 class BodyLimit:
-    """ASGI middleware: at most `max_bytes` of request body per request."""
+    """ASGI middleware: at most `max_bytes` of request body per request, each chunk within `timeout_s` of the last."""
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
-        self.app, self.max_bytes = app, max_bytes
+    def __init__(self, app: ASGIApp, max_bytes: int, timeout_s: float) -> None:
+        self.app, self.max_bytes, self.timeout_s = app, max_bytes, timeout_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -47,15 +53,21 @@ class BodyLimit:
         if declared is not None and (not declared.isdigit() or int(declared) > self.max_bytes):
             await _send_json(send, BodyTooLarge(self.max_bytes))
             return
-        seen = 0
+        seen, done = 0, False
 
         async def counted() -> Message:
-            nonlocal seen
-            message = await receive()
+            nonlocal seen, done
+            if done:  # the body is in: later receives wait for a disconnect, for as long as the call runs
+                return await receive()
+            try:
+                message = await asyncio.wait_for(receive(), self.timeout_s)
+            except TimeoutError as exc:
+                raise BodyTooSlow(self.timeout_s) from exc
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > self.max_bytes:
                     raise BodyTooLarge(self.max_bytes)
+                done = not message.get("more_body", False)
             return message
 
         await self.app(scope, counted, send)

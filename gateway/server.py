@@ -10,6 +10,7 @@ import sys
 import uvicorn
 
 from gateway.app import create_app
+from gateway.protocol import timed_h11
 from gateway.settings import GatewaySettings
 
 
@@ -31,7 +32,10 @@ def serve(settings: GatewaySettings, *, ready_line: bool = True, log_level: str 
 
     app = create_app(settings, on_ready=ready if ready_line else None)
 
-    config = uvicorn.Config(app, log_level=log_level, access_log=False, timeout_graceful_shutdown=30)
+    config = uvicorn.Config(
+        app, log_level=log_level, access_log=False, timeout_graceful_shutdown=30,
+        http=timed_h11(settings.header_timeout_s),
+    )  # fmt: skip
     server = uvicorn.Server(config)
     signal.signal(signal.SIGTERM, lambda *_: setattr(server, "should_exit", True))
     server.run(sockets=[sock])

@@ -68,6 +68,8 @@ class GatewaySettings(BaseSettings):
     public_docs: bool = Field(default=False, description="serve /openapi.json and /docs without the token")
     redis_max_connections: int = Field(default=64, ge=1, le=10_000, description="the gateway's cache connections")
     redis_wait_s: float = Field(default=5.0, gt=0, le=300, description="wait for a free cache connection (then 503)")
+    header_timeout_s: float = Field(default=10.0, gt=0, le=600, description="time to send a request's head")
+    body_timeout_s: float = Field(default=30.0, gt=0, le=3600, description="longest wait for the next body chunk")
     max_body_bytes: int = Field(default=1 << 20, ge=1, le=1 << 30, description="request body cap (413 beyond)")
     max_json_depth: int = Field(default=64, ge=1, le=512, description="JSON nesting cap of a body (400 beyond)")
     stop_timeout_s: float = Field(default=10.0, gt=0)

@@ -1,9 +1,13 @@
-"""Request-size limits against a real gateway: oversized bodies get a JSON 413, over-deep JSON a JSON 400, never a
-5xx, on the invocation route and on the FastAPI routes alike."""
+"""The gateway's bounds against a real gateway: body size (413), JSON depth (400), slow heads and stalled bodies
+(closed / 408), activation records, instances and memory per function, targets and env at registration, token
+scopes, async admission, the cache pool: every refusal a JSON 4xx, never a 5xx."""
 
 from __future__ import annotations
 
+import socket
+import time
 from collections.abc import Iterator
+from urllib.parse import urlparse
 
 import pytest
 
@@ -243,5 +247,55 @@ def test_a_small_cache_pool_makes_requests_wait_not_fail(redis_server, fname: st
 
         codes = [r.status_code for r in asyncio.run(burst())]
         assert codes == [200] * 200, sorted(set(codes))
+    finally:
+        stop_gateway(gw)
+
+
+def _raw(url: str) -> socket.socket:
+    where = urlparse(url)
+    return socket.create_connection((where.hostname, where.port), timeout=30)
+
+
+def test_slow_request_heads_and_stalled_bodies_are_cut_off(redis_server, fname: str) -> None:
+    """Slowloris: a head trickled a byte at a time is cut off after header_timeout_s although bytes keep coming
+    (uvicorn's keep-alive timer restarts on every byte); a body that stalls gets a JSON 408 after body_timeout_s."""
+    gw = start_gateway(redis_server.url, STELLARIS_GATEWAY_HEADER_TIMEOUT_S="1", STELLARIS_GATEWAY_BODY_TIMEOUT_S="1")
+    try:
+        with gw.client() as client:
+            client.register(spec(fname))
+        sock = _raw(gw.url)
+        sock.sendall(f"POST /function/{fname} HTTP/1.1\r\nHost: x\r\n".encode())
+        closed_after = None
+        start = time.monotonic()
+        for _ in range(40):  # a header byte every 0.25 s, for up to 10 s
+            try:
+                sock.sendall(b"X")
+                sock.settimeout(0.25)
+                if sock.recv(1024) == b"":
+                    closed_after = time.monotonic() - start
+                    break
+            except TimeoutError:
+                continue
+            except OSError:
+                closed_after = time.monotonic() - start
+                break
+        sock.close()
+        assert closed_after is not None, "a trickled request head kept its connection for 10 s"
+
+        sock = _raw(gw.url)
+        head = f"POST /function/{fname} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer test-token\r\n"
+        sock.sendall((head + 'Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{"a":').encode())
+        sock.settimeout(30)
+        answer = b""
+        while b"\r\n\r\n" not in answer or not answer.rstrip().endswith(b"}"):
+            chunk = sock.recv(4096)
+            if not chunk:
+                break
+            answer += chunk
+        sock.close()
+        assert answer.startswith(b"HTTP/1.1 408"), answer[:200]
+        assert b'"RequestTimeout"' in answer and b"body_timeout_s" in answer
+        with gw.client() as client:
+            assert client.invoke(fname, {"ok": 1})["event"] == {"ok": 1}  # normal calls are unaffected
     finally:
         stop_gateway(gw)
