@@ -6,6 +6,7 @@ import csv
 import json
 import math
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +65,23 @@ class _Csv:
         self.writer.writerows(rows)
         self.file.flush()
 
+    def filter(self, keep: Callable[[dict[str, str]], bool]) -> int:
+        """Rewrite the file with only the rows `keep` accepts (atomically); returns how many were dropped."""
+        path, columns = Path(self.file.name), list(self.writer.fieldnames)
+        self.file.close()
+        with path.open(newline="") as f:
+            rows = list(csv.DictReader(f))
+        kept = [r for r in rows if keep(r)]
+        tmp = path.with_suffix(".csv.tmp")
+        with tmp.open("w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=columns)
+            writer.writeheader()
+            writer.writerows(kept)
+        tmp.replace(path)
+        self.file = path.open("a", newline="")
+        self.writer = csv.DictWriter(self.file, fieldnames=columns)
+        return len(rows) - len(kept)
+
     def close(self) -> None:
         self.file.close()
 
@@ -100,11 +118,35 @@ class RunDir:
         )
 
     def checkpoint(self, state: dict[str, Any], policy: bytes, optimizer: bytes | None) -> None:
-        """Policy and optimizer as our wire format (no pickle), then state.json last: it names a complete set."""
-        _atomic_write(self.path / "policy.bin", policy)
+        """Policy and optimizer as our wire format (no pickle) in files named by the round, then state.json, which
+        names them: a crash at any point leaves state.json naming a complete, matching set. Older sets go last."""
+        tag = f"r{int(state['round']):06d}"
+        files = {"policy_file": f"policy-{tag}.bin"}
+        _atomic_write(self.path / files["policy_file"], policy)
         if optimizer:
-            _atomic_write(self.path / "optimizer.bin", optimizer)
-        _atomic_write(self.path / "state.json", json.dumps(state, indent=2).encode())
+            files["optimizer_file"] = f"optimizer-{tag}.bin"
+            _atomic_write(self.path / files["optimizer_file"], optimizer)
+        _atomic_write(self.path / "state.json", json.dumps({**state, **files}, indent=2).encode())
+        for old in [*self.path.glob("policy-r*.bin"), *self.path.glob("optimizer-r*.bin")]:
+            if old.name not in files.values():
+                old.unlink(missing_ok=True)
+
+    def checkpoint_files(self, state: dict[str, Any]) -> tuple[bytes, bytes]:
+        """(policy, optimizer state) of the checkpoint `state` names (b"" for no optimizer state)."""
+        policy = (self.path / state.get("policy_file", "policy.bin")).read_bytes()
+        optim = self.path / state.get("optimizer_file", "optimizer.bin")
+        return policy, optim.read_bytes() if optim.exists() else b""
+
+    def rewind(self, state: dict[str, Any]) -> None:
+        """Resuming from `state`: drop the rows a dead run wrote after its last checkpoint (rounds after it, gradients
+        applied after its version, episodes after its clock), so the resumed run's rows follow on exactly."""
+        keep = {
+            self.info: lambda r: int(float(r["round_id"])) <= int(state["round"]),
+            self.gradients: lambda r: int(r["applied_version"]) <= int(state["version"]),
+            self.timeline: lambda r: float(r["wall_clock_s"]) <= float(state.get("elapsed_s", math.inf)),
+        }
+        for table, wanted in keep.items():
+            table.filter(wanted)
 
     def load_state(self) -> dict[str, Any] | None:
         path = self.path / "state.json"

@@ -53,6 +53,8 @@ def run_training(cfg: TrainConfig, *, resume: bool = False) -> int:
     if resume and state is None:
         console.print(f"[red]error:[/] {run.path} has no checkpoint (state.json) to resume from")
         return 2
+    if state is not None:
+        run.rewind(state)  # rows the dead run wrote after its checkpoint
     console.print(f"run directory: {run.path}")
     trainer: Trainer | None = None
     try:

@@ -155,7 +155,11 @@ class Trainer:
         self.gateway: GatewayClient = platform.gateway
         self.cache = platform.cache
         self.state = state or {}
-        self.job_id = self.state.get("job") or f"j{uuid.uuid4().hex[:10]}"
+        # A resumed run is a new epoch of its job, in a namespace of its own: nothing the dead run left (tasks,
+        # gradients, pending batches, leases, instances still working on them) can reach it.
+        self.job_base = self.state.get("job_base") or self.state.get("job") or f"j{uuid.uuid4().hex[:10]}"
+        self.epoch = int(self.state.get("epoch", -1)) + 1 if self.state else 0
+        self.job_id = self.job_base if self.epoch == 0 else f"{self.job_base}-e{self.epoch}"
         self.job = JobCache(self.cache.client, self.job_id, JobLimits(trajectory_maxlen=self._queue_bound()))
         self.round = int(self.state.get("round", 0))
         self.env_steps = int(self.state.get("env_steps", 0))
@@ -230,13 +234,24 @@ class Trainer:
         parameter function's round / δ_max (a no-op where the cache still has the job)."""
         if not self.state:
             return
-        policy = (self.run.path / "policy.bin").read_bytes()
-        optim_path = self.run.path / "optimizer.bin"
-        optim = optim_path.read_bytes() if optim_path.exists() else b""
+        self._discard_dead_epoch()
+        policy, optim = self.run.checkpoint_files(self.state)
         self.job.policies.initialise(policy, optim, version=int(self.state["version"]))
         aggregator = self.state.get("aggregator") or {}
         if aggregator and not self.job.client.exists(self.job.keys.aggregator):
             self.job.client.hset(self.job.keys.aggregator, mapping=aggregator)
+
+    def _discard_dead_epoch(self) -> None:
+        """Best effort: the previous epoch's functions and keys go (a shared deployment keeps nothing of a dead run;
+        whatever of it still runs writes only to its own namespace)."""
+        dead = str(self.state.get("job"))
+        if dead == self.job_id:
+            return
+        for role in ("actor", "learner", "parameter"):
+            with contextlib.suppress(GatewayError):
+                self.gateway.delete(f"{dead}-{role}")
+        with contextlib.suppress(redis.RedisError, ValueError):
+            JobCache(self.cache.client, dead).delete()
 
     def _start_actors(self) -> None:
         self.actor_procs = [self._actor_proc(i) for i in range(self.cfg.actors)]
@@ -481,6 +496,8 @@ class Trainer:
         aggregator = {k.decode(): v.decode() for k, v in self.job.client.hgetall(self.job.keys.aggregator).items()}
         state = {
             "job": self.job_id,
+            "job_base": self.job_base,
+            "epoch": self.epoch,
             "round": self.round,
             "version": version,
             "env_steps": self.env_steps,
