@@ -15,6 +15,9 @@ from cache.errors import CacheError
 from cache.server import EmbeddedRedis
 
 REDIS_URL_ENV = "REDIS_URL"
+# A per-job user's credentials (cache/acl.py), applied over $REDIS_URL: the deployment says where Redis is, the job
+# says who its functions are there.
+REDIS_USER_ENV, REDIS_PASSWORD_ENV = "STELLARIS_REDIS_USER", "STELLARIS_REDIS_PASSWORD"
 
 
 class CacheSettings(BaseModel):
@@ -136,5 +139,12 @@ def _redact(url: str) -> str:
 
 
 def connect(url: str | None = None, **settings: Any) -> Cache:
-    """Open the cache: `url`, else `$REDIS_URL`, else a private embedded redis-server."""
-    return Cache(CacheSettings(url=url or os.environ.get(REDIS_URL_ENV) or None, **settings))
+    """Open the cache: `url`, else `$REDIS_URL` (as $STELLARIS_REDIS_USER when that and its password are set), else a
+    private embedded redis-server."""
+    from cache.acl import url_as
+
+    url = url or os.environ.get(REDIS_URL_ENV) or None
+    user, password = os.environ.get(REDIS_USER_ENV), os.environ.get(REDIS_PASSWORD_ENV)
+    if url and user and password:
+        url = url_as(url, user, password)
+    return Cache(CacheSettings(url=url, **settings))

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
+
+from cache.acl import JOB_ENV
 
 
 class EventError(ValueError):
@@ -11,9 +14,14 @@ class EventError(ValueError):
 
 
 def job_id_of(event: dict[str, Any]) -> str:
-    job = event.get("job")
+    """The job an invocation works on: the instance's own when it is bound to one ($STELLARIS_JOB, set by the control
+    plane with the job's Redis credentials), which an event may repeat but not change; else the event's."""
+    bound = os.environ.get(JOB_ENV)
+    job = event.get("job", bound) if bound else event.get("job")
     if not isinstance(job, str) or not job:
         raise EventError(f"event needs a 'job' field with the job id (a string), got {job!r}")
+    if bound and job != bound:
+        raise EventError(f"this instance serves job {bound!r} only; the event names {job!r}")
     return job
 
 

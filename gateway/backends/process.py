@@ -77,7 +77,7 @@ class ProcessBackend:
             "--timeout-s", str(spec.timeout_s),
         ]  # fmt: skip
         env = {**os.environ, **self.extra_env, **spec.env, "STELLARIS_INSTANCE_ID": instance_id}
-        if self.redis_url:
+        if self.redis_url and "REDIS_URL" not in spec.env:  # a spec's own env wins, as on the docker backend
             env["REDIS_URL"] = self.redis_url
         started = time.monotonic()
         proc = subprocess.Popen(

@@ -20,7 +20,9 @@ from typing import Any
 import msgpack
 import redis
 
-from cache import BatchMeta, JobCache, JobLimits, LearnerTask
+from cache import BatchMeta, JobCache, JobLimits, LearnerTask, acl
+from cache.acl import JOB_ENV
+from cache.connection import REDIS_PASSWORD_ENV, REDIS_USER_ENV
 from cache.lifetime import die_with_parent
 from gateway.client import GatewayClient, GatewayError
 from gateway.models import ACTOR_PRICING, LEARNER_PRICING, Activation, FunctionSpec, Pricing
@@ -176,6 +178,7 @@ class Trainer:
         self.spec: dict[str, Any] = {}
         self.dead_letters_after = "0-0"
         self.finished = False
+        self.job_url: str | None = None  # Redis as the job's own user, when Redis has ACLs
         self.names = {role: f"{self.job_id}-{role}" for role in ("actor", "learner", "parameter")}
 
     def _queue_bound(self) -> int:
@@ -188,6 +191,7 @@ class Trainer:
             "STELLARIS_LOG_LEVEL": os.environ.get("STELLARIS_LOG_LEVEL", "WARNING"),
             "STELLARIS_JOB_TRAJECTORY_MAXLEN": str(self._queue_bound()),
         }
+        env |= self._job_credentials()
         self._register(
             FunctionSpec(
                 name=self.names["parameter"], target="functions.handlers.parameter:handle", timeout_s=3600,
@@ -241,6 +245,15 @@ class Trainer:
         if aggregator and not self.job.client.exists(self.job.keys.aggregator):
             self.job.client.hset(self.job.keys.aggregator, mapping=aggregator)
 
+    def _job_credentials(self) -> dict[str, str]:
+        """The job's own Redis user (cache/acl.py) for its functions and actors, bound to this job: they can reach
+        no other job's keys and serve no other job's events. None where Redis has no ACLs."""
+        if not acl.supported(self.cache.client):
+            return {}
+        user, password = acl.grant_job(self.cache.client, self.job_id)
+        self.job_url = acl.url_as(self.cache.url, user, password)
+        return {REDIS_USER_ENV: user, REDIS_PASSWORD_ENV: password, JOB_ENV: self.job_id}
+
     def _discard_dead_epoch(self) -> None:
         """Best effort: the previous epoch's functions and keys go (a shared deployment keeps nothing of a dead run;
         whatever of it still runs writes only to its own namespace)."""
@@ -252,6 +265,7 @@ class Trainer:
                 self.gateway.delete(f"{dead}-{role}")
         with contextlib.suppress(redis.RedisError, ValueError):
             JobCache(self.cache.client, dead).delete()
+            acl.revoke_job(self.cache.client, dead)
 
     def _start_actors(self) -> None:
         self.actor_procs = [self._actor_proc(i) for i in range(self.cfg.actors)]
@@ -260,7 +274,8 @@ class Trainer:
     def _actor_proc(self, index: int) -> subprocess.Popen[bytes]:
         env = {
             **os.environ,
-            "REDIS_URL": self.cache.url,
+            "REDIS_URL": self.job_url or self.cache.url,
+            JOB_ENV: self.job_id,
             "OMP_NUM_THREADS": "1",
             "STELLARIS_JOB_TRAJECTORY_MAXLEN": str(self._queue_bound()),
         }
@@ -523,6 +538,8 @@ class Trainer:
                 if exc.status_code != 404:
                     raise
         self.job.delete()
+        if self.job_url is not None:
+            acl.revoke_job(self.cache.client, self.job_id)
 
     def _stop_actors(self) -> None:
         for proc in self.actor_procs:

@@ -1,0 +1,55 @@
+"""Per-job Redis users: each job's functions connect as a user that may touch only that job's keys.
+
+A job's keys all live under `stl:{<job>}:` (one hash tag), so one ACL key pattern covers them, including the keys
+Lua scripts reach without declaring them. The user may run the data commands the cache uses and nothing
+administrative or dangerous (no FLUSHALL, CONFIG, KEYS, DEBUG, ACL, ...). Redis checks these rules inside scripts
+too. A Redis without ACLs (before 6.0) gets no per-job user: `supported` says so and callers fall back to the shared
+credentials (the README says what that means).
+"""
+
+from __future__ import annotations
+
+import secrets
+from urllib.parse import quote, urlsplit, urlunsplit
+
+import redis
+
+from cache.keys import PREFIX, validate_job_id
+
+# The job an instance is bound to (set with the job user's credentials; functions.handlers.job_id_of reads it).
+JOB_ENV = "STELLARIS_JOB"
+
+# What a job's functions need: reads and writes of their own keys, streams, scripts, blocking pops, PING.
+_RULES = ("+@all", "-@admin", "-@dangerous", "+client|setinfo", "+client|setname")
+
+
+def job_user(job: str) -> str:
+    return f"stl-job-{validate_job_id(job)}"
+
+
+def supported(client: redis.Redis) -> bool:
+    try:
+        client.execute_command("ACL", "WHOAMI")
+    except redis.ResponseError:
+        return False
+    return True
+
+
+def grant_job(client: redis.Redis, job: str) -> tuple[str, str]:
+    """Create (or reset) the job's user with a fresh random password; returns (user, password)."""
+    user, password = job_user(job), secrets.token_hex(24)
+    client.execute_command(
+        "ACL", "SETUSER", user, "reset", "on", f">{password}", f"~{PREFIX}:{{{job}}}:*", "resetchannels", *_RULES
+    )
+    return user, password
+
+
+def revoke_job(client: redis.Redis, job: str) -> None:
+    client.execute_command("ACL", "DELUSER", job_user(job))
+
+
+def url_as(url: str, user: str, password: str) -> str:
+    """`url` with its credentials replaced by `user`:`password`."""
+    parts = urlsplit(url)
+    host = parts.netloc.rsplit("@", 1)[-1]
+    return urlunsplit(parts._replace(netloc=f"{quote(user, safe='')}:{quote(password, safe='')}@{host}"))
