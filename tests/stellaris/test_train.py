@@ -46,6 +46,17 @@ def run_train(cmd: list[str], timeout_s: float = 600) -> subprocess.CompletedPro
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout_s)
 
 
+def start_until_round(cmd: list[str], round_k: int) -> subprocess.Popen[str]:
+    """`stellaris train` in the background (stderr piped), returned once it has logged round `round_k`."""
+    env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "STELLARIS_GATEWAY_URL")}
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+    assert proc.stderr is not None
+    for line in proc.stderr:  # the per-round log line is the event we wait for
+        if line.startswith(f"round {round_k} "):
+            break
+    return proc
+
+
 def rows(path: Path) -> list[dict[str, str]]:
     with path.open() as f:
         return list(csv.DictReader(f))
@@ -203,12 +214,8 @@ def test_a_run_stopped_mid_round_ends_its_invocations_on_a_shared_deployment(red
                         "--redis-url", redis_server.url,
                         "--gateway-url", gw.url, "--gateway-token", TOKEN,
                         overrides={**FAST_CARTPOLE["overrides"], "num_minibatches": 8, "num_epochs": 8})  # fmt: skip
-        env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "STELLARIS_GATEWAY_URL")}
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+        proc = start_until_round(cmd, 2)
         assert proc.stderr is not None
-        for line in proc.stderr:
-            if line.startswith("round 2 "):
-                break
         job = JobKeys(json.loads((out / "state.json").read_text())["job"])
         with redis.Redis.from_url(redis_server.url) as client:
             # The round's learner invocations are in flight once they hold a lease (they register on their first
@@ -231,15 +238,8 @@ def test_a_run_stopped_mid_round_ends_its_invocations_on_a_shared_deployment(red
 def test_a_dead_embedded_redis_is_reported_in_one_line_with_its_log_tail(tmp_path: Path) -> None:
     """kill -9 of the embedded redis-server mid-run: the run exits 1 with the RedisServerDied message (exit code
     and log tail) as its last words, not the traceback of whichever call noticed first, and leaves no process."""
-    env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "STELLARIS_GATEWAY_URL")}
-    proc = subprocess.Popen(
-        train_cmd(tmp_path, "--rounds", "1000", "--out", str(tmp_path / "run")),
-        cwd=ROOT, env=env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
-    )  # fmt: skip
+    proc = start_until_round(train_cmd(tmp_path, "--rounds", "1000", "--out", str(tmp_path / "run")), 2)
     assert proc.stderr is not None
-    for line in proc.stderr:
-        if line.startswith("round 2 "):
-            break
     kids = descendants(proc.pid)
     [server] = [pid for pid in kids if Path(f"/proc/{pid}/comm").read_text().strip() == "redis-server"]
     os.kill(server, signal.SIGKILL)
@@ -263,15 +263,7 @@ def test_resume_after_kill_9_against_a_persistent_redis_continues_exactly(redis_
     out = tmp_path / "run"
     urls = ["--redis-url", redis_server.url, "--gateway-url", gw.url, "--gateway-token", TOKEN]
     try:
-        env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "STELLARIS_GATEWAY_URL")}
-        proc = subprocess.Popen(
-            train_cmd(tmp_path, "--rounds", "1000", "--out", str(out), *urls),
-            cwd=ROOT, env=env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
-        )  # fmt: skip
-        assert proc.stderr is not None
-        for line in proc.stderr:
-            if line.startswith("round 3 "):
-                break
+        proc = start_until_round(train_cmd(tmp_path, "--rounds", "1000", "--out", str(out), *urls), 3)
         state = json.loads((out / "state.json").read_text())
         keys = JobKeys(state["job"])
         with redis.Redis.from_url(redis_server.url) as client:
