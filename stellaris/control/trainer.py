@@ -234,8 +234,8 @@ class Trainer:
             self.gateway.register(spec, replace=True)
 
     def _restore(self) -> None:
-        """On resume, put the checkpoint back into the cache: the policy at its version, optimizer state, and the
-        parameter function's round / δ_max (a no-op where the cache still has the job)."""
+        """On resume, put the checkpoint into this epoch's fresh namespace: the policy at its version, optimizer state,
+        and the parameter function's round / δ_max; the dead epoch's functions and keys go."""
         if not self.state:
             return
         self._discard_dead_epoch()
@@ -265,6 +265,7 @@ class Trainer:
                 self.gateway.delete(f"{dead}-{role}")
         with contextlib.suppress(redis.RedisError, ValueError):
             JobCache(self.cache.client, dead).delete()
+        with contextlib.suppress(redis.RedisError, ValueError):
             acl.revoke_job(self.cache.client, dead)
 
     def _start_actors(self) -> None:
