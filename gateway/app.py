@@ -32,7 +32,7 @@ from cache.keys import GatewayKeys
 from gateway.activations import ActivationStore
 from gateway.backends.base import Backend
 from gateway.backends.process import ProcessBackend
-from gateway.limits import BodyLimit, TooDeep, check_registration, parse_json
+from gateway.limits import ERROR_KINDS, BodyLimit, TooDeep, check_registration, parse_json
 from gateway.metering import Metrics, charge
 from gateway.models import Activation, FunctionSpec, Status
 from gateway.pool import FunctionPool, InvocationFailed, Outcome, QueueFull
@@ -239,11 +239,7 @@ def create_app(
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
-        kinds = {
-            400: "BadRequest", 401: "Unauthorized", 404: "NotFound", 408: "RequestTimeout", 409: "Conflict",
-            413: "PayloadTooLarge", 422: "ValidationError",
-        }  # fmt: skip
-        return _error(exc.status_code, kinds.get(exc.status_code, "HTTPError"), str(exc.detail), exc.headers)
+        return _error(exc.status_code, ERROR_KINDS.get(exc.status_code, "HTTPError"), str(exc.detail), exc.headers)
 
     @app.exception_handler(redis.RedisError)
     async def cache_unavailable(request: Request, exc: redis.RedisError) -> JSONResponse:

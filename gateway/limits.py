@@ -1,4 +1,5 @@
-"""Request-size limits at the gateway's edge: a body cap (413) and a JSON nesting cap (400), both configurable.
+"""The gateway's limits at its edge: a body cap (413) and deadline (408), a JSON nesting cap (400), and what a
+registration may ask for (422), all configurable.
 
 The body cap is an ASGI middleware: a declared Content-Length over the cap is refused before anything is read,
 and a body without one (chunked) is counted as it arrives and refused once it passes the cap, so no request can
@@ -34,9 +35,15 @@ class TooDeep(HTTPException):
         super().__init__(400, f"body: JSON nested deeper than the gateway's limit of {limit} (max_json_depth)")
 
 
+# The `type` of the JSON error answered for each client-fault status, here and in the app's exception handler.
+ERROR_KINDS = {
+    400: "BadRequest", 401: "Unauthorized", 404: "NotFound", 408: "RequestTimeout", 409: "Conflict",
+    413: "PayloadTooLarge", 422: "ValidationError",
+}  # fmt: skip
+
+
 def _error_response(exc: HTTPException) -> dict[str, Any]:
-    kind = {413: "PayloadTooLarge", 408: "RequestTimeout"}.get(exc.status_code, "BadRequest")
-    return {"error": {"type": kind, "message": str(exc.detail)}}
+    return {"error": {"type": ERROR_KINDS.get(exc.status_code, "HTTPError"), "message": str(exc.detail)}}
 
 
 class BodyLimit:
@@ -127,6 +134,4 @@ def check_registration(spec: FunctionSpec, settings: GatewaySettings) -> None:
             f"{settings.max_instance_memory_bytes}"
         )
     if problems:
-        raise HTTPException(
-            422, "; ".join(problems) + " (STELLARIS_GATEWAY_MAX_INSTANCES / _MAX_INSTANCE_MEMORY_BYTES)"
-        )
+        raise HTTPException(422, "; ".join(problems) + " (gateway settings: STELLARIS_GATEWAY_*)")
