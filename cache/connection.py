@@ -10,6 +10,7 @@ from typing import Any
 import redis
 from pydantic import BaseModel, ConfigDict, Field
 
+from cache.acl import url_as
 from cache.allocator import tune_allocator
 from cache.errors import CacheError
 from cache.server import EmbeddedRedis
@@ -141,8 +142,6 @@ def _redact(url: str) -> str:
 def connect(url: str | None = None, **settings: Any) -> Cache:
     """Open the cache: `url`, else `$REDIS_URL` (as $STELLARIS_REDIS_USER when that and its password are set), else a
     private embedded redis-server."""
-    from cache.acl import url_as
-
     url = url or os.environ.get(REDIS_URL_ENV) or None
     user, password = os.environ.get(REDIS_USER_ENV), os.environ.get(REDIS_PASSWORD_ENV)
     if url and user and password:
