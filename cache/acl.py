@@ -10,6 +10,7 @@ credentials (the README says what that means).
 from __future__ import annotations
 
 import secrets
+from collections.abc import Callable
 from urllib.parse import quote, urlsplit, urlunsplit
 
 import redis
@@ -35,13 +36,29 @@ def supported(client: redis.Redis) -> bool:
     return True
 
 
+def setuser_command(job: str, password: str) -> tuple[str, ...]:
+    """The ACL SETUSER command that creates (or resets) the job's user with `password`; running it again is a no-op."""
+    return ("ACL", "SETUSER", job_user(job), "reset", "on", f">{password}", f"~{PREFIX}:{{{job}}}:*", "resetchannels",
+            *_RULES)  # fmt: skip
+
+
 def grant_job(client: redis.Redis, job: str) -> tuple[str, str]:
     """Create (or reset) the job's user with a fresh random password; returns (user, password)."""
-    user, password = job_user(job), secrets.token_hex(24)
-    client.execute_command(
-        "ACL", "SETUSER", user, "reset", "on", f">{password}", f"~{PREFIX}:{{{job}}}:*", "resetchannels", *_RULES
-    )
-    return user, password
+    password = secrets.token_hex(24)
+    client.execute_command(*setuser_command(job, password))
+    return job_user(job), password
+
+
+def regrant_on_connect(job: str, password: str) -> Callable[[redis.connection.AbstractConnection], None]:
+    """A connect hook (`Cache.on_connect`) for the job's owner: ACL users live in memory, so a Redis restarted from
+    its AOF has lost the job's user; the owner's first new connection sets it up again, with the same password, and
+    the functions' retries then get in."""
+
+    def regrant(conn: redis.connection.AbstractConnection) -> None:
+        conn.send_command(*setuser_command(job, password))
+        conn.read_response()
+
+    return regrant
 
 
 def revoke_job(client: redis.Redis, job: str) -> None:

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from cache.acl import url_as
 from cache.allocator import tune_allocator
 from cache.errors import CacheError
+from cache.retry import ReconnectRetry, window_from_env
 from cache.server import EmbeddedRedis
 
 REDIS_URL_ENV = "REDIS_URL"
@@ -32,6 +33,10 @@ class CacheSettings(BaseModel):
     connect_timeout_s: float = Field(default=10.0, gt=0)
     max_connections: int = Field(default=64, gt=0, description="connection pool bound per client")
     tune_allocator: bool = Field(default=True, description="keep freed large buffers in the heap (glibc)")
+    reconnect_window_s: float = Field(
+        default_factory=window_from_env, ge=0, le=86_400,
+        description="how long a command retries across a lost connection or a Redis restart (0: never)",
+    )  # fmt: skip
 
 
 class _CountedPipeline(redis.client.Pipeline):
@@ -48,12 +53,11 @@ class _CountedPipeline(redis.client.Pipeline):
 
 
 class _GuardedRedis(redis.Redis):
-    """A client that turns a connection failure into `RedisServerDied` when the embedded server is gone, and counts
-    its round trips to the server (`round_trips`: a command, a script, or a whole pipeline each count one)."""
+    """A client that counts its round trips to the server (`round_trips`: a command, a script, or a whole pipeline
+    each count one). A dead embedded server is reported by the retry policy's check (`RedisServerDied`)."""
 
-    def __init__(self, *args: Any, on_connection_error: Callable[[], None] | None = None, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._on_connection_error = on_connection_error
         self.round_trips = 0  # approximate under threads (+= is not atomic); a measure, not an invariant
 
     def pipeline(self, transaction: bool = True, shard_hint: Any = None) -> redis.client.Pipeline:
@@ -61,12 +65,7 @@ class _GuardedRedis(redis.Redis):
 
     def execute_command(self, *args: Any, **options: Any) -> Any:
         self.round_trips += 1
-        try:
-            return super().execute_command(*args, **options)
-        except (redis.ConnectionError, redis.TimeoutError):
-            if self._on_connection_error is not None:
-                self._on_connection_error()
-            raise
+        return super().execute_command(*args, **options)
 
 
 class Cache:
@@ -84,12 +83,19 @@ class Cache:
         elif not url.startswith(("redis://", "rediss://", "unix://")):
             raise CacheError(f"REDIS_URL must start with redis://, rediss:// or unix://, got {url!r}")
         self.url = url
+        # One retry policy for every client of this cache; it arms once the server has been reached, so a wrong URL
+        # or password fails at once while a restart later on is ridden out.
+        self.retry = ReconnectRetry(
+            self.settings.reconnect_window_s, check=self.server.raise_if_dead if self.server is not None else None
+        )
+        self._connect_hooks: list[Callable[[redis.connection.AbstractConnection], None]] = []
         self.client = self._client(url)
         try:
             self.client.ping()
         except redis.RedisError as exc:
             self.close()
             raise CacheError(f"cannot reach Redis at {_redact(url)}: {exc}") from exc
+        self.retry.armed = True
 
     def _client(self, url: str) -> _GuardedRedis:
         pool = redis.ConnectionPool.from_url(
@@ -98,9 +104,23 @@ class Cache:
             socket_connect_timeout=self.settings.connect_timeout_s,
             max_connections=self.settings.max_connections,
             health_check_interval=30,
+            retry=self.retry,
+            redis_connect_func=self._connected,
         )
-        guard = self.server.raise_if_dead if self.server is not None else None
-        return _GuardedRedis(connection_pool=pool, on_connection_error=guard)
+        return _GuardedRedis(connection_pool=pool)
+
+    def _connected(self, conn: redis.connection.AbstractConnection) -> None:
+        conn.on_connect()
+        for hook in self._connect_hooks:
+            hook(conn)
+
+    def on_connect(self, hook: Callable[[redis.connection.AbstractConnection], None], *, remove: bool = False) -> None:
+        """Run `hook(connection)` on every new connection of this cache's clients from now on (after a restart, every
+        connection is new); `remove` stops it."""
+        if not remove:
+            self._connect_hooks.append(hook)
+        elif hook in self._connect_hooks:
+            self._connect_hooks.remove(hook)
 
     @property
     def round_trips(self) -> int:

@@ -60,6 +60,7 @@ class EmbeddedRedis:
         startup_timeout_s: float = 15.0,
         log_tail_lines: int = 40,
         port_attempts: int = 5,
+        appendonly: bool = False,
     ) -> None:
         if maxmemory_bytes <= 0:
             raise ValueError(f"maxmemory_bytes must be positive, got {maxmemory_bytes}")
@@ -67,6 +68,7 @@ class EmbeddedRedis:
         self.binary = binary or find_redis_server()
         self.startup_timeout_s = startup_timeout_s
         self.port_attempts = port_attempts
+        self.appendonly = appendonly  # AOF with fsync before every reply: a kill -9 loses no acknowledged write
         self.password = secrets.token_hex(16)
         self.port: int | None = None
         self.workdir: Path | None = None
@@ -128,7 +130,7 @@ class EmbeddedRedis:
             "--dir", str(self.workdir),
             "--logfile", "",
             "--save", "",
-            "--appendonly", "no",
+            *(("--appendonly", "yes", "--appendfsync", "always") if self.appendonly else ("--appendonly", "no")),
             "--daemonize", "no",
             "--requirepass", self.password,
             "--maxmemory", str(self.maxmemory_bytes),
@@ -149,6 +151,17 @@ class EmbeddedRedis:
             return True
         self._kill()
         return False
+
+    def restart(self) -> EmbeddedRedis:
+        """Start the server again, on its port and directory, after it died (an AOF server reloads its data)."""
+        if self.port is None or self.workdir is None:
+            raise RedisStartError("the embedded redis-server was never started")
+        if self.is_alive():
+            raise RedisStartError("the embedded redis-server is still running")
+        self._kill()  # reap the dead process and its log reader
+        if not self._try_start(self.port):
+            raise RedisStartError(f"could not restart {self.binary} on port {self.port}:\n{self.log_tail()}")
+        return self
 
     def _drain(self, proc: subprocess.Popen[str]) -> None:
         """Copy the server's output to redis.log and the tail buffer; signal readiness from the log itself."""

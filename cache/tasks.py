@@ -84,7 +84,14 @@ local ok, pending = pcall(redis.call, 'XPENDING', KEYS[1], ARGV[1], '-', '+', to
 if not ok then pending = {} end
 for _, p in ipairs(pending) do
   local id, owner, deliveries = p[1], p[2], tonumber(p[4])
-  if owner ~= ARGV[2] then
+  if owner == ARGV[2] then
+    -- Already ours, yet we ask for work: the reply that carried it was lost (a retry after a dropped connection).
+    -- Hand it out again, or it would stay ours, unworked, for as long as our lease lives.
+    if not claimed then
+      local entries = redis.call('XRANGE', KEYS[1], id, id)
+      if #entries > 0 then claimed = entries[1] end
+    end
+  else
     local deadline = redis.call('ZSCORE', KEYS[3], owner)
     if deadline then
       deadline = tonumber(deadline)

@@ -29,6 +29,7 @@ from starlette.routing import Route
 
 from cache import Cache, CacheSettings
 from cache.keys import GatewayKeys
+from cache.retry import AsyncReconnectRetry
 from gateway.activations import ActivationStore
 from gateway.backends.base import Backend
 from gateway.backends.process import ProcessBackend
@@ -71,8 +72,13 @@ class Gateway:
     async def start(self) -> None:
         self.cache = Cache(CacheSettings(url=self.settings.redis_url) if self.settings.redis_url else None)
         # A bounded pool that makes a request wait for a free connection (up to redis_wait_s) rather than fail.
+        retry = AsyncReconnectRetry(self.cache.settings.reconnect_window_s, check=self.cache.retry.check)
+        retry.armed = True  # the cache above has reached the server
         pool = aioredis.BlockingConnectionPool.from_url(
-            self.cache.url, max_connections=self.settings.redis_max_connections, timeout=self.settings.redis_wait_s
+            self.cache.url,
+            max_connections=self.settings.redis_max_connections,
+            timeout=self.settings.redis_wait_s,
+            retry=retry,
         )
         self.redis = aioredis.Redis(connection_pool=pool)
         self.registry = Registry(self.redis, self.keys)

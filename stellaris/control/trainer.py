@@ -11,8 +11,10 @@ import math
 import os
 import subprocess
 import sys
+import threading
 import time
 import uuid
+from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,6 +35,7 @@ from stellaris.control.platform import Platform
 BATCH_WAIT_S = 300.0
 ACTOR_CHECK_S = 1.0  # while waiting for batches, how often dead serverful actors are looked for
 PREWARM_WAIT_S = 120.0
+REDIS_WATCH_S = 1.0  # how often the control plane pings Redis, so that it sees a restart (and re-grants) at once
 MAX_RESTARTS = 64  # replacements of failed invocations (or dead actors) per round before the job gives up
 
 
@@ -179,6 +182,9 @@ class Trainer:
         self.dead_letters_after = "0-0"
         self.finished = False
         self.job_url: str | None = None  # Redis as the job's own user, when Redis has ACLs
+        self.regrant: Callable[[Any], None] = lambda conn: None
+        self.closed = threading.Event()
+        self.watch_client = self.cache.new_client()
         self.names = {role: f"{self.job_id}-{role}" for role in ("actor", "learner", "parameter")}
 
     def _queue_bound(self) -> int:
@@ -251,8 +257,18 @@ class Trainer:
         if not acl.supported(self.cache.client):
             return {}
         user, password = acl.grant_job(self.cache.client, self.job_id)
+        self.regrant = acl.regrant_on_connect(self.job_id, password)
+        self.cache.on_connect(self.regrant)
+        # While the control plane only waits on invocations it sends nothing, so a restarted Redis would see no new
+        # connection of the job's owner (and no re-grant) before the functions' retry window runs out.
+        threading.Thread(target=self._watch_redis, name="redis-watch", daemon=True).start()
         self.job_url = acl.url_as(self.cache.url, user, password)
         return {REDIS_USER_ENV: user, REDIS_PASSWORD_ENV: password, JOB_ENV: self.job_id}
+
+    def _watch_redis(self) -> None:
+        while not self.closed.wait(REDIS_WATCH_S):
+            with contextlib.suppress(redis.RedisError):
+                self.watch_client.ping()
 
     def _discard_dead_epoch(self) -> None:
         """Best effort: the previous epoch's functions and keys go (a shared deployment keeps nothing of a dead run;
@@ -540,6 +556,7 @@ class Trainer:
                     raise
         self.job.delete()
         if self.job_url is not None:
+            self.cache.on_connect(self.regrant, remove=True)
             acl.revoke_job(self.cache.client, self.job_id)
 
     def _stop_actors(self) -> None:
@@ -554,6 +571,8 @@ class Trainer:
         self.actor_procs.clear()
 
     def close(self) -> None:
+        self.closed.set()
+        self.watch_client.close()
         self._stop_actors()
         if not self.finished and self.round > 0:
             # Stopped mid-round: end the round's invocations, or their calls would outlive the control plane (a

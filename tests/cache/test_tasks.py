@@ -50,6 +50,20 @@ def test_claim_then_store_with_the_next_claim(board_job: JobCache) -> None:
     assert [board_job.gradients.meta(e).task_id for e in board_job.gradients.read()] == ids
 
 
+def test_a_claim_whose_reply_was_lost_hands_the_same_task_out_again(board_job: JobCache) -> None:
+    """A claim retried after a dropped connection (the first run's reply never arrived) returns the task that reply
+    carried, not nothing: otherwise a live learner would hold a task it never works on, and the round would stall."""
+    board = board_job.board
+    ids = board.enqueue(tasks(2), close_round=1, timeout_s=1)
+    lost = board.claim("a")  # its reply "lost": "a" never learns of this task
+    again = board.claim("a")
+    assert lost.task is not None and again.task is not None and again.task.id == lost.task.id == ids[0]
+    [pending] = board_job.client.xpending_range(board_job.keys.tasks, board.GROUP, "-", "+", 10)
+    assert pending["times_delivered"] == 1  # handed out again, not counted as another attempt
+    nxt = board.claim("a", finished=(ids[0], gradient("a", ids[0])))
+    assert nxt.stored is not None and nxt.task is not None and nxt.task.id == ids[1]
+
+
 def test_a_live_learners_task_is_never_taken_over(board_job: JobCache) -> None:
     board = board_job.board
     [tid] = board.enqueue(tasks(1), close_round=1, timeout_s=1)
