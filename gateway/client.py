@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import threading
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -21,9 +23,38 @@ class GatewayError(RuntimeError):
 
 
 class GatewayClient:
-    def __init__(self, base_url: str, *, token: str | None = None, timeout_s: float = 120.0) -> None:
+    """`on_unreachable`, when given, is called when the gateway cannot be reached or drops a connection (a crash):
+    it brings the gateway back (or waits for it) and returns its URL. A registry or pre-warm request is then sent
+    again; an invocation raises a 502 `GatewayUnreachable`, like an instance that died, for the caller to call
+    again (its handler may have run partly). Without it, the transport error is raised as it is."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        token: str | None = None,
+        timeout_s: float = 120.0,
+        on_unreachable: Callable[[], str] | None = None,
+    ) -> None:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.http = httpx.Client(base_url=base_url, headers=headers, timeout=timeout_s)
+        self.on_unreachable = on_unreachable
+        self._recovering = threading.Lock()
+
+    def _send(self, method: str, url: str, *, invocation: bool = False, **kwargs: Any) -> httpx.Response:
+        try:
+            return self.http.request(method, url, **kwargs)
+        except httpx.TimeoutException:
+            raise  # the gateway is there but slow: not a crash
+        except httpx.TransportError as exc:
+            if self.on_unreachable is None:
+                raise
+            with self._recovering:  # one recovery at a time; later callers find the gateway back
+                self.http.base_url = httpx.URL(self.on_unreachable())
+            if invocation:
+                message = f"the gateway went away during the call ({type(exc).__name__}: {exc}); it is back"
+                raise GatewayError(502, {"type": "GatewayUnreachable", "message": message}) from exc
+            return self.http.request(method, url, **kwargs)
 
     def _check(self, resp: httpx.Response) -> Any:
         if resp.status_code >= 400:
@@ -39,49 +70,50 @@ class GatewayClient:
     def register(self, spec: FunctionSpec, *, replace: bool = False) -> dict[str, Any]:
         body = spec.model_dump(mode="json")
         if replace:
-            return self._check(self.http.put(f"/system/functions/{spec.name}", json=body))
-        return self._check(self.http.post("/system/functions", json=body))
+            return self._check(self._send("PUT", f"/system/functions/{spec.name}", json=body))
+        return self._check(self._send("POST", "/system/functions", json=body))
 
     def function(self, name: str) -> dict[str, Any]:
-        return self._check(self.http.get(f"/system/functions/{name}"))
+        return self._check(self._send("GET", f"/system/functions/{name}"))
 
     def functions(self) -> list[dict[str, Any]]:
-        return self._check(self.http.get("/system/functions"))
+        return self._check(self._send("GET", "/system/functions"))
 
     def delete(self, name: str) -> dict[str, Any]:
-        return self._check(self.http.delete(f"/system/functions/{name}"))
+        return self._check(self._send("DELETE", f"/system/functions/{name}"))
 
     def prewarm(self, name: str, count: int, *, by_s: float | None = None, wait_s: float = 0.0) -> dict[str, Any]:
         body = {"count": count, "by_s": by_s, "wait_s": wait_s}
-        return self._check(self.http.post(f"/system/functions/{name}/prewarm", json=body))
+        return self._check(self._send("POST", f"/system/functions/{name}/prewarm", json=body))
 
     # -- invocation -------------------------------------------------------------------------------------------
     def invoke(self, name: str, event: dict[str, Any]) -> dict[str, Any]:
         """Synchronous call; returns the handler's result or raises GatewayError (429, 502, 504, ...)."""
-        return self._check(self.http.post(f"/function/{name}", json=event))
+        return self._check(self._send("POST", f"/function/{name}", invocation=True, json=event))
 
     def invoke_with_id(self, name: str, event: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-        resp = self.http.post(f"/function/{name}", json=event)
+        resp = self._send("POST", f"/function/{name}", invocation=True, json=event)
         return resp.headers.get("X-Call-Id", ""), self._check(resp)
 
     def invoke_metered(self, name: str, event: dict[str, Any]) -> tuple[dict[str, Any], Activation]:
         """Synchronous call returning (result, the activation's metering: times, cold, cost; no result copy)."""
-        resp = self.http.post(f"/function/{name}", json=event)
+        resp = self._send("POST", f"/function/{name}", invocation=True, json=event)
         result = self._check(resp)
         meter = json.loads(resp.headers.get("X-Activation-Meter", "{}"))
         act = Activation(id=resp.headers.get("X-Call-Id", ""), function=name, status=Status.SUCCESS, **meter)
         return result, act
 
     def invoke_async(self, name: str, event: dict[str, Any]) -> str:
-        return str(self._check(self.http.post(f"/async-function/{name}", json=event))["activation_id"])
+        resp = self._send("POST", f"/async-function/{name}", invocation=True, json=event)
+        return str(self._check(resp)["activation_id"])
 
     def activation(self, activation_id: str, *, wait_s: float = 0.0) -> Activation:
         """The activation record; with wait_s > 0 the gateway holds the request until it ends (long poll)."""
-        resp = self.http.get(f"/activations/{activation_id}", params={"wait_s": wait_s})
+        resp = self._send("GET", f"/activations/{activation_id}", params={"wait_s": wait_s})
         return Activation.model_validate(self._check(resp))
 
     def metrics(self) -> str:
-        resp = self.http.get("/metrics")
+        resp = self._send("GET", "/metrics")
         if resp.status_code >= 400:
             self._check(resp)
         return resp.text

@@ -6,7 +6,10 @@ import os
 import secrets
 import subprocess
 import sys
+import time
 from types import TracebackType
+
+import httpx
 
 from cache import Cache, CacheSettings
 from cache.lifetime import die_with_parent, stop_process
@@ -17,9 +20,17 @@ class PlatformError(RuntimeError):
     pass
 
 
+GATEWAY_EXIT_S = 2.0  # how long a gateway that dropped a request is given to show that it exited
+GATEWAY_RECOVER_S = 120.0  # how long a job waits for a given gateway to come back after it went away
+
+
 class Platform:
     """Context manager: `cache` and `gateway` (a client) are ready inside; everything started is stopped on exit,
-    Ctrl-C included (the gateway drains its instances; the embedded redis-server goes last)."""
+    Ctrl-C included (the gateway drains its instances; the embedded redis-server goes last).
+
+    A gateway that goes away mid-job is brought back: the local one is started again (same token and namespace, so
+    it finds the job's functions in its Redis registry and re-creates their instances); a given one is waited for,
+    up to `GATEWAY_RECOVER_S`."""
 
     def __init__(self, *, redis_url: str | None, gateway_url: str | None, gateway_token: str | None) -> None:
         self.redis_url = redis_url
@@ -28,6 +39,8 @@ class Platform:
         self.gateway_proc: subprocess.Popen[str] | None = None
         self.cache: Cache | None = None
         self.gateway: GatewayClient | None = None
+        self.namespace = f"local-{secrets.token_hex(4)}"
+        self.gateway_restarts = 0
 
     def __enter__(self) -> Platform:
         try:
@@ -35,7 +48,9 @@ class Platform:
             if self.gateway_url is None:
                 self._start_gateway()
             assert self.gateway_url is not None
-            self.gateway = GatewayClient(self.gateway_url, token=self.gateway_token, timeout_s=3600)
+            self.gateway = GatewayClient(
+                self.gateway_url, token=self.gateway_token, timeout_s=3600, on_unreachable=self.recover_gateway
+            )
         except BaseException:
             self.close()
             raise
@@ -43,13 +58,13 @@ class Platform:
 
     def _start_gateway(self) -> None:
         assert self.cache is not None
-        self.gateway_token = secrets.token_hex(16)
+        self.gateway_token = self.gateway_token or secrets.token_hex(16)
         env = {
             **os.environ,
             "REDIS_URL": self.cache.url,
             "STELLARIS_GATEWAY_PORT": "0",
             "STELLARIS_GATEWAY_TOKEN": self.gateway_token,
-            "STELLARIS_GATEWAY_NAMESPACE": f"local-{secrets.token_hex(4)}",
+            "STELLARIS_GATEWAY_NAMESPACE": self.namespace,
             "STELLARIS_LOG_LEVEL": os.environ.get("STELLARIS_LOG_LEVEL", "WARNING"),
         }
         self.gateway_proc = subprocess.Popen(
@@ -60,6 +75,30 @@ class Platform:
         if not line.startswith("READY "):
             raise PlatformError(f"the local gateway did not start (exit code {self.gateway_proc.wait()})")
         self.gateway_url = f"http://127.0.0.1:{int(line.split()[1])}"
+
+    def recover_gateway(self) -> str:
+        """Bring the gateway back after a request could not reach it; returns its URL (the GatewayClient's hook)."""
+        assert self.gateway_url is not None
+        if self.gateway_proc is not None:
+            try:  # a killed process refuses connections a moment before it can be reaped
+                self.gateway_proc.wait(timeout=GATEWAY_EXIT_S)
+            except subprocess.TimeoutExpired:
+                return self.gateway_url  # still running: a dropped connection, not a crash
+            print(f"the local gateway exited with code {self.gateway_proc.returncode}; starting it again",
+                  file=sys.stderr, flush=True)  # fmt: skip
+            self.gateway_restarts += 1
+            self._start_gateway()
+            return self.gateway_url
+        deadline = time.monotonic() + GATEWAY_RECOVER_S
+        with httpx.Client(base_url=self.gateway_url, timeout=5) as probe:
+            while time.monotonic() < deadline:
+                try:
+                    if probe.get("/healthz").status_code == 200:
+                        return self.gateway_url
+                except httpx.TransportError:
+                    pass
+                time.sleep(1.0)  # a remote gateway restarting: nothing to wait on but time
+        raise PlatformError(f"the gateway at {self.gateway_url} did not come back within {GATEWAY_RECOVER_S:.0f} s")
 
     def close(self) -> None:
         if self.gateway is not None:

@@ -347,3 +347,31 @@ def test_a_redis_kill_9_and_aof_restart_mid_job_loses_and_repeats_nothing(tmp_pa
         if proc.poll() is None:
             proc.kill()
         server.stop()
+
+
+def test_a_gateway_kill_9_mid_job_is_recovered_and_the_job_completes(tmp_path: Path) -> None:
+    """kill -9 of the job's local gateway mid-round (its process instances die with it): the control plane starts it
+    again (same namespace, so the job's functions are found in the registry and get new instances), replaces the
+    invocations that were cut off, and the job completes with every task applied exactly once."""
+    out = tmp_path / "run"
+    proc = start_until_round(train_cmd(tmp_path, "--rounds", "10", "--out", str(out)), 3)
+    assert proc.stderr is not None
+    stderr: list[str] = []
+    reader = threading.Thread(target=lambda: stderr.extend(proc.stderr or []), daemon=True)
+    reader.start()
+    try:
+        kids = descendants(proc.pid)
+        [gateway] = [pid for pid in kids if b"-m\x00gateway" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+        time.sleep(random.Random(11).uniform(0.0, 0.4))  # a moment inside round 4
+        os.kill(gateway, signal.SIGKILL)
+        assert proc.wait(timeout=300) == 0, "".join(stderr)[-3000:]
+        reader.join(timeout=10)
+        text = "".join(stderr)
+        assert "the local gateway exited with code -9; starting it again" in text
+        assert "Traceback" not in text
+        info = rows(out / "info.csv")
+        assert [int(r["round_id"]) for r in info] == list(range(1, 11))
+        check_each_task_applied_once(out, 10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
