@@ -76,6 +76,11 @@ class JobKeys:
         """Stream of control events for the parameter function (stop, wake)."""
         return self._k("control")
 
+    @property
+    def actor_scalers(self) -> str:
+        """Hash actor id -> JSON [mean, var, count] of its reward scaler, put there on resume from the checkpoint."""
+        return self._k("actor:scalers")
+
     # Policy store.
     @property
     def policy_version(self) -> str:

@@ -72,6 +72,17 @@ class RewardScaler:
     def for_envs(cls, num_envs: int, gamma: float) -> RewardScaler:
         return cls(gamma, np.zeros(num_envs))
 
+    def moments(self) -> list[float]:
+        """[mean, var, count] of the discounted return: what a resumed actor needs to scale as this one did (the
+        returns in progress restart at 0 with the envs)."""
+        return [self.mean, self.var, self.count]
+
+    def restore(self, moments: list[float]) -> None:
+        mean, var, count = (float(m) for m in moments)
+        if not (math.isfinite(mean) and math.isfinite(var) and var >= 0 and count > 0):
+            raise ValueError(f"reward scaler moments must be finite with var >= 0 and count > 0, got {moments!r}")
+        self.mean, self.var, self.count = mean, var, count
+
     def __call__(self, rewards: np.ndarray, done: np.ndarray) -> np.ndarray:
         """Scale one step (``[N]``) or consecutive steps (``[T, N]``, time-major), each step by the std as it
         stood after that step's update, as step-by-step calls would."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,6 +44,10 @@ def handle(event: dict[str, Any], ctx: Context) -> dict[str, Any]:
         scaler: RewardScaler | ClippedRewards | None = (
             RewardScaler.for_envs(spec.num_envs, spec.algo.gamma) if spec.algo.normalize_reward else None
         )
+        if isinstance(scaler, RewardScaler):
+            saved = job.client.hget(job.keys.actor_scalers, actor_id)  # a resumed job's, from its checkpoint
+            if saved is not None:
+                scaler.restore(json.loads(saved))
         if env_kind(spec.env_id) == "atari":
             scaler = ClippedRewards(then=scaler)
         state = ActorState(envs, obs, EpisodeTracker.for_envs(spec.num_envs), new_policy(ctx, spec), scaler)
@@ -68,6 +73,7 @@ def handle(event: dict[str, Any], ctx: Context) -> dict[str, Any]:
         refresh=refresh, refresh_every=spec.policy_refresh_steps,
     )  # fmt: skip
     returns, lengths = state.tracker.take()
+    scaler = state.reward_scaler.then if isinstance(state.reward_scaler, ClippedRewards) else state.reward_scaler
     batch = TrajectoryBatch(
         actor_id=actor_id,
         behaviour_version=first_version,  # the oldest policy in the batch (each step's log-prob is its own)
@@ -78,6 +84,8 @@ def handle(event: dict[str, Any], ctx: Context) -> dict[str, Any]:
             "episode_returns": returns,
             "episode_lengths": lengths,
             "redis_round_trips": ctx.instance.cache.round_trips - state.round_trips + 1,
+            # checkpointed by the control plane, so that a resumed actor scales rewards as this one did
+            **({"reward_scaler": scaler.moments()} if scaler is not None else {}),
         },
     )
     batch_id = job.trajectories.put(batch)

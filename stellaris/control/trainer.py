@@ -7,6 +7,7 @@ Event-driven: batches are awaited with XREADGROUP BLOCK, learner completions as 
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import os
 import subprocess
@@ -180,6 +181,8 @@ class Trainer:
         self.last_policy: bytes | None = None  # the newest checkpointed weights, written as safetensors at the end
         self.spec: dict[str, Any] = {}
         self.dead_letters_after = "0-0"
+        # Each actor's reward-scaler moments from its newest batch: checkpointed, and given back to actors on resume.
+        self.reward_scalers: dict[str, list[float]] = dict(self.state.get("reward_scalers") or {})
         self.finished = False
         self.job_url: str | None = None  # Redis as the job's own user, when Redis has ACLs
         self.regrant: Callable[[Any], None] = lambda conn: None
@@ -250,6 +253,10 @@ class Trainer:
         aggregator = self.state.get("aggregator") or {}
         if aggregator and not self.job.client.exists(self.job.keys.aggregator):
             self.job.client.hset(self.job.keys.aggregator, mapping=aggregator)
+        if self.reward_scalers:
+            scalers = {actor: json.dumps(m) for actor, m in self.reward_scalers.items()}
+            self.job.client.hset(self.job.keys.actor_scalers, mapping=scalers)
+            self.job.client.pexpire(self.job.keys.actor_scalers, int(self.job.limits.ttl_s * 1000))
 
     def _job_credentials(self) -> dict[str, str]:
         """The job's own Redis user (cache/acl.py) for its functions and actors, bound to this job: they can reach
@@ -371,6 +378,7 @@ class Trainer:
                 raise TrainingError(f"no trajectory batch arrived within {BATCH_WAIT_S:.0f} s: are the actors alive?")
             got = self.job.trajectories.take("control", count=1, block_s=min(remaining, ACTOR_CHECK_S))
             batches += got
+            self.reward_scalers |= {b.actor_id: b.info["reward_scaler"] for _, b in got if "reward_scaler" in b.info}
             steps += sum(b.env_steps for _, b in got)
             rs.redis_round_trips += sum(int(b.info.get("redis_round_trips", 0)) for _, b in got)
             if not got:
@@ -538,6 +546,7 @@ class Trainer:
             "cost_actor": self.cost_actor,
             "elapsed_s": self.elapsed_s(),
             "aggregator": aggregator,
+            "reward_scalers": self.reward_scalers,
         }
         self.run.checkpoint(state, policy, self.job.policies.optimizer_state())
         self.last_policy = policy

@@ -267,3 +267,27 @@ def test_refresh_mid_rollout_switches_the_policy_and_each_log_prob_is_its_own() 
     np.testing.assert_allclose(logp[:4], by_old[:4], atol=1e-5)
     np.testing.assert_allclose(logp[4:], by_new[4:], atol=1e-5)
     assert not np.allclose(logp[4:], by_old[4:], atol=1e-3)  # the two policies differ: the test can fail
+
+
+def test_a_restored_reward_scaler_scales_as_the_one_it_was_saved_from() -> None:
+    """Hand-checked: after 2 steps of returns [1, 3] and [1+0.5·1, 3+0.5·3] = [1.5, 4.5] (γ = 0.5, count 1e-4 at
+    start), a scaler restored from the moments scales the next step as the original does once its in-progress
+    returns are reset, as a resumed actor's envs are."""
+    a = RewardScaler.for_envs(2, 0.5)
+    a(np.array([[1.0, 3.0], [1.0, 3.0]]), np.array([[False, False], [False, True]]))
+    moments = a.moments()
+    # Welford over the batches [1, 3] and [1.5, 4.5] (4 values, the 1e-4 prior weighing next to nothing).
+    values = np.array([1.0, 3.0, 1.5, 4.5])
+    assert moments[0] == pytest.approx(values.mean(), rel=1e-4) and moments[2] == pytest.approx(4.0001)
+    assert moments[1] == pytest.approx(values.var(), rel=1e-3)
+    b = RewardScaler.for_envs(2, 0.5)
+    b.restore(moments)
+    a.returns[:] = 0.0
+    step = np.array([2.0, -1.0])
+    np.testing.assert_array_equal(b(step, np.array([False, False])), a(step, np.array([False, False])))
+
+
+@pytest.mark.parametrize("moments", [[0.0, -1.0, 1.0], [0.0, 1.0, 0.0], [float("nan"), 1.0, 1.0]])
+def test_impossible_reward_scaler_moments_are_refused(moments: list[float]) -> None:
+    with pytest.raises(ValueError, match="reward scaler moments"):
+        RewardScaler.for_envs(1, 0.9).restore(moments)

@@ -265,7 +265,9 @@ def test_resume_after_kill_9_against_a_persistent_redis_continues_exactly(redis_
     out = tmp_path / "run"
     urls = ["--redis-url", redis_server.url, "--gateway-url", gw.url, "--gateway-token", TOKEN]
     try:
-        proc = start_until_round(train_cmd(tmp_path, "--rounds", "1000", "--out", str(out), *urls), 3)
+        overrides = {**FAST_CARTPOLE["overrides"], "normalize_reward": True}  # type: ignore[dict-item]
+        cmd = train_cmd(tmp_path, "--rounds", "1000", "--out", str(out), *urls, overrides=overrides)
+        proc = start_until_round(cmd, 3)
         state = json.loads((out / "state.json").read_text())
         keys = JobKeys(state["job"])
         with redis.Redis.from_url(redis_server.url) as client:
@@ -278,6 +280,8 @@ def test_resume_after_kill_9_against_a_persistent_redis_continues_exactly(redis_
         proc.wait(timeout=30)
         state = json.loads((out / "state.json").read_text())
         done_rounds, version = int(state["round"]), int(state["version"])
+        scalers = state["reward_scalers"]
+        assert sorted(scalers) == ["actor-0", "actor-1"]
 
         resumed = run_train([sys.executable, "-m", "stellaris.cli", "train", "--resume", str(out), "--rounds",
                              str(done_rounds + 3), *urls])  # fmt: skip
@@ -297,7 +301,11 @@ def test_resume_after_kill_9_against_a_persistent_redis_continues_exactly(redis_
         applied = sorted({int(g["applied_version"]) for g in grads})
         assert applied == list(range(1, applied[-1] + 1))  # contiguous: nothing lost, nothing applied twice
         assert min(int(g["applied_version"]) for g in grads if int(g["round"]) > done_rounds) == version + 1
-        assert json.loads((out / "state.json").read_text())["epoch"] == 1
+        final = json.loads((out / "state.json").read_text())
+        assert final["epoch"] == 1
+        # The resumed actors went on from the checkpoint's reward-scaler moments (a fresh scaler would count only
+        # the steps since the resume, fewer than the checkpoint's).
+        assert all(final["reward_scalers"][a][2] > scalers[a][2] for a in scalers), (scalers, final["reward_scalers"])
     finally:
         stop_gateway(gw)
 
