@@ -383,3 +383,35 @@ def test_a_gateway_kill_9_mid_job_is_recovered_and_the_job_completes(tmp_path: P
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_a_deployments_gateway_restarted_mid_job_is_waited_for_and_the_job_completes(
+    redis_server, tmp_path: Path
+) -> None:
+    """kill -9 of a given gateway (`--gateway-url`) mid-round, started again 1 s later on its port and namespace: the
+    control plane waits for it, the gateway finds the job's functions in its Redis registry and starts new instances,
+    and the job completes with every task applied exactly once."""
+    from tests.gateway.conftest import TOKEN, start_gateway, stop_gateway
+
+    gw = start_gateway(redis_server.url)
+    port = gw.url.rsplit(":", 1)[1]
+    out = tmp_path / "run"
+    urls = ["--redis-url", redis_server.url, "--gateway-url", gw.url, "--gateway-token", TOKEN]
+    proc = start_until_round(train_cmd(tmp_path, "--rounds", "8", "--out", str(out), *urls), 3)
+    stderr: list[str] = []
+    reader = threading.Thread(target=lambda: stderr.extend(proc.stderr or []), daemon=True)
+    reader.start()
+    try:
+        time.sleep(random.Random(13).uniform(0.0, 0.4))  # a moment inside round 4
+        gw.proc.kill()
+        gw.proc.wait()
+        time.sleep(1.0)  # the outage
+        gw = start_gateway(redis_server.url, gw.namespace, STELLARIS_GATEWAY_PORT=port)
+        assert proc.wait(timeout=300) == 0, "".join(stderr)[-3000:]
+        reader.join(timeout=10)
+        assert [int(r["round_id"]) for r in rows(out / "info.csv")] == list(range(1, 9))
+        check_each_task_applied_once(out, 8)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        stop_gateway(gw)
