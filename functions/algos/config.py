@@ -55,6 +55,9 @@ class StellarisConfig(_Frozen):
     schedule: Schedule = Schedule.PAPER
     horizon_rounds: PositiveInt | None = None
     beta_floor: NonNegativeFloat = 1.0
+    # "aggregate": the H scaled gradients of an aggregation averaged into one optimizer step (SPEC §5, paper Eq. 4);
+    # "each": one optimizer step per scaled gradient, in queue order, published as one version (a study option).
+    optimizer_steps: Literal["aggregate", "each"] = "aggregate"
 
     def aggregation_rule(self) -> AggregationRule:
         return AggregationRule(

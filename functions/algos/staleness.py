@@ -358,6 +358,18 @@ def decide(
     raise ValueError(f"unknown rule {rule.rule!r}")
 
 
+def optimizer_step_gradients(
+    gradients: Sequence[Mapping[str, Tensor]], scales: Sequence[float], mode: str = "aggregate"
+) -> list[dict[str, Tensor]]:
+    """The gradient of each optimizer step one aggregation makes: the mean of the scaled gradients, one step
+    ("aggregate", SPEC §5), or each scaled gradient as a step of its own, in order ("each")."""
+    if mode == "each":
+        return [aggregate([gradient], [scale]) for gradient, scale in zip(gradients, scales, strict=True)]
+    if mode != "aggregate":
+        raise ValueError(f"optimizer_steps must be 'aggregate' or 'each', got {mode!r}")
+    return [aggregate(gradients, scales)]
+
+
 def gradient_scales(rule: AggregationRule, stalenesses: Iterable[int]) -> list[float]:
     """Per-gradient scales: 1/δ^(1/v) under the Stellaris rule (paper Eq. 4); 1 for the baselines."""
     if rule.rule is Rule.STELLARIS:

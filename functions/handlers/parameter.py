@@ -32,10 +32,10 @@ from functions.algos.staleness import (
     Decision,
     DecisionRecord,
     QueueSnapshot,
-    aggregate,
     decide,
     gradient_scales,
     observe,
+    optimizer_step_gradients,
 )
 from functions.context import Context
 from functions.faults import fault_point
@@ -257,10 +257,11 @@ class _Server:
                 return  # decide again without it
         with self.compute:
             scales = gradient_scales(self.rule, record.stalenesses[: record.count])
-            grads = aggregate([_gradient_part(r.tensors) for r in records], scales)
-            for name, p in self.policy.named_parameters():
-                p.grad = grads[name].clone()
-            self.optimizer.step()
+            parts = [_gradient_part(r.tensors) for r in records]
+            for grads in optimizer_step_gradients(parts, scales, self.spec.algo.stellaris.optimizer_steps):
+                for name, p in self.policy.named_parameters():
+                    p.grad = grads[name].clone()
+                self.optimizer.step()
             _fold_obs_moments(self.policy, [r.tensors for r in records])
 
         state = observe(state, record)

@@ -458,3 +458,16 @@ def test_every_round_drains_its_queue(seed: int, rule: AggregationRule) -> None:
                 pytest.fail(f"{rule} deferred with nothing in flight: {record}")
         state = next_round(state)
     assert state.round_k == 7 and state.delta_max is not None
+
+
+def test_optimizer_step_gradients_one_mean_or_one_step_each() -> None:
+    """Hand-computed: g1 = 2, g2 = 4, scales 1 and 1/4: one step of (2·1 + 4·0.25)/2 = 1.5, or steps of 2 then 1."""
+    from functions.algos.staleness import optimizer_step_gradients
+
+    grads = [{"w": torch.tensor([2.0])}, {"w": torch.tensor([4.0])}]
+    [one] = optimizer_step_gradients(grads, [1.0, 0.25])
+    assert one["w"].tolist() == [1.5]
+    each = optimizer_step_gradients(grads, [1.0, 0.25], "each")
+    assert [g["w"].tolist() for g in each] == [[2.0], [1.0]]
+    with pytest.raises(ValueError, match="optimizer_steps"):
+        optimizer_step_gradients(grads, [1.0, 0.25], "some")
