@@ -85,6 +85,14 @@ end
 return new
 """
 
+# KEYS: version, lock, optim. ARGV: lease value, the version the state belongs to, state, ttl ms.
+_SAVE_OPTIM = """
+if redis.call('GET', KEYS[2]) ~= ARGV[1] then return redis.error_reply('FENCE update lease not held') end
+if redis.call('GET', KEYS[1]) ~= ARGV[2] then return redis.error_reply('FENCE version moved past ' .. ARGV[2]) end
+redis.call('SET', KEYS[3], ARGV[3], 'PX', ARGV[4])
+return 1
+"""
+
 _REFRESH = """
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
@@ -145,6 +153,7 @@ class PolicyStore:
         self._release = client.register_script(_RELEASE)
         self._publish_ack = client.register_script(_PUBLISH_ACK)
         self._refresh = client.register_script(_REFRESH)
+        self._save_optim = client.register_script(_SAVE_OPTIM)
         self._newer = client.register_script(_NEWER)
 
     # -- reading ----------------------------------------------------------------------------------------------
@@ -243,6 +252,18 @@ class PolicyStore:
         return self.publish_and_ack(
             lease, expected_version=expected_version, weights=weights, optimizer_state=optimizer_state
         )
+
+    def save_optimizer(self, lease: UpdateLease, *, version: int, optimizer_state: bytes) -> None:
+        """Store the optimizer state that goes with `version` (publishes may leave it out to save the copy); refused
+        (FencingError) unless the lease holds and `version` is still the newest."""
+        k = self.keys
+        try:
+            keys = [k.policy_version, k.update_lock, k.optim]
+            self._save_optim(keys=keys, args=[lease.value, version, optimizer_state, self.ttl_ms])
+        except redis.ResponseError as exc:
+            if "FENCE" in str(exc):
+                raise FencingError(f"job {self.keys.job!r}: optimizer save refused: {exc}") from exc
+            raise
 
     def refresh(self, lease: UpdateLease, *, lease_s: float) -> bool:
         """Extend a held lease (False when it was lost: it ran out and someone else may hold it now)."""

@@ -167,6 +167,7 @@ class _Server:
         self.compute, self.waited = Stopwatch(), Stopwatch()
         self.decisions: deque[dict[str, Any]] = deque(maxlen=DECISIONS_KEPT)
         self.stop = False
+        self.unsaved = 0  # updates since the optimizer state was last stored
 
     # -- reading ----------------------------------------------------------------------------------------------
     def take(self, entries: list[Entry]) -> None:
@@ -284,18 +285,24 @@ class _Server:
             "threshold": "" if record.threshold is None else record.threshold,
             "gradients": msgpack.packb(gradients),
         }
+        # The optimizer state (twice the weights for Adam) goes with every N-th publish and at the end of the
+        # invocation, not with each: a replacement after a crash resumes with weights exact and moments up to N-1
+        # updates old; a warm instance keeps its own in memory.
+        self.unsaved += 1
+        save = self.unsaved >= self.job.limits.optimizer_save_every
         fault_point("parameter:before_publish")
         self.version = self.job.policies.publish_and_ack(
             self.lease,
             expected_version=self.version,
             weights=policy_to_bytes(self.policy, version=self.version + 1),
-            optimizer_state=optimizer_to_bytes(self.optimizer),
+            optimizer_state=optimizer_to_bytes(self.optimizer) if save else b"",
             gradient_ids=ids,
             aggregator=fields,
             record=applied,
             applied_maxlen=self.job.limits.applied_maxlen,
         )
         fault_point("parameter:after_publish")
+        self.unsaved = 0 if save else self.unsaved
         self.fields = fields
         for gid in ids:
             del self.queue[gid], self.entries[gid]
@@ -343,6 +350,14 @@ def handle(event: dict[str, Any], ctx: Context) -> dict[str, Any]:
             status = "fenced"  # our lease ran out and another holder took over: it carries on from the cache
         if lost.is_set():
             status = "fenced"
+        if status != "fenced" and server.unsaved:
+            try:
+                job.policies.save_optimizer(
+                    lease, version=server.version, optimizer_state=optimizer_to_bytes(server.optimizer)
+                )
+                server.unsaved = 0
+            except FencingError:
+                status = "fenced"
         if status != "fenced":
             ctx.memo[_warm_key(job, optimizer_name)] = (server.version, server.policy, server.optimizer)
     return {

@@ -150,3 +150,19 @@ def test_newer_than_returns_weights_only_when_the_version_changed(job: JobCache)
     assert job.policies.newer_than(1) is None
     assert job.policies.newer_than(0) == (1, b"w1")
     assert job.client.round_trips - before == 2  # type: ignore[attr-defined]  # one round trip per look
+
+
+def test_optimizer_state_saved_apart_only_by_the_lease_holder_for_the_newest_version(job: JobCache) -> None:
+    job.policies.initialise(b"w0", b"o0")
+    lease = job.policies.acquire("p1", lease_s=0.05)
+    assert job.policies.publish(lease, expected_version=0, weights=b"w1") == 1  # no optimizer state with it
+    assert job.policies.optimizer_state() == b"o0"
+    with pytest.raises(FencingError, match="version moved past 0"):
+        job.policies.save_optimizer(lease, version=0, optimizer_state=b"o-stale")
+    job.policies.save_optimizer(lease, version=1, optimizer_state=b"o1")
+    assert job.policies.optimizer_state() == b"o1"
+    newer = job.policies.acquire("p2", wait_s=5.0)  # once the lease lapses, the old holder cannot save
+    with pytest.raises(FencingError, match="lease not held"):
+        job.policies.save_optimizer(lease, version=1, optimizer_state=b"o-old-holder")
+    assert job.policies.optimizer_state() == b"o1"
+    job.policies.release(newer)

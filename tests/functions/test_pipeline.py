@@ -14,10 +14,12 @@ import sys
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from cache import Cache, JobCache, JobLimits
+from cache.codec import decode
 from functions.algos.config import NetworkConfig, PPOConfig, StellarisConfig
 from functions.algos.staleness import Rule
 from functions.jobspec import JobSpec
@@ -282,3 +284,22 @@ def test_handlers_run_unchanged_behind_the_http_runtime(redis_server, cache_conn
         proc.terminate()
         assert proc.wait(timeout=30) == 0
     assert driver.job.gradients.length() == 4
+
+
+def test_the_optimizer_state_is_stored_when_the_update_invocation_ends(cache_conn, job_id, cleanup) -> None:
+    """Publishes leave the optimizer state out until every N-th update (N = 1,000 here, more than a round makes);
+    the invocation stores it as it ends: Adam's step count in the cache then equals the updates applied."""
+    driver = Driver(cache_conn, small_spec(job_id), actors=1, limits=JobLimits(optimizer_save_every=1000))
+    cleanup.append(driver.job)
+    publish, sent = driver.job.policies.publish_and_ack, []
+
+    def spy(*args: Any, **kwargs: Any) -> int:
+        sent.append(len(kwargs["optimizer_state"]))
+        return publish(*args, **kwargs)
+
+    driver.job.policies.publish_and_ack = spy  # type: ignore[method-assign]
+    driver.run_round(mode="stellaris")
+    log = assert_exactly_once(driver.job, 1, tasks_per_round=8)
+    assert sent == [0] * len(log)  # no publish carried it
+    state = decode(driver.job.policies.optimizer_state()).tensors()
+    assert {float(v) for k, v in state.items() if k.endswith(".step")} == {float(len(log))}
