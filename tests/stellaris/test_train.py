@@ -59,6 +59,14 @@ def start_until_round(cmd: list[str], round_k: int) -> subprocess.Popen[str]:
     return proc
 
 
+def read_on(proc: subprocess.Popen[str]) -> tuple[list[str], threading.Thread]:
+    """The rest of `proc`'s stderr, collected by a thread (so the pipe never fills) into the list it returns."""
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(proc.stderr or []), daemon=True)
+    reader.start()
+    return lines, reader
+
+
 def rows(path: Path) -> list[dict[str, str]]:
     with path.open() as f:
         return list(csv.DictReader(f))
@@ -335,9 +343,7 @@ def test_a_redis_kill_9_and_aof_restart_mid_job_loses_and_repeats_nothing(tmp_pa
     out = tmp_path / "run"
     proc = start_until_round(train_cmd(tmp_path, "--rounds", "10", "--out", str(out), "--redis-url", server.url), 3)
     assert proc.stderr is not None
-    stderr: list[str] = []
-    reader = threading.Thread(target=lambda: stderr.extend(proc.stderr or []), daemon=True)
-    reader.start()
+    stderr, reader = read_on(proc)
     try:
         time.sleep(random.Random(7).uniform(0.0, 0.4))  # a moment inside round 4
         pid = server.pid
@@ -364,9 +370,7 @@ def test_a_gateway_kill_9_mid_job_is_recovered_and_the_job_completes(tmp_path: P
     out = tmp_path / "run"
     proc = start_until_round(train_cmd(tmp_path, "--rounds", "10", "--out", str(out)), 3)
     assert proc.stderr is not None
-    stderr: list[str] = []
-    reader = threading.Thread(target=lambda: stderr.extend(proc.stderr or []), daemon=True)
-    reader.start()
+    stderr, reader = read_on(proc)
     try:
         kids = descendants(proc.pid)
         [gateway] = [pid for pid in kids if b"-m\x00gateway" in Path(f"/proc/{pid}/cmdline").read_bytes()]
@@ -398,9 +402,7 @@ def test_a_deployments_gateway_restarted_mid_job_is_waited_for_and_the_job_compl
     out = tmp_path / "run"
     urls = ["--redis-url", redis_server.url, "--gateway-url", gw.url, "--gateway-token", TOKEN]
     proc = start_until_round(train_cmd(tmp_path, "--rounds", "8", "--out", str(out), *urls), 3)
-    stderr: list[str] = []
-    reader = threading.Thread(target=lambda: stderr.extend(proc.stderr or []), daemon=True)
-    reader.start()
+    stderr, reader = read_on(proc)
     try:
         time.sleep(random.Random(13).uniform(0.0, 0.4))  # a moment inside round 4
         gw.proc.kill()
