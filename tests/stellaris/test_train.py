@@ -262,6 +262,21 @@ def test_a_dead_embedded_redis_is_reported_in_one_line_with_its_log_tail(tmp_pat
         assert wait_pid_gone(pid, 30), f"process {pid} outlived the run"
 
 
+def check_each_task_applied_once(out: Path, rounds: int, tasks_per_round: int = 16) -> None:
+    """gradients.csv: every task of rounds 1..`rounds` applied exactly once, and versions 1..N each published once."""
+    grads = rows(out / "gradients.csv")
+    per_round: dict[int, list[str]] = {}
+    for g in grads:
+        per_round.setdefault(int(g["round"]), []).append(g["task_id"])
+    assert sorted(per_round) == list(range(1, rounds + 1))
+    assert all(len(t) == len(set(t)) == tasks_per_round for t in per_round.values()), {
+        r: len(t) for r, t in per_round.items()
+    }
+    assert len({g["gradient_id"] for g in grads}) == len(grads)
+    applied = sorted({int(g["applied_version"]) for g in grads})
+    assert applied == list(range(1, applied[-1] + 1))  # contiguous: nothing lost, nothing applied twice
+
+
 def test_resume_after_kill_9_against_a_persistent_redis_continues_exactly(redis_server, tmp_path: Path) -> None:
     """kill -9 of `stellaris train` mid-run on a deployment that outlives it (Redis and gateway keep the dead run's
     tasks, gradients, pending batches and busy instances), then --resume: the run goes on from its checkpoint in a
@@ -296,18 +311,8 @@ def test_resume_after_kill_9_against_a_persistent_redis_continues_exactly(redis_
         assert resumed.returncode == 0, resumed.stderr[-3000:]
         info = rows(out / "info.csv")
         assert [int(r["round_id"]) for r in info] == list(range(1, done_rounds + 4))
+        check_each_task_applied_once(out, done_rounds + 3)  # 16 tasks a round: 4 minibatches x 4 epochs
         grads = rows(out / "gradients.csv")
-        tasks_per_round = 16  # 4 minibatches x 4 epochs
-        per_round = {}
-        for g in grads:
-            per_round.setdefault(int(g["round"]), []).append(g["task_id"])
-        assert sorted(per_round) == list(range(1, done_rounds + 4))
-        assert all(len(t) == len(set(t)) == tasks_per_round for t in per_round.values()), {
-            r: len(t) for r, t in per_round.items()
-        }
-        assert len({g["gradient_id"] for g in grads}) == len(grads)
-        applied = sorted({int(g["applied_version"]) for g in grads})
-        assert applied == list(range(1, applied[-1] + 1))  # contiguous: nothing lost, nothing applied twice
         assert min(int(g["applied_version"]) for g in grads if int(g["round"]) > done_rounds) == version + 1
         final = json.loads((out / "state.json").read_text())
         assert final["epoch"] == 1
@@ -316,21 +321,6 @@ def test_resume_after_kill_9_against_a_persistent_redis_continues_exactly(redis_
         assert set(final["reward_scalers"]) >= set(scalers)
     finally:
         stop_gateway(gw)
-
-
-def check_each_task_applied_once(out: Path, rounds: int, tasks_per_round: int = 16) -> None:
-    """gradients.csv: every task of rounds 1..`rounds` applied exactly once, and versions 1..N each published once."""
-    grads = rows(out / "gradients.csv")
-    per_round: dict[int, list[str]] = {}
-    for g in grads:
-        per_round.setdefault(int(g["round"]), []).append(g["task_id"])
-    assert sorted(per_round) == list(range(1, rounds + 1))
-    assert all(len(t) == len(set(t)) == tasks_per_round for t in per_round.values()), {
-        r: len(t) for r, t in per_round.items()
-    }
-    assert len({g["gradient_id"] for g in grads}) == len(grads)
-    applied = sorted({int(g["applied_version"]) for g in grads})
-    assert applied == list(range(1, applied[-1] + 1))  # contiguous: nothing lost, nothing applied twice
 
 
 def test_a_redis_kill_9_and_aof_restart_mid_job_loses_and_repeats_nothing(tmp_path: Path) -> None:
