@@ -8,6 +8,7 @@ import redis
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from cache.aggregator import AggregatorStore
 from cache.codec import DEFAULT_MAX_BYTES
 from cache.keys import JobKeys
 from cache.learner_registry import LearnerRegistry
@@ -147,6 +148,7 @@ class JobCache:
             retired_grace_s=lim.retired_grace_s,
         )
         self.learners = LearnerRegistry(client, self.keys, lease_s=lim.learner_lease_s, ttl_s=lim.ttl_s)
+        self.aggregator = AggregatorStore(client, self.keys, ttl_s=lim.ttl_s)
 
     def set_spec(self, spec_json: str) -> None:
         self.client.set(self.keys.spec, spec_json, px=int(self.limits.ttl_s * 1000))

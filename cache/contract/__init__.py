@@ -1,0 +1,26 @@
+"""The typed contract between the control plane, the functions and the gateway: handler results, the aggregator's
+state and the function runtime's HTTP contract. The ground floor: it imports nothing of theirs."""
+
+from cache.contract.aggregator import AggregatorState
+from cache.contract.results import (
+    ActorResult,
+    AppliedGradient,
+    AppliedRow,
+    DecisionRow,
+    InitResult,
+    LearnerResult,
+    ParameterResult,
+    ResultError,
+)
+
+__all__ = [
+    "ActorResult",
+    "AggregatorState",
+    "AppliedGradient",
+    "AppliedRow",
+    "DecisionRow",
+    "InitResult",
+    "LearnerResult",
+    "ParameterResult",
+    "ResultError",
+]

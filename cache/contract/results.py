@@ -1,0 +1,125 @@
+"""What each handler returns, as records: the handler builds one and sends `to_dict()` over HTTP; the control plane
+reads it back with `from_dict`, which names the field that is missing or of the wrong type. No handler result is
+read by string key anywhere else."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal, Self
+
+from pydantic import TypeAdapter, ValidationError
+
+from cache.errors import RecordError
+
+
+class ResultError(RecordError):
+    """A handler result lacks a field or carries one of the wrong type."""
+
+
+class _Result:
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)  # type: ignore[call-overload]
+
+    @classmethod
+    def from_dict(cls, data: Any) -> Self:
+        try:
+            return _adapter(cls).validate_python(data)
+        except ValidationError as exc:
+            problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'result'}: {e['msg']}" for e in exc.errors())
+            raise ResultError(f"{cls.__name__}: {problems}") from exc
+
+
+_ADAPTERS: dict[type, TypeAdapter[Any]] = {}
+
+
+def _adapter(cls: type) -> TypeAdapter[Any]:
+    if cls not in _ADAPTERS:
+        _ADAPTERS[cls] = TypeAdapter(cls)
+    return _ADAPTERS[cls]
+
+
+@dataclass(frozen=True)
+class _Timed(_Result):
+    """Seconds of algorithm time and of waiting for work inside the handler, and its Redis round trips: the
+    control plane splits a call's latency into compute, cache and invocation overhead (paper Fig. 14)."""
+
+    compute_s: float = 0.0
+    wait_s: float = 0.0
+    redis_round_trips: int = 0
+
+
+@dataclass(frozen=True)
+class LearnerResult(_Timed):
+    """One learner invocation: the gradients it stored, the tasks it lost to a takeover or dead-lettered, and the
+    sums the control plane averages per round (loss; truncated fraction over the gradients that report one)."""
+
+    status: Literal["done", "timeout"] = "done"
+    gradients: int = 0
+    lost: int = 0
+    dead_lettered: int = 0
+    loss_sum: float = 0.0
+    truncated_sum: float = 0.0
+    truncated_n: int = 0
+
+
+@dataclass(frozen=True)
+class DecisionRow:
+    """One applied aggregation of a parameter invocation: the rule's decision, how many gradients, the version."""
+
+    decision: str
+    count: int
+    version: int
+
+
+@dataclass(frozen=True)
+class ParameterResult(_Timed):
+    """One serving parameter invocation: how it ended, the newest version, and its newest applied decisions.
+    `busy`: another invocation holds the update lease; `fenced`: its lease was lost to a replacement."""
+
+    status: Literal["ok", "busy", "fenced", "expired"] = "ok"
+    version: int | None = None
+    decisions: list[DecisionRow] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class InitResult(_Result):
+    """The parameter function's `init` call: version 0 published and the job's resolved spec (JSON)."""
+
+    version: int
+    spec: dict[str, Any]
+    status: Literal["ok"] = "ok"
+
+
+@dataclass(frozen=True)
+class ActorResult(_Result):
+    """One serverless actor invocation: the batch it pushed, its behaviour version, steps and finished episodes."""
+
+    batch_id: str
+    version: int
+    env_steps: int
+    episode_returns: list[float] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class AppliedGradient:
+    """One gradient of an applied aggregation: its stream id, task id, round, base version and staleness."""
+
+    gradient_id: str
+    task_id: str
+    round: int
+    base_version: int
+    staleness: int
+
+    def to_list(self) -> list[Any]:
+        return [self.gradient_id, self.task_id, self.round, self.base_version, self.staleness]
+
+
+@dataclass(frozen=True)
+class AppliedRow:
+    """One entry of the job's applied log (written atomically with the version it produced)."""
+
+    version: int
+    decision: str
+    round: int
+    threshold: float | None
+    gradients: list[AppliedGradient]
