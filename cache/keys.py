@@ -128,9 +128,6 @@ class JobKeys:
     def decisions(self) -> str:
         return self._k("decisions")
 
-    def activation(self, activation_id: str) -> str:
-        return self._k(f"act:{activation_id}")
-
     def pattern(self) -> str:
         """Glob matching every key of this job (for cleanup of this job only, never FLUSHALL)."""
         return f"{self.base}:*"

@@ -5,6 +5,7 @@ version leaving them is dropped at once unless a registered learner still holds 
 grace TTL, so at most K versions plus those held are stored. Optimizer state lives beside the policy and is
 replaced in the same atomic step as the version, so the parameter function is stateless between invocations. Every
 publish also appends to a small events stream that waiters block on (XREAD BLOCK), so nobody polls for new versions.
+The atomic steps are Lua scripts in `cache.policy_scripts`.
 """
 
 from __future__ import annotations
@@ -16,108 +17,10 @@ from dataclasses import dataclass
 
 import redis
 
+from cache import policy_scripts as scripts
 from cache.errors import FencingError, LeaseUnavailable, VersionNotFound
 from cache.keys import JobKeys
 from cache.streams import MAX_BLOCK_S
-
-_INIT = """
-if redis.call('EXISTS', KEYS[1]) == 1 then return tonumber(redis.call('GET', KEYS[1])) end
-redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[3])
-if ARGV[2] ~= '' then redis.call('SET', KEYS[3], ARGV[2], 'PX', ARGV[3]) end
-redis.call('SET', KEYS[1], ARGV[4], 'PX', ARGV[3])
-redis.call('XADD', KEYS[4], 'MAXLEN', '~', 64, '*', 'v', ARGV[4])
-redis.call('PEXPIRE', KEYS[4], ARGV[3])
-return tonumber(ARGV[4])
-"""
-
-# Publish and acknowledge as one step: the new version, the optimizer state, the aggregator's state, the removal of
-# the gradients that went into it, and its record in the applied log, all or nothing.
-# KEYS: version, lock, new policy, optim, events, retired policy, gradients, gradients freed, aggregator, applied,
-#       learners (id -> held version)
-# ARGV: lease value, expected version, weights, optim, ttl ms, retired grace ms, applied maxlen, retired version,
-#       n ids, ids..., n aggregator pairs, field, value, ..., then the applied record's field/value pairs
-_PUBLISH_ACK = """
-if redis.call('GET', KEYS[2]) ~= ARGV[1] then return redis.error_reply('FENCE update lease not held') end
-local cur = tonumber(redis.call('GET', KEYS[1]))
-if cur == nil then return redis.error_reply('FENCE store not initialised') end
-if cur ~= tonumber(ARGV[2]) then
-  return redis.error_reply('FENCE version is ' .. cur .. ', expected ' .. ARGV[2])
-end
-local n = tonumber(ARGV[9])
-for i = 10, 9 + n do
-  if #redis.call('XRANGE', KEYS[7], ARGV[i], ARGV[i]) == 0 then
-    return redis.error_reply('FENCE gradient ' .. ARGV[i] .. ' is gone')
-  end
-end
-local new = cur + 1
-redis.call('SET', KEYS[3], ARGV[3], 'PX', ARGV[5])
-if ARGV[4] ~= '' then redis.call('SET', KEYS[4], ARGV[4], 'PX', ARGV[5]) end
-redis.call('SET', KEYS[1], new, 'PX', ARGV[5])
-if KEYS[6] ~= KEYS[3] then
-  -- The version leaving the newest K: kept a grace period only while a registered learner holds it, else dropped.
-  local held = false
-  for _, v in ipairs(redis.call('HVALS', KEYS[11])) do
-    if v == ARGV[8] then held = true break end
-  end
-  if held then redis.call('PEXPIRE', KEYS[6], ARGV[6]) else redis.call('UNLINK', KEYS[6]) end
-end
-redis.call('XADD', KEYS[5], 'MAXLEN', '~', 64, '*', 'v', new)
-redis.call('PEXPIRE', KEYS[5], ARGV[5])
-for i = 10, 9 + n do
-  redis.call('XDEL', KEYS[7], ARGV[i])
-  redis.call('LPUSH', KEYS[8], '1')
-end
-if n > 0 then
-  redis.call('LTRIM', KEYS[8], 0, 1023)
-  redis.call('PEXPIRE', KEYS[8], ARGV[5])
-end
-local a = 10 + n
-local pairs_n = tonumber(ARGV[a])
-if pairs_n > 0 then
-  redis.call('HSET', KEYS[9], unpack(ARGV, a + 1, a + 2 * pairs_n))
-  redis.call('PEXPIRE', KEYS[9], ARGV[5])
-end
-local r = a + 2 * pairs_n + 1
-if r <= #ARGV then
-  redis.call('XADD', KEYS[10], 'MAXLEN', '~', ARGV[7], '*', 'version', new, unpack(ARGV, r))
-  redis.call('PEXPIRE', KEYS[10], ARGV[5])
-end
-return new
-"""
-
-# KEYS: version, lock, optim. ARGV: lease value, the version the state belongs to, state, ttl ms.
-_SAVE_OPTIM = """
-if redis.call('GET', KEYS[2]) ~= ARGV[1] then return redis.error_reply('FENCE update lease not held') end
-if redis.call('GET', KEYS[1]) ~= ARGV[2] then return redis.error_reply('FENCE version moved past ' .. ARGV[2]) end
-redis.call('SET', KEYS[3], ARGV[3], 'PX', ARGV[4])
-return 1
-"""
-
-_REFRESH = """
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
-redis.call('PEXPIRE', KEYS[1], ARGV[2])
-return 1
-"""
-
-# KEYS: version. ARGV: the version the caller holds ('' for none), policy key prefix. The policy key shares the
-# job's hash tag (same slot) but depends on the version read here.
-_NEWER = """
-local v = redis.call('GET', KEYS[1])
-if not v then return false end
-if v == ARGV[1] then return {v} end
-return {v, redis.call('GET', ARGV[2] .. v)}
-"""
-
-_RELEASE = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  redis.call('DEL', KEYS[1])
-  redis.call('LPUSH', KEYS[2], '1')
-  redis.call('LTRIM', KEYS[2], 0, 15)
-  redis.call('PEXPIRE', KEYS[2], ARGV[2])
-  return 1
-end
-return 0
-"""
 
 
 @dataclass(frozen=True)
@@ -149,12 +52,12 @@ class PolicyStore:
         self.keep_versions = keep_versions
         self.ttl_ms = int(ttl_s * 1000)
         self.retired_grace_ms = int(retired_grace_s * 1000)
-        self._init = client.register_script(_INIT)
-        self._release = client.register_script(_RELEASE)
-        self._publish_ack = client.register_script(_PUBLISH_ACK)
-        self._refresh = client.register_script(_REFRESH)
-        self._save_optim = client.register_script(_SAVE_OPTIM)
-        self._newer = client.register_script(_NEWER)
+        self._init = client.register_script(scripts.INIT)
+        self._release = client.register_script(scripts.RELEASE_LEASE)
+        self._publish_ack = client.register_script(scripts.PUBLISH_ACK)
+        self._refresh = client.register_script(scripts.REFRESH_LEASE)
+        self._save_optim = client.register_script(scripts.SAVE_OPTIM)
+        self._newer = client.register_script(scripts.NEWER)
 
     # -- reading ----------------------------------------------------------------------------------------------
     def version(self) -> int | None:
