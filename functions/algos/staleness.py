@@ -1,121 +1,31 @@
 """Staleness-aware gradient aggregation (Stellaris paper Eq. 3–4, SPEC.md §5) and the baseline rules.
 
-The equations are pure functions (``staleness``, ``staleness_threshold``, ``staleness_bound``,
-``calibrate_delta_max``, ``staleness_scale``, ``aggregate``). The rules are pure decisions over an immutable
-``AggregationState`` (round counter and δ_max) and a ``QueueSnapshot`` (current version, the base versions of
-the queued gradients and of the learner tasks of the round still in flight): the parameter function evaluates
-``decide`` on every enqueue and on every learner completion, applies what the record says, then folds the
-record back with ``observe`` and moves rounds on with ``next_round``.
+The equations are pure functions in ``functions.algos.staleness_equations`` (``staleness``,
+``staleness_threshold``, ``staleness_bound``, ``calibrate_delta_max``, ``staleness_scale``, ``aggregate``). The
+rules here are pure decisions over an immutable ``AggregationState`` (round counter and δ_max) and a
+``QueueSnapshot`` (current version, the base versions of the queued gradients and of the learner tasks of the round
+still in flight): the parameter function evaluates ``decide`` on every enqueue and on every learner completion,
+applies what the record says, then folds the record back with ``observe`` and moves rounds on with ``next_round``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
-import torch
-from torch import Tensor
-
-
-def staleness(current_version: int, base_versions: Iterable[int]) -> list[int]:
-    """δ = current version − base version, per gradient (paper §V-C)."""
-    deltas = [current_version - base for base in base_versions]
-    if any(delta < 0 for delta in deltas):
-        raise ValueError(f"a base version is newer than the current version {current_version}")
-    return deltas
-
-
-def staleness_threshold(delta_max: float, *, d: float, round_k: int) -> float:
-    """β_k = δ_max · d^k (paper Eq. 3), for rounds k ≥ 2; d ∈ [0, 1]."""
-    if not 0.0 <= d <= 1.0:
-        raise ValueError(f"d must lie in [0, 1], got {d}")
-    if round_k < 1:
-        raise ValueError(f"rounds count from 1, got {round_k}")
-    return delta_max * d**round_k
-
-
-class Schedule(StrEnum):
-    """How β_k of paper Eq. 3 follows the run; every schedule keeps d = 0 synchronous and d = 1 at β = δ_max.
-
-    PAPER: Eq. 3 literally, k = round. Over runs much longer than the paper's 50 rounds β sinks below any
-    reachable mean staleness and nearly every round ends in a liveness flush.
-    HORIZON: k measured against the run's planned horizon, k_eff = k·paper_rounds/horizon_rounds, so the decay
-    over the whole run equals the paper's decay over its 50 rounds; PAPER when no horizon is known.
-    FLOOR: β = max(δ_max·d^k, min(beta_floor, δ_max)): with the default floor 1, one version behind on average
-    stays admissible, a staleness that concurrent learners can reach.
-    HORIZON_FLOOR: the horizon-relative k and the floor.
-    """
-
-    PAPER = "paper"
-    HORIZON = "horizon"
-    FLOOR = "floor"
-    HORIZON_FLOOR = "horizon_floor"
-
-
-def staleness_bound(
-    delta_max: float,
-    *,
-    d: float,
-    round_k: int,
-    schedule: Schedule,
-    horizon_rounds: int | None = None,
-    paper_rounds: int = 50,
-    beta_floor: float = 1.0,
-) -> float:
-    """β_k of paper Eq. 3 under ``schedule``, for rounds k ≥ 1; d ∈ [0, 1].
-
-    The horizon schedules evaluate Eq. 3 at k_eff = k·paper_rounds/horizon_rounds, i.e. with the per-round
-    decay d^(paper_rounds/horizon_rounds); the floor schedules return max(β, min(beta_floor, δ_max)).
-    ``horizon_rounds`` is read only by the horizon schedules (None: no horizon known, k_eff = k). d = 0 gives
-    β = 0 and d = 1 gives β = δ_max under every schedule.
-    """
-    if not 0.0 <= d <= 1.0:
-        raise ValueError(f"d must lie in [0, 1], got {d}")
-    if horizon_rounds is not None and horizon_rounds < 1:
-        raise ValueError(f"horizon_rounds must be at least 1 round, got {horizon_rounds}")
-    if paper_rounds < 1:
-        raise ValueError(f"paper_rounds must be at least 1 round, got {paper_rounds}")
-    if beta_floor < 0:
-        raise ValueError(f"beta_floor must be non-negative, got {beta_floor}")
-    schedule = Schedule(schedule)
-    decay = d
-    if schedule in (Schedule.HORIZON, Schedule.HORIZON_FLOOR) and horizon_rounds is not None:
-        decay = d ** (paper_rounds / horizon_rounds)  # δ_max·decay^k = δ_max·d^(k·paper_rounds/horizon_rounds)
-    beta = staleness_threshold(delta_max, d=decay, round_k=round_k)
-    if schedule in (Schedule.FLOOR, Schedule.HORIZON_FLOOR) and d > 0.0:
-        beta = max(beta, min(beta_floor, delta_max))
-    return beta
-
-
-def calibrate_delta_max(stalenesses: Iterable[int]) -> int:
-    """δ_max = the maximum staleness seen in the unthresholded round 1 (paper §V-C); not the mean."""
-    return max(stalenesses, default=0)
-
-
-def staleness_scale(delta: int, *, v: float) -> float:
-    """Per-gradient factor 1/δ^(1/v) when δ > 0, else 1 (paper Eq. 4: α_c = α_0/ᵛ√δ_c)."""
-    if v <= 0:
-        raise ValueError(f"v must be positive, got {v}")
-    return 1.0 / delta ** (1.0 / v) if delta > 0 else 1.0
-
-
-def aggregate(gradients: Sequence[Mapping[str, Tensor]], scales: Sequence[float]) -> dict[str, Tensor]:
-    """g = (1/H)·Σ_i scale_i·g_i: one aggregate of H gradients, applied as one optimizer step with α_0.
-
-    Each gradient is a mapping parameter name → tensor; all must name the same parameters.
-    """
-    if not gradients:
-        raise ValueError("nothing to aggregate")
-    if len(gradients) != len(scales):
-        raise ValueError(f"{len(gradients)} gradients but {len(scales)} scales")
-    names = set(gradients[0])
-    if any(set(gradient) != names for gradient in gradients):
-        raise ValueError("gradients name different parameters")
-    return {
-        name: torch.stack([scale * gradient[name] for gradient, scale in zip(gradients, scales, strict=True)]).mean(0)
-        for name in gradients[0]
-    }
+# aggregate, optimizer_step_gradients and staleness_threshold are re-exported for the code that imports them from
+# this module; the others are used here.
+from functions.algos.staleness_equations import (
+    Schedule,
+    calibrate_delta_max,
+    staleness,
+    staleness_bound,
+    staleness_scale,
+)
+from functions.algos.staleness_equations import aggregate as aggregate
+from functions.algos.staleness_equations import optimizer_step_gradients as optimizer_step_gradients
+from functions.algos.staleness_equations import staleness_threshold as staleness_threshold
 
 
 class Rule(StrEnum):
@@ -356,18 +266,6 @@ def decide(
         case Rule.SSP:
             return decide_ssp(state, snapshot, bound=rule.ssp_bound)
     raise ValueError(f"unknown rule {rule.rule!r}")
-
-
-def optimizer_step_gradients(
-    gradients: Sequence[Mapping[str, Tensor]], scales: Sequence[float], mode: str = "aggregate"
-) -> list[dict[str, Tensor]]:
-    """The gradient of each optimizer step one aggregation makes: the mean of the scaled gradients, one step
-    ("aggregate", SPEC §5), or each scaled gradient as a step of its own, in order ("each")."""
-    if mode == "each":
-        return [aggregate([gradient], [scale]) for gradient, scale in zip(gradients, scales, strict=True)]
-    if mode != "aggregate":
-        raise ValueError(f"optimizer_steps must be 'aggregate' or 'each', got {mode!r}")
-    return [aggregate(gradients, scales)]
 
 
 def gradient_scales(rule: AggregationRule, stalenesses: Iterable[int]) -> list[float]:

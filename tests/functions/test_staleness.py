@@ -17,9 +17,6 @@ from functions.algos.staleness import (
     Decision,
     QueueSnapshot,
     Rule,
-    Schedule,
-    aggregate,
-    calibrate_delta_max,
     decide,
     decide_async,
     decide_softsync,
@@ -29,6 +26,12 @@ from functions.algos.staleness import (
     gradient_scales,
     next_round,
     observe,
+)
+from functions.algos.staleness_equations import (
+    Schedule,
+    aggregate,
+    calibrate_delta_max,
+    optimizer_step_gradients,
     staleness,
     staleness_bound,
     staleness_scale,
@@ -462,8 +465,6 @@ def test_every_round_drains_its_queue(seed: int, rule: AggregationRule) -> None:
 
 def test_optimizer_step_gradients_one_mean_or_one_step_each() -> None:
     """Hand-computed: g1 = 2, g2 = 4, scales 1 and 1/4: one step of (2·1 + 4·0.25)/2 = 1.5, or steps of 2 then 1."""
-    from functions.algos.staleness import optimizer_step_gradients
-
     grads = [{"w": torch.tensor([2.0])}, {"w": torch.tensor([4.0])}]
     [one] = optimizer_step_gradients(grads, [1.0, 0.25])
     assert one["w"].tolist() == [1.5]
