@@ -1,6 +1,6 @@
-"""The warm pool of one function: admission (concurrency + bounded queue), instance reuse, cold starts,
-keep-alive expiry, min-warm and pre-warming, and crash/timeout handling. One pool per function per worker; the call
-itself goes over the runtime's HTTP contract (gateway/invocation.py)."""
+"""The warm pool of one function: instance reuse, cold starts, keep-alive expiry, min-warm and pre-warming, and
+crash/timeout handling. One pool per function per worker. Which calls may run is decided by its admission
+(gateway/admission.py); each call goes over the runtime's HTTP contract (gateway/invocation.py)."""
 
 from __future__ import annotations
 
