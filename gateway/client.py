@@ -9,7 +9,8 @@ from typing import Any
 
 import httpx
 
-from gateway.models import Activation, FunctionSpec, Status
+from cache.contract.runtime_http import CALL_ID_HEADER
+from gateway.models import METER_HEADER, Activation, FunctionSpec, Status
 
 
 class GatewayError(RuntimeError):
@@ -93,14 +94,14 @@ class GatewayClient:
 
     def invoke_with_id(self, name: str, event: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         resp = self._send("POST", f"/function/{name}", invocation=True, json=event)
-        return resp.headers.get("X-Call-Id", ""), self._check(resp)
+        return resp.headers.get(CALL_ID_HEADER, ""), self._check(resp)
 
     def invoke_metered(self, name: str, event: dict[str, Any]) -> tuple[dict[str, Any], Activation]:
         """Synchronous call returning (result, the activation's metering: times, cold, cost; no result copy)."""
         resp = self._send("POST", f"/function/{name}", invocation=True, json=event)
         result = self._check(resp)
-        meter = json.loads(resp.headers.get("X-Activation-Meter", "{}"))
-        act = Activation(id=resp.headers.get("X-Call-Id", ""), function=name, status=Status.SUCCESS, **meter)
+        meter = json.loads(resp.headers.get(METER_HEADER, "{}"))
+        act = Activation(id=resp.headers.get(CALL_ID_HEADER, ""), function=name, status=Status.SUCCESS, **meter)
         return result, act
 
     def invoke_async(self, name: str, event: dict[str, Any]) -> str:

@@ -4,11 +4,18 @@ from __future__ import annotations
 
 import re
 from enum import StrEnum
-from typing import Any
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
+BackendName = Literal["process", "docker"]
+BACKENDS: tuple[str, ...] = get_args(BackendName)
+
+# The metering part of the activation record rides on the synchronous answer in this header, so a caller that
+# accounts for cost (the control plane) needs no second request per call.
+METER_HEADER = "X-Activation-Meter"
+METER_FIELDS = {"start", "end", "cold", "init_s", "wait_s", "duration_s", "instance", "resource_seconds", "cost_usd"}
 
 
 class Resources(BaseModel):
@@ -45,7 +52,9 @@ class FunctionSpec(BaseModel):
     name: str = Field(description="lowercase letters, digits and '-', at most 63 characters")
     target: str | None = Field(default=None, description="module:handler (process backend)")
     image: str | None = Field(default=None, description="container image (docker backend)")
-    backend: str = Field(default="process", description="process or docker")
+    backend: str | None = Field(
+        default=None, description="process or docker; None: the gateway's default (STELLARIS_GATEWAY_BACKEND)"
+    )
     resources: Resources = Resources()
     timeout_s: float = Field(default=60.0, gt=0, le=3600)
     concurrency_per_instance: int = Field(default=1, ge=1, le=1024)
@@ -73,8 +82,10 @@ class FunctionSpec(BaseModel):
 
     @model_validator(mode="after")
     def _runnable(self) -> FunctionSpec:
-        if self.backend not in ("process", "docker"):
+        if self.backend is not None and self.backend not in BACKENDS:
             raise ValueError(f"backend must be 'process' or 'docker', got {self.backend!r}")
+        if self.backend is None and not (self.target or self.image):
+            raise ValueError("a function needs 'target' (module:handler, process backend) or 'image' (docker)")
         if self.backend == "process" and not self.target:
             raise ValueError("a process-backend function needs 'target' (module:handler)")
         if self.backend == "docker" and not self.image:

@@ -1,5 +1,6 @@
-"""The warm pool of one function: admission (concurrency + bounded queue), instance reuse, cold starts,
-keep-alive expiry, min-warm and pre-warming, and crash/timeout handling. One pool per function per worker."""
+"""The warm pool of one function: instance reuse, cold starts, keep-alive expiry, min-warm and pre-warming, and
+crash/timeout handling. One pool per function per worker. Which calls may run is decided by its admission
+(gateway/admission.py); each call goes over the runtime's HTTP contract (gateway/invocation.py)."""
 
 from __future__ import annotations
 
@@ -12,39 +13,17 @@ from typing import Any
 
 import aiohttp
 
+from gateway.admission import Admission
 from gateway.backends.base import Backend, BackendError, InstanceHandle
+from gateway.invocation import InstanceUnreachable, InvocationFailed, Outcome, post_event
 from gateway.metering import Metrics
 from gateway.models import FunctionSpec, Status
 
 # An idle instance older than this is probed with backend.alive() before reuse (a crash while idle must not
 # fail the next call).
 PROBE_IDLE_AFTER_S = 1.0
-
-
-class QueueFull(Exception):
-    def __init__(self, function: str, retry_after_s: float) -> None:
-        super().__init__(f"function {function!r}: concurrency and queue are full")
-        self.retry_after_s = retry_after_s
-
-
-@dataclass
-class InvocationFailed(Exception):
-    """The call did not produce a result; `status_code` is what the gateway answers."""
-
-    status_code: int
-    status: Status
-    error: dict[str, Any]
-    outcome: Outcome | None = None
-
-
-@dataclass
-class Outcome:
-    result: dict[str, Any] | None
-    instance: str
-    cold: bool
-    init_s: float | None
-    wait_s: float
-    duration_s: float
+# The gateway waits this much longer than the function's timeout_s, so that the runtime's own 504 arrives first.
+ANSWER_MARGIN_S = 5.0
 
 
 @dataclass
@@ -56,63 +35,39 @@ class Live:
 
 
 class FunctionPool:
-    def __init__(self, spec: FunctionSpec, backend: Backend, http: aiohttp.ClientSession, metrics: Metrics) -> None:
+    def __init__(
+        self,
+        spec: FunctionSpec,
+        backend: Backend,
+        http: aiohttp.ClientSession,
+        metrics: Metrics,
+        *,
+        stop_timeout_s: float,
+    ) -> None:
         self.spec = spec
         self.backend = backend
         self.http = http
         self.metrics = metrics
+        self.stop_timeout_s = stop_timeout_s  # an instance's drain, before it is killed
         self.instances: dict[str, Live] = {}
         self.starting = 0
-        self.waiting = 0
-        self.running = 0
         self.idle_seconds = 0.0  # keep-alive time: reported, never charged
         self.init_estimate_s = 2.0
-        self._slots = asyncio.Semaphore(spec.max_concurrency)
+        self.admission = Admission(spec, on_change=self._gauges)
         self._changed = asyncio.Condition()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._closed = False
 
-    # -- admission and invocation -----------------------------------------------------------------------------
-    def full(self) -> bool:
-        """Every slot and every queue place taken (counting admitted calls that have not reached a slot yet): a
-        new call would be refused (429)."""
-        return self.running + self.waiting >= self.spec.max_concurrency + self.spec.queue_max
-
-    def admit(self) -> None:
-        """Take a place among the waiting calls now, or raise QueueFull: an asynchronous call is admitted before its
-        202 is sent, so a 202 is never followed by a rejection."""
-        if self.full():
-            raise QueueFull(self.spec.name, retry_after_s=max(1.0, self.spec.timeout_s / 10))
-        self.waiting += 1
-        self._gauges()
-
-    def release_admission(self) -> None:
-        """Give back a place `admit` took for a call that will not run."""
-        self.waiting -= 1
-        self._gauges()
-
+    # -- invocation -------------------------------------------------------------------------------------------
     async def invoke(self, event: dict[str, Any], *, call_id: str, admitted: bool = False) -> Outcome:
-        """Run one call: `admitted` when `admit` already took its place."""
-        if not admitted:
-            self.admit()
-        accepted = time.monotonic()
-        try:
-            await self._slots.acquire()
-        finally:
-            self.waiting -= 1
-        self.running += 1
-        self._gauges()
-        try:
+        """Run one call: `admitted` when `admission.admit()` already took its place."""
+        async with self.admission.slot(admitted=admitted) as accepted:
             live, cold, init_s = await self._take_instance()
             wait_s = time.monotonic() - accepted - (init_s or 0.0)
             try:
                 return await self._call(live, event, call_id, cold=cold, init_s=init_s, wait_s=wait_s)
             finally:
                 await self._give_back(live)
-        finally:
-            self.running -= 1
-            self._slots.release()
-            self._gauges()
 
     async def _take_instance(self) -> tuple[Live, bool, float | None]:
         while True:
@@ -167,44 +122,26 @@ class FunctionPool:
     ) -> Outcome:
         started = time.monotonic()
         outcome = Outcome(None, live.handle.id, cold, init_s, wait_s, 0.0)
+        timeout_s = self.spec.timeout_s + ANSWER_MARGIN_S
         try:
-            async with self.http.post(
-                f"{live.handle.url}/invoke",
-                json=event,
-                headers={"X-Call-Id": call_id},
-                timeout=aiohttp.ClientTimeout(total=self.spec.timeout_s + 5.0),
-            ) as resp:
-                code = resp.status
-                try:
-                    body = await resp.json(content_type=None)
-                except ValueError:  # not JSON (e.g. a proxy's or server's plain-text error page)
-                    text = (await resp.text(errors="replace"))[:500]
-                    body = {"error": {"type": "BadResponse", "message": f"instance answered {code}: {text}"}}
-                duration_ms = resp.headers.get("X-Duration-Ms")
-        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
+            answer = await post_event(self.http, live.handle.url, event, call_id=call_id, timeout_s=timeout_s)
+        except InstanceUnreachable as exc:
             outcome.duration_s = time.monotonic() - started
             await self._discard(live, replace=True)
-            raise InvocationFailed(
-                502, Status.ERROR, {"type": "InstanceCrashed", "message": f"instance {live.handle.id} died: {exc}"},
-                outcome,
-            ) from exc  # fmt: skip
+            error = {"type": "InstanceCrashed", "message": f"instance {live.handle.id} died: {exc}"}
+            raise InvocationFailed(502, Status.ERROR, error, outcome) from exc
         except TimeoutError as exc:
             outcome.duration_s = time.monotonic() - started
             await self._discard(live, replace=False, kill=True)
-            raise InvocationFailed(
-                504, Status.TIMEOUT, {"type": "Timeout", "message": f"no answer within {self.spec.timeout_s} s"},
-                outcome,
-            ) from exc  # fmt: skip
-        outcome.duration_s = float(duration_ms) / 1000 if duration_ms else time.monotonic() - started
-        if code == 200 and isinstance(body, dict):
-            outcome.result = body
+            error = {"type": "Timeout", "message": f"no answer within {self.spec.timeout_s} s"}
+            raise InvocationFailed(504, Status.TIMEOUT, error, outcome) from exc
+        outcome.duration_s = answer.duration_s if answer.duration_s is not None else time.monotonic() - started
+        if answer.ok:
+            outcome.result = answer.body
             return outcome
-        error = body.get("error", body) if isinstance(body, dict) else {"type": "BadResponse", "message": str(body)}
-        if code == 504:
-            if isinstance(error, dict) and error.get("recycle"):
-                await self._discard(live, replace=False, kill=True)
-            raise InvocationFailed(504, Status.TIMEOUT, error, outcome)
-        raise InvocationFailed(502, Status.ERROR, error, outcome)
+        if answer.recycle:
+            await self._discard(live, replace=False, kill=True)
+        raise answer.failure(outcome)
 
     async def _give_back(self, live: Live) -> None:
         if live.handle.id in self.instances:
@@ -233,10 +170,9 @@ class FunctionPool:
             return
         if live.expiry is not None:
             live.expiry.cancel()
-        kill_fn = getattr(self.backend, "kill", None)
-        if kill and kill_fn is not None:
-            await asyncio.to_thread(kill_fn, live.handle)
-        self._spawn(asyncio.to_thread(self.backend.stop, live.handle))
+        if kill:
+            await asyncio.to_thread(self.backend.kill, live.handle)
+        self._spawn(self._stop(live.handle))
         self._gauges()
         if replace and not self._closed:
             self._spawn(self.ensure_min_warm(at_least=1))
@@ -299,12 +235,15 @@ class FunctionPool:
             if live.expiry is not None:
                 live.expiry.cancel()
         if stop_instances:
-            await asyncio.gather(*(asyncio.to_thread(self.backend.stop, lv.handle) for lv in self.instances.values()))
+            await asyncio.gather(*(self._stop(lv.handle) for lv in self.instances.values()))
         self.instances.clear()
         for task in list(self._tasks):
             task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def _stop(self, handle: InstanceHandle) -> None:
+        await asyncio.to_thread(self.backend.stop, handle, timeout_s=self.stop_timeout_s)
 
     def status(self) -> dict[str, Any]:
         return {
@@ -319,8 +258,8 @@ class FunctionPool:
                 for lv in self.instances.values()
             ],
             "starting": self.starting,
-            "running": self.running,
-            "queued": self.waiting,
+            "running": self.admission.running,
+            "queued": self.admission.waiting,
             "keep_alive_idle_s": round(self.idle_seconds, 3),
         }
 
@@ -332,4 +271,4 @@ class FunctionPool:
 
     def _gauges(self) -> None:
         self.metrics.warm_instances.labels(self.spec.name).set(len(self.instances))
-        self.metrics.queue_depth.labels(self.spec.name).set(self.waiting)
+        self.metrics.queue_depth.labels(self.spec.name).set(self.admission.waiting)

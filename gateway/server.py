@@ -9,6 +9,7 @@ import sys
 
 import uvicorn
 
+from cache.contract.runtime_http import READY_PREFIX
 from gateway.app import create_app
 from gateway.protocol import timed_h11
 from gateway.settings import GatewaySettings
@@ -26,7 +27,7 @@ def serve(settings: GatewaySettings, *, ready_line: bool = True, log_level: str 
     port = sock.getsockname()[1]
 
     def ready() -> None:
-        print(f"READY {port}", flush=True)
+        print(f"{READY_PREFIX}{port}", flush=True)  # the same announcement as a function runtime's
         # Nothing else goes to stdout: a spawner may stop reading it, and a full pipe would block the gateway.
         os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
 

@@ -9,8 +9,11 @@ import socket
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from gateway.models import BackendName
 
-def is_loopback(host: str) -> bool:
+
+def resolves_to_loopback(host: str) -> bool:
+    """Whether `host` (an IP literal, or a name resolved now) reaches only loopback addresses."""
     try:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
@@ -48,7 +51,7 @@ class GatewaySettings(BaseSettings):
     invoke_token: str | None = Field(default=None, description="bearer token that may only invoke and read activations")
     redis_url: str | None = Field(default=None, description="None: $REDIS_URL, else an embedded redis-server")
     namespace: str = Field(default="gateway", description="registry namespace shared by this gateway's workers")
-    backend: str = Field(default="process", description="default backend for functions that name none")
+    backend: BackendName = Field(default="process", description="backend of a registration that names none")
     activation_ttl_s: float = Field(default=3600.0, gt=0, le=30 * 86400, description="age cap of a record")
     activation_max: int = Field(
         default=100_000, ge=1, le=10_000_000, description="count cap of records (~1 KB each; oldest dropped)"
@@ -72,7 +75,9 @@ class GatewaySettings(BaseSettings):
     body_timeout_s: float = Field(default=30.0, gt=0, le=3600, description="longest wait for the next body chunk")
     max_body_bytes: int = Field(default=1 << 20, ge=1, le=1 << 30, description="request body cap (413 beyond)")
     max_json_depth: int = Field(default=64, ge=1, le=512, description="JSON nesting cap of a body (400 beyond)")
-    stop_timeout_s: float = Field(default=10.0, gt=0)
+    stop_timeout_s: float = Field(
+        default=10.0, gt=0, le=3600, description="an instance's drain on stop (SIGTERM), then it is killed"
+    )
     spec_refresh_s: float = Field(default=2.0, ge=0, description="how stale a worker's copy of a spec may get")
     # Docker backend: host-Python mode runs the project's own interpreter from read-only bind mounts (bare images).
     docker_python: str | None = Field(default=None, description="interpreter path inside the container")
@@ -81,7 +86,7 @@ class GatewaySettings(BaseSettings):
 
     @model_validator(mode="after")
     def _token_for_remote(self) -> GatewaySettings:
-        if not is_loopback(self.host) and not self.token:
+        if not resolves_to_loopback(self.host) and not self.token:
             raise ValueError(f"refusing to bind non-loopback address {self.host!r} without a token")
         if self.invoke_token is not None and self.token is None:
             raise ValueError("invoke_token needs an admin token too (without one the gateway is open to all)")

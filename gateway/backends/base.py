@@ -45,6 +45,10 @@ class Backend(Protocol):
         """Drain and stop the instance (SIGTERM, then kill after timeout_s). Idempotent."""
         ...
 
+    def kill(self, handle: InstanceHandle) -> None:
+        """SIGKILL without draining (a stuck handler); stop() still cleans up after it."""
+        ...
+
     def discover(self) -> list[InstanceHandle]:
         """Instances of this gateway that survived a gateway restart (docker: by label; process: none)."""
         ...

@@ -15,6 +15,8 @@ Networking, one of three:
 "Host Python" mode (`python=..., volumes=...`, used by CI): the image is a bare rootfs and the interpreter, the
 virtual environment and the project are bind-mounted read-only from the host; the runtime is started as
 `<python> -m functions.runtime`. Otherwise the image's entrypoint (docker/entrypoint-function.sh) starts it.
+
+What a container is lives in docker_config.py, how its readiness is awaited in docker_ready.py.
 """
 
 from __future__ import annotations
@@ -23,37 +25,36 @@ import contextlib
 import logging
 import math
 import os
-import queue
-import re
 import socket
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-import httpx
 import requests
 from docker.client import DockerClient
 from docker.errors import APIError, DockerException, ImageNotFound, NotFound
 from docker.models.containers import Container
-from docker.types import DeviceRequest
 
 from gateway.backends.base import LABEL_APP, LABEL_FUNCTION, LABEL_GATEWAY, BackendError, InstanceHandle
+from gateway.backends.docker_config import (
+    APP,
+    CONTAINER_PORT,
+    LABEL_INSTANCE,
+    LABEL_PORT,
+    OWN_LABELS,
+    ContainerTemplate,
+    container_name,
+    free_port,
+)
+from gateway.backends.docker_ready import remove, wait_health, wait_ready
 from gateway.models import FunctionSpec
 
-LABEL_INSTANCE = "io.stellaris.instance"
-LABEL_PORT = "io.stellaris.port"  # the port the runtime listens on inside the container
-OWN_LABELS = (LABEL_APP, LABEL_FUNCTION, LABEL_GATEWAY, LABEL_INSTANCE, LABEL_PORT)
-APP = "stellaris"
-CONTAINER_PORT = 8080
 GATEWAY_ID_ENV = "STELLARIS_GATEWAY_ID"
 NETWORK_ENV = "STELLARIS_DOCKER_NETWORK"
-LOG_TAIL_LINES = 20
-NS_PER_S = 1_000_000_000
-# No spaces: podman's Docker-compatible API re-splits a healthcheck's CMD arguments on whitespace.
-HEALTH_PROBE = "__import__('urllib.request').request.urlopen('http://127.0.0.1:{port}/health',timeout={timeout})"
-
 log = logging.getLogger("stellaris.gateway.docker")
+
+__all__ = ["LABEL_INSTANCE", "LABEL_PORT", "DockerBackend", "container_name", "free_port"]
 
 
 class DockerBackend:
@@ -88,20 +89,21 @@ class DockerBackend:
         health_interval_s: float = 10.0,
         api_timeout_s: float = 60.0,
     ) -> None:
-        self.gateway_id = gateway_id or os.environ.get(GATEWAY_ID_ENV) or socket.gethostname()
-        self.redis_url = redis_url
+        self.template = ContainerTemplate(
+            gateway_id=gateway_id or os.environ.get(GATEWAY_ID_ENV) or socket.gethostname(),
+            network=network if network is not None else os.environ.get(NETWORK_ENV) or None,
+            publish_ip=publish_ip,
+            redis_url=redis_url,
+            python=python,
+            entrypoint=list(entrypoint) if entrypoint else None,
+            volumes=dict(volumes or {}),
+            working_dir=working_dir,
+            extra_env=dict(extra_env or {}),
+            ready_timeout_s=ready_timeout_s,
+            health_interval_s=health_interval_s,
+        )
         self.base_url = base_url
-        self.network = network if network is not None else os.environ.get(NETWORK_ENV) or None
-        self.publish_ip = publish_ip
-        self.python = python
-        if entrypoint is None and python:
-            entrypoint = [python, "-m", "functions.runtime"]
-        self.entrypoint = list(entrypoint) if entrypoint else None
-        self.volumes = dict(volumes or {})
-        self.working_dir = working_dir
-        self.extra_env = dict(extra_env or {})
         self.ready_timeout_s = ready_timeout_s
-        self.health_interval_s = health_interval_s
         self.api_timeout_s = api_timeout_s
         self._client = client
         self._client_lock = threading.Lock()
@@ -142,59 +144,17 @@ class DockerBackend:
 
     # -- what a container is ----------------------------------------------------------------------------------
 
-    def labels(self, spec: FunctionSpec, instance_id: str, port: int) -> dict[str, str]:
-        return {
-            LABEL_APP: APP,
-            LABEL_FUNCTION: spec.name,
-            LABEL_GATEWAY: self.gateway_id,
-            LABEL_INSTANCE: instance_id,
-            LABEL_PORT: str(port),
-        }
+    @property
+    def gateway_id(self) -> str:
+        return self.template.gateway_id
+
+    @property
+    def network(self) -> str | None:
+        return self.template.network
 
     def container_config(self, spec: FunctionSpec, *, instance_id: str, port: int = CONTAINER_PORT) -> dict[str, Any]:
         """The keyword arguments of `containers.create` for one instance (pure: no engine needed)."""
-        if not spec.image:
-            raise BackendError(f"function {spec.name!r} has no image for the docker backend")
-        if self.python and not spec.target:
-            raise BackendError(f"function {spec.name!r} needs a target (module:handler) to run on the host's Python")
-        args = ["--host", "0.0.0.0", "--allow-remote", "--port", str(port)]
-        if spec.target:
-            args = ["--handler", spec.target, *args]
-        args += ["--concurrency", str(spec.concurrency_per_instance), "--timeout-s", f"{spec.timeout_s:g}"]
-        python = self.python or "python"
-        env = {**self.extra_env, **({"REDIS_URL": self.redis_url} if self.redis_url else {}), **spec.env}
-        env.setdefault("PYTHONUNBUFFERED", "1")
-        probe_timeout_s = max(1, math.ceil(self.health_interval_s / 2))
-        config: dict[str, Any] = {
-            "image": spec.image,
-            "command": args,
-            "name": container_name(self.gateway_id, instance_id),
-            "labels": self.labels(spec, instance_id, port),
-            "environment": env,
-            "healthcheck": {
-                "test": ["CMD", python, "-c", HEALTH_PROBE.format(port=port, timeout=probe_timeout_s)],
-                "interval": int(self.health_interval_s * NS_PER_S),
-                "timeout": probe_timeout_s * NS_PER_S,
-                "retries": 3,
-                "start_period": int(self.ready_timeout_s * NS_PER_S),
-            },
-            "nano_cpus": int(spec.resources.cpus * NS_PER_S),
-            "mem_limit": spec.resources.memory_bytes,
-            "stop_signal": "SIGTERM",
-        }
-        if self.entrypoint:
-            config["entrypoint"] = self.entrypoint
-        if self.working_dir:
-            config["working_dir"] = self.working_dir
-        if self.volumes:
-            config["volumes"] = {host: {"bind": inside, "mode": "ro"} for host, inside in self.volumes.items()}
-        if spec.resources.gpus > 0:
-            config["device_requests"] = [DeviceRequest(count=spec.resources.gpus, capabilities=[["gpu"]])]
-        if self.network is None:
-            config["ports"] = {f"{port}/tcp": (self.publish_ip, None)}
-        else:
-            config["network"] = self.network
-        return config
+        return self.template.config(spec, instance_id=instance_id, port=port)
 
     # -- the Backend protocol ---------------------------------------------------------------------------------
 
@@ -218,11 +178,11 @@ class DockerBackend:
             with self._engine_errors(f"start {what}"):
                 container.start()
                 deadline = started + self.ready_timeout_s
-                self._wait_ready(container, what, deadline)
+                wait_ready(container, what, deadline, self.ready_timeout_s)
                 handle = self._handle(container, init_s=time.perf_counter() - started)
-                self._wait_health(container, handle.url, what, deadline)
+                wait_health(container, handle.url, what, deadline, self.ready_timeout_s)
         except BaseException:
-            self._remove(container)
+            remove(container)
             raise
         handle.init_s = time.perf_counter() - started
         log.info("%s started as %s at %s in %.2f s", what, container.short_id, handle.url, handle.init_s)
@@ -248,7 +208,7 @@ class DockerBackend:
                 return
             with contextlib.suppress(NotFound):
                 container.stop(timeout=math.ceil(timeout_s))
-            self._remove(container)
+            remove(container)
 
     def kill(self, handle: InstanceHandle) -> None:
         """SIGKILL without draining; stop() still removes the container."""
@@ -269,7 +229,7 @@ class DockerBackend:
             for container in self.client.containers.list(all=True, filters=filters):
                 if container.status != "running":
                     log.info("removing %s container %s of a previous gateway run", container.status, container.name)
-                    self._remove(container)
+                    remove(container)
                     continue
                 try:
                     handles.append(self._handle(container))
@@ -277,7 +237,7 @@ class DockerBackend:
                     log.warning("ignoring container %s: %s", container.name, exc)
         return handles
 
-    # -- helpers ----------------------------------------------------------------------------------------------
+    # -- helpers ---------------------------------------------------------------------------------------------
 
     def _handle(self, container: Container, *, init_s: float = 0.0) -> InstanceHandle:
         container.reload()
@@ -304,100 +264,3 @@ class DockerBackend:
         if self.network not in (None, "host"):
             return f"http://{container.name}:{port}"
         raise BackendError(f"container {container.name} publishes no port for {port}/tcp")
-
-    def _wait_ready(self, container: Container, what: str, deadline: float) -> None:
-        """Block until the runtime prints READY, the container exits, or the deadline passes.
-
-        The log stream is opened and read on a helper thread: some engines (podman) answer the request only
-        once the first line is out. On timeout the stream is closed, or the container's removal ends it.
-        """
-        outcome: queue.Queue[str] = queue.Queue(maxsize=1)
-        streams: list[Any] = []
-
-        def read() -> None:
-            pending, result = b"", "ended"
-            try:
-                stream = container.logs(stream=True, follow=True, stdout=True, stderr=False)
-                streams.append(stream)
-                for chunk in stream:
-                    lines = (pending + chunk).split(b"\n")
-                    pending = lines.pop()
-                    if any(line.startswith(b"READY ") for line in lines):
-                        result = "ready"
-                        break
-                stream.close()
-            except Exception as exc:  # the stream was closed under us, or the engine's read timed out
-                result = f"stream failed: {exc}"
-            with contextlib.suppress(queue.Full):
-                outcome.put_nowait(result)
-
-        threading.Thread(target=read, name=f"ready-{container.short_id}", daemon=True).start()
-        try:
-            result = outcome.get(timeout=max(0.0, deadline - time.perf_counter()))
-        except queue.Empty:
-            for stream in streams:
-                stream.close()
-            raise BackendError(
-                f"{what}: not ready within {self.ready_timeout_s:g} s; last log lines:\n{self._tail(container)}"
-            ) from None
-        if result == "ready":
-            return
-        container.reload()
-        if container.status != "running":
-            raise self._exited(container, what)
-        log.warning("%s: log stream of %s ended (%s); probing /health instead", what, container.short_id, result)
-
-    def _wait_health(self, container: Container, url: str, what: str, deadline: float) -> None:
-        """GET /health until 200: the runtime's port must answer through the address the gateway uses."""
-        delay_s, last = 0.02, "no answer"
-        while True:
-            try:
-                response = httpx.get(f"{url}/health", timeout=max(0.1, min(2.0, deadline - time.perf_counter())))
-                if response.status_code == 200:
-                    return
-                last = f"HTTP {response.status_code}"
-            except httpx.HTTPError as exc:
-                last = f"{type(exc).__name__}: {exc}"
-            container.reload()
-            if container.status != "running":
-                raise self._exited(container, what)
-            if time.perf_counter() + delay_s > deadline:
-                raise BackendError(
-                    f"{what}: {url}/health did not answer within {self.ready_timeout_s:g} s ({last}); "
-                    f"last log lines:\n{self._tail(container)}"
-                )
-            time.sleep(delay_s)  # bounded backoff: the port is published a moment after READY at most
-            delay_s = min(0.5, delay_s * 2)
-
-    def _exited(self, container: Container, what: str) -> BackendError:
-        state = container.attrs.get("State", {})
-        return BackendError(
-            f"{what}: container {container.short_id} {container.status} (exit code {state.get('ExitCode')}"
-            f"{', ' + state['Error'] if state.get('Error') else ''}); last log lines:\n{self._tail(container)}"
-        )
-
-    def _tail(self, container: Container) -> str:
-        try:
-            return bytes(container.logs(tail=LOG_TAIL_LINES)).decode(errors="replace").rstrip() or "(no output)"
-        except (DockerException, requests.RequestException) as exc:
-            return f"(logs unavailable: {exc})"
-
-    def _remove(self, container: Container) -> None:
-        try:
-            container.remove(force=True)
-        except NotFound:
-            pass
-        except (DockerException, requests.RequestException) as exc:
-            log.warning("could not remove container %s: %s", container.name, exc)
-
-
-def container_name(gateway_id: str, instance_id: str) -> str:
-    """A valid, recognisable container name: stellaris-<gateway>-<instance>."""
-    return re.sub(r"[^a-zA-Z0-9_.-]", "-", f"{APP}-{gateway_id}-{instance_id}")[:200]
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port free at this moment (host networking: the runtime binds it right after)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])

@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from cache.contract.runtime_http import READY_PREFIX, RUNTIME_MODULE, runtime_argv
 from cache.lifetime import die_with_parent, stop_process
 from gateway.backends.base import BackendError, InstanceHandle
 from gateway.models import FunctionSpec
@@ -69,13 +70,8 @@ class ProcessBackend:
     def start(self, spec: FunctionSpec, *, instance_id: str) -> InstanceHandle:
         if not spec.target:
             raise BackendError(f"function {spec.name!r} has no target for the process backend")
-        cmd = [
-            self.python, "-m", "functions.runtime",
-            "--handler", spec.target,
-            "--port", "0",
-            "--concurrency", str(spec.concurrency_per_instance),
-            "--timeout-s", str(spec.timeout_s),
-        ]  # fmt: skip
+        argv = runtime_argv(spec.target, port=0, concurrency=spec.concurrency_per_instance, timeout_s=spec.timeout_s)
+        cmd = [self.python, "-m", RUNTIME_MODULE, *argv]
         env = {**os.environ, **self.extra_env, **spec.env, "STELLARIS_INSTANCE_ID": instance_id}
         if self.redis_url and "REDIS_URL" not in spec.env:  # a spec's own env wins, as on the docker backend
             env["REDIS_URL"] = self.redis_url
@@ -108,8 +104,8 @@ class ProcessBackend:
         poller.register(proc.stdout, select.POLLIN)
         ready = poller.poll(self.startup_timeout_s * 1000)
         line = proc.stdout.readline().decode(errors="replace").strip() if ready else ""
-        if line.startswith("READY "):
-            return int(line.split()[1])
+        if line.startswith(READY_PREFIX):
+            return int(line.removeprefix(READY_PREFIX))
         proc.kill()
         code = proc.wait()
         reason = f"exited with code {code}" if line or ready else f"not ready within {self.startup_timeout_s:.0f} s"

@@ -22,8 +22,10 @@ import pytest
 
 from cache import Cache
 from cache.connection import REDIS_URL_ENV
+from cache.contract.runtime_http import runtime_argv
 from cache.server import EmbeddedRedis
 from functions.runtime import Runtime, RuntimeSettings
+from functions.runtime.cli import parser
 from tests.functions import sample_handlers
 
 REPO = Path(__file__).resolve().parents[2]
@@ -310,3 +312,28 @@ def test_runtime_embedded_in_a_thread_stops_on_request() -> None:
         runtime.stop()
         thread.join(timeout=HTTP_TIMEOUT_S)
     assert codes.get_nowait() == 0
+
+
+def test_the_cli_derives_every_flag_and_default_from_the_settings() -> None:
+    """A flag not given is left to RuntimeSettings: the CLI restates no default."""
+    cli = parser()
+    given = vars(cli.parse_args(["--handler", f"{HANDLERS}:echo"]))
+    assert set(given) == {"handler", "log_level"}
+    settings = RuntimeSettings(**{k: v for k, v in given.items() if k != "log_level"})
+    assert settings == RuntimeSettings(handler=f"{HANDLERS}:echo")
+    flags = {option for action in cli._actions for option in action.option_strings}
+    assert {"--" + name.replace("_", "-") for name in RuntimeSettings.model_fields} <= flags
+    help_text = " ".join(cli.format_help().split())
+    assert f"(default: {RuntimeSettings.model_fields['queue_max'].default})" in help_text
+
+
+def test_the_argv_a_spawner_builds_is_what_the_cli_reads() -> None:
+    """The gateway's backends build the command line from the contract; the runtime's CLI must read it back."""
+    argv = runtime_argv(f"{HANDLERS}:echo", host="0.0.0.0", port=8080, concurrency=3, timeout_s=2.5)
+    args = vars(parser().parse_args(argv))
+    args.pop("log_level")
+    assert RuntimeSettings(**args) == RuntimeSettings(
+        handler=f"{HANDLERS}:echo", host="0.0.0.0", allow_remote=True, port=8080, concurrency=3, timeout_s=2.5
+    )
+    local = vars(parser().parse_args(runtime_argv(f"{HANDLERS}:echo", port=0, concurrency=1, timeout_s=60)))
+    assert "host" not in local and "allow_remote" not in local

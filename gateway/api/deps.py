@@ -1,0 +1,55 @@
+"""Dependencies of the routes: the running gateway, the two bearer tokens, and an invocation's event body."""
+
+from __future__ import annotations
+
+import secrets
+from typing import Annotated, Any
+
+from fastapi import Depends, Request
+from starlette.exceptions import HTTPException
+
+from gateway.limits import parse_json
+from gateway.service import Gateway
+
+
+def get_gateway(request: Request) -> Gateway:
+    gateway: Gateway = request.app.state.gateway
+    return gateway
+
+
+def _bearer_matches(request: Request, *tokens: str | None) -> bool:
+    scheme, _, given = request.headers.get("authorization", "").partition(" ")
+    return scheme.lower() == "bearer" and any(
+        t is not None and secrets.compare_digest(given.encode(), t.encode()) for t in tokens
+    )
+
+
+def authorised(request: Request) -> None:
+    """The admin token (`token`): every route but health. No token configured: an open loopback gateway."""
+    token = get_gateway(request).settings.token
+    if token is not None and not _bearer_matches(request, token):
+        raise HTTPException(401, "missing or bad bearer token (admin)", headers={"WWW-Authenticate": "Bearer"})
+
+
+def may_invoke(request: Request) -> None:
+    """Invoking and reading activations: the admin token or the invoke token (`invoke_token`)."""
+    settings = get_gateway(request).settings
+    if settings.token is not None and not _bearer_matches(request, settings.token, settings.invoke_token):
+        raise HTTPException(401, "missing or bad bearer token", headers={"WWW-Authenticate": "Bearer"})
+
+
+async def read_event(request: Request) -> dict[str, Any]:
+    """The body as an event: a JSON object within the nesting cap; an empty body is `{}` (422 otherwise)."""
+    raw = await request.body()
+    try:
+        event = parse_json(raw, get_gateway(request).settings.max_json_depth) if raw else {}
+    except ValueError as exc:
+        raise HTTPException(422, f"body: not valid JSON ({exc})") from exc
+    if not isinstance(event, dict):
+        raise HTTPException(422, f"body: the event must be a JSON object, got {type(event).__name__}")
+    return event
+
+
+GatewayDep = Annotated[Gateway, Depends(get_gateway)]
+Auth = Annotated[None, Depends(authorised)]
+InvokeAuth = Annotated[None, Depends(may_invoke)]

@@ -1,0 +1,1 @@
+"""One module per group of routes; `gateway.app` includes their routers."""

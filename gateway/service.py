@@ -1,0 +1,189 @@
+"""Everything a running gateway holds (registry, warm pools, backends, activations, metrics) and the operations the
+routes call; created in the app's lifespan. Routes stay thin: the logic lives here, in the pools and the backends."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import aiohttp
+import redis.asyncio as aioredis
+from pydantic import ValidationError
+from starlette.exceptions import HTTPException
+
+from cache import Cache, CacheSettings
+from cache.keys import GatewayKeys
+from cache.retry import AsyncReconnectRetry
+from gateway.activations import ActivationStore
+from gateway.backends.base import Backend
+from gateway.backends.process import ProcessBackend
+from gateway.invocation import InvocationFailed, Outcome
+from gateway.limits import check_registration
+from gateway.metering import Metrics, charge
+from gateway.models import Activation, FunctionSpec, Status
+from gateway.pool import FunctionPool
+from gateway.registry import Registry
+from gateway.settings import GatewaySettings
+
+
+class Gateway:
+    def __init__(self, settings: GatewaySettings, backends: dict[str, Backend] | None = None) -> None:
+        self.settings = settings
+        self.keys = GatewayKeys(settings.namespace)
+        self.metrics = Metrics()
+        self.pools: dict[str, FunctionPool] = {}
+        self.spec_seen: dict[str, float] = {}
+        self.tasks: set[asyncio.Task[Any]] = set()
+        self._backends = backends or {}
+        self.cache: Cache | None = None
+
+    async def start(self) -> None:
+        self.cache = Cache(CacheSettings(url=self.settings.redis_url) if self.settings.redis_url else None)
+        # A bounded pool that makes a request wait for a free connection (up to redis_wait_s) rather than fail.
+        retry = AsyncReconnectRetry(self.cache.settings.reconnect_window_s, check=self.cache.retry.check)
+        retry.armed = True  # the cache above has reached the server
+        pool = aioredis.BlockingConnectionPool.from_url(
+            self.cache.url,
+            max_connections=self.settings.redis_max_connections,
+            timeout=self.settings.redis_wait_s,
+            retry=retry,
+        )
+        self.redis = aioredis.Redis(connection_pool=pool)
+        self.registry = Registry(self.redis, self.keys)
+        self.activations = ActivationStore(
+            self.redis, self.keys, ttl_s=self.settings.activation_ttl_s, max_records=self.settings.activation_max
+        )
+        self.http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=None))
+        self._backends.setdefault("process", ProcessBackend(redis_url=self.cache.url))
+        for spec in await self.registry.all():
+            pool = self._new_pool(spec)
+            pool.adopt(await asyncio.to_thread(pool.backend.discover))
+            self.spawn(pool.ensure_min_warm())
+
+    async def stop(self) -> None:
+        await self.activations.drain()
+        for task in list(self.tasks):
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+        # Process instances never outlive the gateway; containers stay up to be found again by label.
+        await asyncio.gather(*(p.close(stop_instances=p.backend.name == "process") for p in self.pools.values()))
+        await self.http.close()
+        await self.redis.aclose()
+        if self.cache is not None:
+            self.cache.close()
+
+    def backend(self, name: str) -> Backend:
+        if name not in self._backends:
+            if name != "docker":
+                raise HTTPException(422, f"unknown backend {name!r}")
+            from gateway.backends.docker import DockerBackend  # the docker SDK only where it is used
+
+            st = self.settings
+            self._backends[name] = DockerBackend(
+                redis_url=self.cache.url if self.cache else None,
+                python=st.docker_python,
+                volumes=st.docker_volumes or None,
+                working_dir=st.docker_workdir,
+            )
+        return self._backends[name]
+
+    # -- the registry -----------------------------------------------------------------------------------------
+    def resolve(self, spec: FunctionSpec) -> FunctionSpec:
+        """`spec` checked against this gateway's limits, with its backend named: a registration that names none
+        runs on the gateway's default backend (STELLARIS_GATEWAY_BACKEND). Raises a 422."""
+        check_registration(spec, self.settings)
+        if spec.backend is not None:
+            return spec
+        try:
+            return FunctionSpec.model_validate({**spec.model_dump(), "backend": self.settings.backend})
+        except ValidationError as exc:
+            problems = "; ".join(str(e["msg"]).removeprefix("Value error, ") for e in exc.errors())
+            raise HTTPException(
+                422, f"{problems} (the gateway's default backend; name one in 'backend' to choose another)"
+            ) from exc
+
+    async def create(self, spec: FunctionSpec) -> tuple[FunctionSpec, int]:
+        """Register a new function and start its min_warm instances: (the stored spec, how many started)."""
+        spec = self.resolve(spec)
+        if not await self.registry.put(spec, create=True):
+            raise HTTPException(409, f"function {spec.name!r} exists; use PUT to update it")
+        return spec, await self._new_pool(spec).ensure_min_warm()
+
+    async def replace(self, spec: FunctionSpec) -> tuple[FunctionSpec, int]:
+        """Update a registered function; its old pool drains in the background."""
+        spec = self.resolve(spec)
+        if await self.registry.get(spec.name) is None:
+            raise HTTPException(404, f"no function named {spec.name!r}")
+        await self.registry.put(spec, create=False)
+        old = self.pools.pop(spec.name, None)
+        if old is not None:
+            self.spawn(old.close())
+        return spec, await self._new_pool(spec).ensure_min_warm()
+
+    async def delete(self, name: str) -> None:
+        if not await self.registry.delete(name):
+            raise HTTPException(404, f"no function named {name!r}")
+        await self.drop(name)
+
+    def _new_pool(self, spec: FunctionSpec) -> FunctionPool:
+        backend = self.backend(spec.backend or self.settings.backend)
+        pool = FunctionPool(spec, backend, self.http, self.metrics, stop_timeout_s=self.settings.stop_timeout_s)
+        self.pools[spec.name] = pool
+        self.spec_seen[spec.name] = time.monotonic()
+        return pool
+
+    async def pool(self, name: str) -> FunctionPool:
+        """This worker's pool for `name`, refreshed from the shared registry when it may be stale."""
+        pool = self.pools.get(name)
+        if pool is not None and time.monotonic() - self.spec_seen[name] < self.settings.spec_refresh_s:
+            return pool
+        spec = await self.registry.get(name)
+        if spec is None:
+            if pool is not None:
+                self.spawn(self.drop(name))
+            raise HTTPException(404, f"no function named {name!r}")
+        if pool is not None and pool.spec == spec:
+            self.spec_seen[name] = time.monotonic()
+            return pool
+        if pool is not None:
+            self.spawn(pool.close())
+        return self._new_pool(spec)
+
+    async def drop(self, name: str) -> None:
+        pool = self.pools.pop(name, None)
+        self.spec_seen.pop(name, None)
+        if pool is not None:
+            await pool.close()
+
+    def spawn(self, coro: Any) -> asyncio.Task[Any]:
+        task = asyncio.ensure_future(coro)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+        return task
+
+    # -- invocation -------------------------------------------------------------------------------------------
+    async def run(
+        self, pool: FunctionPool, act: Activation, event: dict[str, Any], *, admitted: bool = False
+    ) -> tuple[int, dict[str, Any]]:
+        """Invoke and complete the activation record; returns (HTTP status, body)."""
+        name = pool.spec.name
+        outcome: Outcome | None = None
+        try:
+            outcome = await pool.invoke(event, call_id=act.id, admitted=admitted)
+            code, body = 200, outcome.result or {}
+            act.status, act.result = Status.SUCCESS, outcome.result
+        except InvocationFailed as failed:
+            outcome = failed.outcome
+            code, body = failed.status_code, {"error": failed.error}
+            act.status, act.error = failed.status, failed.error
+        act.end, act.status_code = time.time(), code
+        if outcome is not None:
+            act.instance, act.cold, act.init_s = outcome.instance, outcome.cold, outcome.init_s
+            act.wait_s, act.duration_s = outcome.wait_s, outcome.duration_s
+            act.resource_seconds, act.cost_usd = charge(outcome.duration_s, pool.spec.pricing)
+            self.metrics.wait_seconds.labels(name).observe(outcome.wait_s)
+            self.metrics.duration_seconds.labels(name).observe(outcome.duration_s)
+            self.metrics.cost_usd.labels(name).inc(act.cost_usd)
+        self.metrics.invocations.labels(name, str(code)).inc()
+        return code, body
