@@ -146,3 +146,17 @@ class AppliedRow:
             )
         except (KeyError, ValueError, TypeError, msgpack.UnpackException) as exc:
             raise ResultError(f"AppliedRow: bad applied-log entry ({type(exc).__name__}: {exc})") from exc
+
+
+@dataclass(frozen=True)
+class RoundShape(_Result):
+    """The part of a job's resolved spec (`InitResult.spec`, its `algo` section) that shapes the job's rounds: the
+    env steps of a train batch and the (epoch, minibatch) tasks over it. The control plane plans rounds from it."""
+
+    train_batch_size: int
+    num_epochs: int
+    num_minibatches: int
+
+    @classmethod
+    def of_spec(cls, spec: Mapping[str, Any]) -> Self:
+        return cls.from_dict(spec.get("algo"))

@@ -17,7 +17,7 @@ from typing import Any
 import redis
 
 from cache import BatchMeta, JobCache, JobLimits
-from cache.contract import AggregatorState, InitResult
+from cache.contract import AggregatorState, InitResult, RoundShape
 from stellaris.config import TrainConfig
 from stellaris.control.billing import Billing
 from stellaris.control.deployment import Deployment
@@ -59,7 +59,7 @@ class Trainer:
         )
         self.collect_estimate_s = 0.0
         self.last_policy: bytes | None = None  # the newest checkpointed weights, written as safetensors at the end
-        self.spec: dict[str, Any] = {}
+        self.shape: RoundShape | None = None  # from the job's resolved spec, once the parameter function made it
         self.dead_letters_after = "0-0"
         # Each actor's reward-scaler moments from its newest batch: checkpointed, and given back to actors on resume.
         self.reward_scalers: dict[str, list[float]] = dict(self.state.get("reward_scalers") or {})
@@ -86,11 +86,12 @@ class Trainer:
             "parameter", {"job": self.job_id, "init": self.cfg.job_request(self.job_id)}
         )
         self._charge([init.activation] if init.activation else [])
-        self.spec = InitResult.from_dict(init.result).spec
-        self.run.write_config(self.cfg.model_dump(mode="json"), self.spec)
+        spec = InitResult.from_dict(init.result).spec
+        self.shape = RoundShape.of_spec(spec)
+        self.run.write_config(self.cfg.model_dump(mode="json"), spec)
         # A round's gradients may all wait in the queue (the staleness rule can defer them to the round's flush),
         # so the gradient and task streams are sized for whole rounds, not the generic defaults.
-        per_round = int(self.spec["algo"]["num_epochs"]) * int(self.spec["algo"]["num_minibatches"])
+        per_round = self.shape.num_epochs * self.shape.num_minibatches
         env |= {
             "STELLARIS_JOB_GRADIENT_MAXLEN": str(max(256, 2 * per_round)),
             "STELLARIS_JOB_TASK_MAXLEN": str(max(4096, 2 * per_round)),
@@ -144,8 +145,8 @@ class Trainer:
         batches, actor_time = self._collect(rs)
         self.collect_estimate_s = 0.5 * self.collect_estimate_s + 0.5 * actor_time
         ids = [bid for bid, _ in batches]
-        algo = self.spec["algo"]
-        tasks = round_tasks(self.round, ids, epochs=algo["num_epochs"], minibatches=algo["num_minibatches"])
+        assert self.shape is not None, "setup() first"
+        tasks = round_tasks(self.round, ids, epochs=self.shape.num_epochs, minibatches=self.shape.num_minibatches)
         self.rounds.learn(self.round, tasks, rs)
         self.job.trajectories.ack(ids)
         rs.redis_round_trips += self.cache.round_trips - trips0  # the control plane's own
@@ -154,7 +155,8 @@ class Trainer:
     def _collect(self, rs: RoundStats) -> tuple[list[tuple[str, BatchMeta]], float]:
         """Batch headers until the round's env steps are in (the control plane never decodes arrays). Dead
         serverful actors are restarted, failed serverless actor calls invoked again."""
-        need = int(self.spec["algo"]["train_batch_size"])
+        assert self.shape is not None, "setup() first"
+        need = self.shape.train_batch_size
         t0 = time.monotonic()
         if self.cfg.actor_kind == "serverless":
             self.rounds.invoke_actors(self.cfg.actors, rs)
