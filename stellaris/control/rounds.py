@@ -17,6 +17,7 @@ from typing import Any, Literal, Protocol
 
 from cache import JobCache, LearnerTask
 from cache.contract import ActorResult, LearnerResult, ParameterResult
+from cache.contract.knobs import RuleName
 from gateway.models import Activation
 
 Role = Literal["actor", "learner", "parameter"]
@@ -109,7 +110,7 @@ def round_tasks(round_k: int, batch_ids: Sequence[str], *, epochs: int, minibatc
     return [LearnerTask(round_k, ids, e, i, minibatches) for e in range(epochs) for i in range(minibatches)]
 
 
-def round_steps(tasks: list[LearnerTask], *, mode: str, learners: int) -> list[list[LearnerTask]]:
+def round_steps(tasks: list[LearnerTask], *, mode: RuleName, learners: int) -> list[list[LearnerTask]]:
     """A synchronous step is one task per learner, all on the same version, averaged into one update; the next
     step's tasks are enqueued once that version is out (SPEC §5's `sync` baseline). Otherwise the whole round is
     one step."""
@@ -208,7 +209,7 @@ class Rounds:
         job: JobCache,
         functions: Functions,
         *,
-        mode: str,
+        mode: RuleName,
         learners: int,
         actors: int,
         invocations: int | None = None,
