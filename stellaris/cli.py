@@ -5,8 +5,11 @@ from __future__ import annotations
 import signal
 import threading
 from pathlib import Path
+from typing import Any
 
 import typer
+
+from cache.contract.knobs import knob_info, train_name
 
 app = typer.Typer(help="Stellaris: serverless asynchronous-learner deep RL.", no_args_is_help=True)
 
@@ -19,6 +22,16 @@ def _sigterm_as_exit() -> None:
 
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, handler)
+
+
+def _knob_option(name: str) -> Any:
+    """The `train` flag of a Stellaris knob, from its one declaration (cache/contract/knobs.py): its help and
+    default come from there, and it is None unless given, so that the YAML file or the declared default applies
+    (pydantic checks the bounds, in TrainConfig, and names the field)."""
+    info = knob_info(name)
+    flag = "--" + train_name(name).replace("_", "-")
+    decls = [f"{flag}/--no-{flag[2:]}"] if isinstance(info.default, bool) else [flag]
+    return typer.Option(None, *decls, help=f"{info.description} (default {info.default})", show_default=False)
 
 
 @app.command()
@@ -76,9 +89,9 @@ def demo(
 def train(
     config: Path | None = typer.Option(None, "--config", help="YAML file with TrainConfig fields"),
     env: str | None = typer.Option(None, help="Gymnasium env id, e.g. Hopper-v5"),
-    algo: str | None = typer.Option(None, help="ppo or impact"),
+    algo: str | None = typer.Option(None, help="ppo, impact or appo"),
     preset: str | None = typer.Option(None, help="paper or fast (SPEC §4)"),
-    mode: str | None = typer.Option(None, help="stellaris, sync, async, softsync or ssp"),
+    mode: str | None = _knob_option("rule"),
     rounds: int | None = typer.Option(None),
     total_steps: int | None = typer.Option(None, "--total-steps"),
     max_minutes: float | None = typer.Option(None, "--max-minutes"),
@@ -86,10 +99,12 @@ def train(
     actor_kind: str | None = typer.Option(None, "--actor-kind", help="serverful or serverless"),
     envs_per_actor: int | None = typer.Option(None, "--envs-per-actor"),
     learners: int | None = typer.Option(None, help="learner capacity: max concurrent learner functions"),
-    d: float | None = typer.Option(None, "--d"),
-    v: float | None = typer.Option(None, "--v"),
-    rho: float | None = typer.Option(None, "--rho"),
-    no_truncation: bool = typer.Option(False, "--no-truncation"),
+    d: float | None = _knob_option("d"),
+    v: float | None = _knob_option("v"),
+    rho: float | None = _knob_option("rho"),
+    truncation: bool | None = _knob_option("truncation"),
+    softsync_k: int | None = _knob_option("softsync_k"),
+    ssp_bound: int | None = _knob_option("ssp_bound"),
     billing: str | None = typer.Option(None, help="serverless (metered invocations) or serverful (held resources)"),
     seed: int | None = typer.Option(None),
     out: Path | None = typer.Option(None, help="run directory"),
@@ -98,7 +113,8 @@ def train(
     gateway_token: str | None = typer.Option(None, "--gateway-token", envvar="STELLARIS_GATEWAY_TOKEN"),
     resume: Path | None = typer.Option(None, help="continue the run in this directory"),
 ) -> None:
-    """Train with the Stellaris workflow through the gateway and the cache."""
+    """Train with the Stellaris workflow through the gateway and the cache. A flag given beats the --config file,
+    a knob's `overrides.stellaris` entry there included."""
     from stellaris.config import ConfigError, load_config
     from stellaris.control.run import run_training
 
@@ -106,9 +122,9 @@ def train(
     flags = {
         "env": env, "algo": algo, "preset": preset, "mode": mode, "rounds": rounds, "total_steps": total_steps,
         "max_minutes": max_minutes, "actors": actors, "actor_kind": actor_kind, "envs_per_actor": envs_per_actor,
-        "learners": learners, "d": d, "v": v, "rho": rho, "truncation": False if no_truncation else None,
-        "billing": billing, "seed": seed, "out": out, "redis_url": redis_url, "gateway_url": gateway_url,
-        "gateway_token": gateway_token,
+        "learners": learners, "d": d, "v": v, "rho": rho, "truncation": truncation, "softsync_k": softsync_k,
+        "ssp_bound": ssp_bound, "billing": billing, "seed": seed, "out": out, "redis_url": redis_url,
+        "gateway_url": gateway_url, "gateway_token": gateway_token,
     }  # fmt: skip
     try:
         if resume is not None:

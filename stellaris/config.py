@@ -1,4 +1,10 @@
-"""The training job's configuration: YAML file + flag overrides, validated before anything starts."""
+"""The training job's configuration: YAML file + flag overrides, validated before anything starts.
+
+The Stellaris knobs (`mode`, `d`, `v`, `rho`, `truncation`, `softsync_k`, `ssp_bound`) are declared once, in
+`cache/contract/knobs.py`, and inherited here. A YAML file may also set them as `overrides.stellaris.<knob>`
+(`rule` for `mode`), the job spec's spelling: that is the same field, so giving it both ways with different values
+is an error naming both. An explicit flag beats the YAML file, either spelling (README, "Configuration").
+"""
 
 from __future__ import annotations
 
@@ -7,22 +13,24 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
 
-Mode = Literal["stellaris", "sync", "async", "softsync", "ssp"]
+from cache.contract.knobs import KNOB_NAMES, RuleName, StellarisKnobs, rule_field, train_name
+
+Mode = RuleName
 
 
 class ConfigError(ValueError):
     """A bad configuration; the message names the field."""
 
 
-class TrainConfig(BaseModel):
+class TrainConfig(StellarisKnobs):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
     env: str = Field(default="Hopper-v5", description="Gymnasium env id (Box or Discrete actions)")
-    algo: Literal["ppo", "impact"] = "ppo"
+    algo: Literal["ppo", "impact", "appo"] = "ppo"
     preset: Literal["paper", "fast"] = "fast"
-    mode: Mode = "stellaris"
+    mode: Mode = rule_field()
     rounds: int | None = Field(default=None, gt=0)
     total_steps: int | None = Field(default=None, gt=0)
     max_minutes: float | None = Field(default=None, gt=0, description="stop after this much wall-clock time")
@@ -40,12 +48,6 @@ class TrainConfig(BaseModel):
         description="steps per env between an actor's looks for a newer policy mid-batch (0: once a batch)",
     )  # fmt: skip
     learners: int = Field(default=2, ge=1, le=256, description="max concurrent learner functions")
-    d: float = Field(default=0.96, ge=0.0, le=1.0)
-    v: float = Field(default=3.0, gt=0)
-    rho: float = Field(default=1.0, gt=0)
-    truncation: bool = True
-    softsync_k: int = Field(default=4, ge=1)
-    ssp_bound: int = Field(default=2, ge=0)
     seed: int = 0
     overrides: dict[str, Any] = Field(default_factory=dict, description="algorithm fields, e.g. {lr: 1e-4}")
     out: Path | None = Field(default=None, description="run directory (default runs/<env>-<mode>-<time>)")
@@ -58,6 +60,29 @@ class TrainConfig(BaseModel):
         "parameter server charged for the whole wall-clock time (SPEC §7)",
     )
     torch_threads: int = Field(default=1, ge=1, le=64, description="torch threads per function instance")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _knobs_from_overrides(cls, data: Any) -> Any:
+        """`overrides.stellaris.<knob>` is the knob's field under the job spec's name: moved to the field, so the
+        job request has one value for it; both given and different is an error naming both."""
+        if not isinstance(data, dict) or not isinstance(data.get("overrides"), dict):
+            return data
+        section = data["overrides"].get("stellaris")
+        if not isinstance(section, dict) or not set(section) & set(KNOB_NAMES):
+            return data
+        data, section = dict(data), dict(section)
+        for knob in KNOB_NAMES:
+            if knob not in section:
+                continue
+            field, value = train_name(knob), section.pop(knob)
+            if field in data and data[field] != value:
+                raise ValueError(
+                    f"{field}: {data[field]!r} and overrides.stellaris.{knob}: {value!r} set the same knob; give one"
+                )
+            data[field] = value
+        data["overrides"] = {**data["overrides"], "stellaris": section}
+        return data
 
     @field_validator("env")
     @classmethod
@@ -88,19 +113,11 @@ class TrainConfig(BaseModel):
 
     def job_request(self, job: str) -> dict[str, Any]:
         """What the parameter function resolves into the job's spec (preset + overrides)."""
-        stellaris = {
-            "rule": self.mode,
-            "d": self.d,
-            "v": self.v,
-            "rho": self.rho,
-            "truncation": self.truncation,
-            "softsync_k": self.softsync_k,
-            "ssp_bound": self.ssp_bound,
-            # The floor schedules' least β: with L learners applying as gradients land, the gradients that end a
-            # round reach a staleness of about L; a lower floor ends most rounds in a liveness flush (README).
-            "beta_floor": float(self.learners),
-        }
-        overrides = {**self.overrides, "stellaris": {**stellaris, **self.overrides.get("stellaris", {})}}
+        # The floor schedules' least β: with L learners applying as gradients land, the gradients that end a
+        # round reach a staleness of about L; a lower floor ends most rounds in a liveness flush (README).
+        defaults = {"beta_floor": float(self.learners)}
+        knobs = {knob: getattr(self, train_name(knob)) for knob in KNOB_NAMES}
+        overrides = {**self.overrides, "stellaris": {**defaults, **self.overrides.get("stellaris", {}), **knobs}}
         return {
             "job": job,
             "env_id": self.env,
@@ -117,8 +134,8 @@ class TrainConfig(BaseModel):
 
 
 def load_config(path: Path | None, overrides: dict[str, Any], *, section: str | None = None) -> TrainConfig:
-    """YAML file (optional; `section` picks a sub-mapping) with flag overrides on top; raises ConfigError naming
-    the bad field."""
+    """YAML file (optional; `section` picks a sub-mapping) with flag overrides on top (a flag given, not None, beats
+    the file, a knob's `overrides.stellaris` spelling included); raises ConfigError naming the bad field."""
     data: dict[str, Any] = {}
     if path is not None:
         try:
@@ -130,9 +147,20 @@ def load_config(path: Path | None, overrides: dict[str, Any], *, section: str | 
         data = dict(loaded or {})
         if section is not None:
             data = dict(data.get(section) or {})
-    data.update({k: v for k, v in overrides.items() if v is not None})
+    flags = {k: v for k, v in overrides.items() if v is not None}
+    data = _without_overridden_knobs(data, flags)
+    data.update(flags)
     try:
         return TrainConfig.model_validate(data)
     except ValidationError as exc:
         problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'config'}: {e['msg']}" for e in exc.errors())
         raise ConfigError(f"invalid configuration: {problems}") from exc
+
+
+def _without_overridden_knobs(data: dict[str, Any], flags: dict[str, Any]) -> dict[str, Any]:
+    """`data` less the `overrides.stellaris` spelling of each knob a flag sets: the flag wins."""
+    section = (data.get("overrides") or {}).get("stellaris") if isinstance(data.get("overrides"), dict) else None
+    if not isinstance(section, dict):
+        return data
+    kept = {k: v for k, v in section.items() if not (k in KNOB_NAMES and train_name(k) in flags)}
+    return {**data, "overrides": {**data["overrides"], "stellaris": kept}}

@@ -11,6 +11,7 @@ from cache.contract.results import (
     LearnerResult,
     ParameterResult,
     ResultError,
+    RoundShape,
 )
 
 __all__ = [
@@ -23,4 +24,5 @@ __all__ = [
     "LearnerResult",
     "ParameterResult",
     "ResultError",
+    "RoundShape",
 ]

@@ -4,9 +4,11 @@ read by string key anywhere else."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, Self
 
+import msgpack
 from pydantic import TypeAdapter, ValidationError
 
 from cache.errors import RecordError
@@ -113,6 +115,11 @@ class AppliedGradient:
     def to_list(self) -> list[Any]:
         return [self.gradient_id, self.task_id, self.round, self.base_version, self.staleness]
 
+    @classmethod
+    def from_list(cls, item: list[Any]) -> Self:
+        gradient_id, task_id, round_k, base_version, staleness = item
+        return cls(str(gradient_id), str(task_id), int(round_k), int(base_version), int(staleness))
+
 
 @dataclass(frozen=True)
 class AppliedRow:
@@ -123,3 +130,33 @@ class AppliedRow:
     round: int
     threshold: float | None
     gradients: list[AppliedGradient]
+
+    @classmethod
+    def from_fields(cls, raw: Mapping[bytes, bytes]) -> Self:
+        """From the applied log's stream entry as Redis returns it (bytes fields; `threshold` empty for None,
+        `gradients` a msgpack list of `AppliedGradient.to_list()`)."""
+        try:
+            threshold = raw.get(b"threshold", b"").decode()
+            return cls(
+                version=int(raw[b"version"]),
+                decision=raw[b"decision"].decode(),
+                round=int(raw[b"round"]),
+                threshold=float(threshold) if threshold else None,
+                gradients=[AppliedGradient.from_list(g) for g in msgpack.unpackb(raw[b"gradients"])],
+            )
+        except (KeyError, ValueError, TypeError, msgpack.UnpackException) as exc:
+            raise ResultError(f"AppliedRow: bad applied-log entry ({type(exc).__name__}: {exc})") from exc
+
+
+@dataclass(frozen=True)
+class RoundShape(_Result):
+    """The part of a job's resolved spec (`InitResult.spec`, its `algo` section) that shapes the job's rounds: the
+    env steps of a train batch and the (epoch, minibatch) tasks over it. The control plane plans rounds from it."""
+
+    train_batch_size: int
+    num_epochs: int
+    num_minibatches: int
+
+    @classmethod
+    def of_spec(cls, spec: Mapping[str, Any]) -> Self:
+        return cls.from_dict(spec.get("algo"))

@@ -147,7 +147,8 @@ def test_sync_mode_applies_one_update_per_step_with_zero_staleness(redis_server,
     finally:
         stop(driver.job, learners)
     log = assert_exactly_once(driver.job, 2, tasks_per_round=8)
-    assert [len(e["gradients"]) for e in log] == [4] * 4  # 2 rounds x 2 epochs, all 4 minibatches averaged
+    # The product's sync rule: steps of `learners` (2) tasks, each averaged into one update: 2 rounds x 4 steps.
+    assert [len(e["gradients"]) for e in log] == [2] * 8
     assert all(g[4] == 0 for e in log for g in e["gradients"])
 
 

@@ -24,3 +24,87 @@ def test_a_negative_refresh_is_named(tmp_path: Path) -> None:
     path.write_text("env: Hopper-v5\nactor_policy_refresh: -1\nrounds: 1\n")
     with pytest.raises(ConfigError, match="actor_policy_refresh"):
         load_config(path, {})
+
+
+# -- the knobs: declared once, and which value wins ------------------------------------------------------------------
+
+
+def _yaml(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "run.yaml"
+    path.write_text("env: CartPole-v1\nrounds: 1\n" + text)
+    return path
+
+
+def _train_flags(monkeypatch: pytest.MonkeyPatch, *args: str) -> TrainConfig:
+    """The TrainConfig `stellaris train ARGS` would run (the run itself replaced by a recorder)."""
+    from typer.testing import CliRunner
+
+    import stellaris.control.run
+    from stellaris.cli import app
+
+    seen: list[TrainConfig] = []
+    monkeypatch.setattr(stellaris.control.run, "run_training", lambda cfg, resume=False: seen.append(cfg) or 0)
+    result = CliRunner().invoke(app, ["train", *args])
+    assert result.exit_code == 0, result.output
+    return seen[0]
+
+
+def test_each_knob_is_declared_once_and_both_configs_take_it_from_there() -> None:
+    from cache.contract.knobs import KNOB_NAMES, knob_info, train_name
+    from functions.algos.config import StellarisConfig
+
+    for knob in KNOB_NAMES:
+        declared = knob_info(knob)
+        field = TrainConfig.model_fields[train_name(knob)]
+        assert (field.default, field.metadata, field.description) == (
+            declared.default,
+            declared.metadata,
+            declared.description,
+        )
+        assert getattr(StellarisConfig(), knob) == declared.default  # the functions' side agrees on the default
+
+
+def test_a_yaml_knob_may_be_spelled_as_the_job_specs_override_and_reaches_the_job(tmp_path: Path) -> None:
+    cfg = load_config(_yaml(tmp_path, "overrides: {lr: 0.001, stellaris: {d: 0.5, rule: sync, beta_floor: 3.0}}\n"), {})
+    assert (cfg.d, cfg.mode) == (0.5, "sync")
+    assert cfg.overrides == {"lr": 0.001, "stellaris": {"beta_floor": 3.0}}
+    stellaris = resolve(JobRequest.model_validate(cfg.job_request("j1"))).algo.stellaris
+    assert (stellaris.d, stellaris.rule, stellaris.beta_floor) == (0.5, "sync", 3.0)
+
+
+def test_a_knob_given_twice_in_the_yaml_with_different_values_is_named_both_ways(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"d: 0.9 and overrides.stellaris.d: 0.5 set the same knob"):
+        load_config(_yaml(tmp_path, "d: 0.9\noverrides: {stellaris: {d: 0.5}}\n"), {})
+    with pytest.raises(ConfigError, match=r"mode: 'async' and overrides.stellaris.rule: 'sync'"):
+        load_config(_yaml(tmp_path, "mode: async\noverrides: {stellaris: {rule: sync}}\n"), {})
+    assert load_config(_yaml(tmp_path, "d: 0.5\noverrides: {stellaris: {d: 0.5}}\n"), {}).d == 0.5  # agreeing
+
+
+def test_a_flag_beats_the_yaml_file_its_overrides_stellaris_spelling_included(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = _yaml(tmp_path, "d: 0.9\nv: 2.0\nssp_bound: 5\noverrides: {stellaris: {rho: 0.5, rule: sync}}\n")
+    unflagged = _train_flags(monkeypatch, "--config", str(path))
+    assert (unflagged.d, unflagged.v, unflagged.rho, unflagged.mode, unflagged.ssp_bound) == (0.9, 2.0, 0.5, "sync", 5)
+    flagged = _train_flags(
+        monkeypatch, "--config", str(path), "--d", "0.7", "--rho", "0.8", "--mode", "ssp", "--ssp-bound", "3"
+    )
+    assert (flagged.d, flagged.v, flagged.rho, flagged.mode, flagged.ssp_bound) == (0.7, 2.0, 0.8, "ssp", 3)
+    request = flagged.job_request("j1")["overrides"]["stellaris"]
+    assert (request["d"], request["rho"], request["rule"], request["ssp_bound"]) == (0.7, 0.8, "ssp", 3)
+
+
+def test_truncation_flags_both_ways(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    on = _yaml(tmp_path, "")
+    assert _train_flags(monkeypatch, "--config", str(on)).truncation is True
+    assert _train_flags(monkeypatch, "--config", str(on), "--no-truncation").truncation is False
+    off = _yaml(tmp_path, "overrides: {stellaris: {truncation: false}}\n")
+    assert _train_flags(monkeypatch, "--config", str(off)).truncation is False
+    assert _train_flags(monkeypatch, "--config", str(off), "--truncation").truncation is True
+
+
+def test_a_bad_knob_value_is_named(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="d: Input should be less than or equal to 1"):
+        load_config(_yaml(tmp_path, "overrides: {stellaris: {d: 1.5}}\n"), {})
+    with pytest.raises(ConfigError, match="softsync_k: Input should be greater than or equal to 1"):
+        load_config(_yaml(tmp_path, ""), {"softsync_k": 0})

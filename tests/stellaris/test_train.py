@@ -142,6 +142,22 @@ def descendants(pid: int) -> set[int]:
     return found
 
 
+def test_serverless_actors_are_invoked_all_at_once_beyond_the_learner_count(tmp_path: Path) -> None:
+    """Three serverless actors and one learner: the actors' calls of a round run at the same time (before, they
+    were invoked one after another, and their pool was the learners')."""
+    out = tmp_path / "run"
+    cmd = train_cmd(tmp_path, "--rounds", "2", "--out", str(out), actors=3, learners=1, actor_kind="serverless")
+    proc = run_train(cmd)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    check_outputs(out, serverless=True)
+    calls = [
+        (float(r["start"]), float(r["end"])) for r in rows(out / "invocations.csv") if r["function"].endswith("-actor")
+    ]
+    assert len(calls) == 6  # one per actor per round
+    at_once = max(sum(1 for s, e in calls if s <= start < e) for start, _ in calls)
+    assert at_once == 3, calls
+
+
 def test_ctrl_c_stops_cleanly_and_resume_continues(tmp_path: Path) -> None:
     out = tmp_path / "run"
     env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "STELLARIS_GATEWAY_URL")}

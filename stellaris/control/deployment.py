@@ -1,0 +1,181 @@
+"""A job's functions on the gateway: their specs and registration, pre-warming, invocation (`GatewayFunctions`, the
+round protocol's way of calling them), the job's own Redis user, serverful actor processes, and removal."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import redis
+
+from cache import Cache, JobCache, acl
+from cache.acl import JOB_ENV
+from cache.connection import REDIS_PASSWORD_ENV, REDIS_USER_ENV
+from cache.lifetime import die_with_parent
+from gateway.client import GatewayClient, GatewayError
+from gateway.models import ACTOR_PRICING, LEARNER_PRICING, FunctionSpec, Pricing
+from stellaris.control.rounds import Call, Role
+
+PREWARM_WAIT_S = 120.0
+REDIS_WATCH_S = 1.0  # how often the control plane pings Redis, so that it sees a restart (and re-grants) at once
+ROLES: tuple[Role, ...] = ("actor", "learner", "parameter")
+
+
+def function_names(job_id: str) -> dict[Role, str]:
+    return {role: f"{job_id}-{role}" for role in ROLES}
+
+
+class GatewayFunctions:
+    """The round protocol's functions, invoked through the gateway's HTTP API with metering. A 502 or 504 means the
+    instance died or timed out: the protocol replaces the call."""
+
+    def __init__(self, gateway: GatewayClient, names: dict[Role, str]) -> None:
+        self.gateway, self.names = gateway, names
+
+    def invoke(self, role: Role, event: dict[str, Any]) -> Call:
+        t0 = time.perf_counter()
+        result, act = self.gateway.invoke_metered(self.names[role], event)
+        return Call(result, time.perf_counter() - t0, act)
+
+    def died(self, exc: BaseException) -> bool:
+        return isinstance(exc, GatewayError) and exc.status_code in (502, 504)
+
+
+class Deployment:
+    """One epoch of a job on the platform. `env` is what every instance of the job gets (threads, log level, the
+    job's stream bounds and, where Redis has ACLs, the job's own credentials)."""
+
+    def __init__(self, gateway: GatewayClient, cache: Cache, job: JobCache, *, queue_bound: int) -> None:
+        self.gateway, self.cache, self.job = gateway, cache, job
+        self.job_id = job.keys.job
+        self.names = function_names(self.job_id)
+        self.functions = GatewayFunctions(gateway, self.names)
+        self.queue_bound = queue_bound
+        self.actor_procs: list[subprocess.Popen[bytes]] = []
+        self.job_url: str | None = None  # Redis as the job's own user, when Redis has ACLs
+        self.regrant: Callable[[Any], None] = lambda conn: None
+        self.closed = threading.Event()
+        self.watch_client = cache.new_client()
+
+    # -- functions --------------------------------------------------------------------------------------------
+    def register_parameter(self, env: dict[str, str]) -> None:
+        self.register(
+            FunctionSpec(
+                name=self.names["parameter"], target="functions.handlers.parameter:handle", timeout_s=3600,
+                max_concurrency=1, max_instances=1, queue_max=4, min_warm=1, env=env, pricing=LEARNER_PRICING,
+            )
+        )  # fmt: skip
+
+    def register_pool(self, role: Role, size: int, env: dict[str, str]) -> None:
+        """Up to `size` single-call instances of a handler: the capacity the control plane fills on demand."""
+        pricing: Pricing = ACTOR_PRICING if role == "actor" else LEARNER_PRICING
+        self.register(
+            FunctionSpec(
+                name=self.names[role], target=f"functions.handlers.{role}:handle", timeout_s=3600,
+                max_concurrency=size, max_instances=size, queue_max=size, env=env, pricing=pricing,
+            )
+        )  # fmt: skip
+
+    def register(self, spec: FunctionSpec) -> None:
+        try:
+            self.gateway.register(spec)
+        except GatewayError as exc:
+            if exc.status_code != 409:
+                raise
+            self.gateway.register(spec, replace=True)
+
+    def prewarm_learners(self, count: int, *, by_s: float | None = None, wait: bool = False) -> None:
+        """Learner instances warm by `by_s` from now, or (`wait`) before this returns."""
+        self.gateway.prewarm(self.names["learner"], count, by_s=by_s, wait_s=PREWARM_WAIT_S if wait else 0.0)
+
+    def delete_functions(self) -> None:
+        for name in self.names.values():
+            try:
+                self.gateway.delete(name)
+            except GatewayError as exc:
+                if exc.status_code != 404:
+                    raise
+
+    # -- the job's Redis user ---------------------------------------------------------------------------------
+    def job_credentials(self) -> dict[str, str]:
+        """The job's own Redis user (cache/acl.py) for its functions and actors, bound to this job: they can reach
+        no other job's keys and serve no other job's events. None where Redis has no ACLs."""
+        if not acl.supported(self.cache.client):
+            return {}
+        user, password = acl.grant_job(self.cache.client, self.job_id)
+        self.regrant = acl.regrant_on_connect(self.job_id, password)
+        self.cache.on_connect(self.regrant)
+        # While the control plane only waits on invocations it sends nothing, so a restarted Redis would see no new
+        # connection of the job's owner (and no re-grant) before the functions' retry window runs out.
+        threading.Thread(target=self._watch_redis, name="redis-watch", daemon=True).start()
+        self.job_url = acl.url_as(self.cache.url, user, password)
+        return {REDIS_USER_ENV: user, REDIS_PASSWORD_ENV: password, JOB_ENV: self.job_id}
+
+    def _watch_redis(self) -> None:
+        while not self.closed.wait(REDIS_WATCH_S):
+            with contextlib.suppress(redis.RedisError):
+                self.watch_client.ping()
+
+    def revoke(self) -> None:
+        if self.job_url is not None:
+            self.cache.on_connect(self.regrant, remove=True)
+            acl.revoke_job(self.cache.client, self.job_id)
+
+    def discard(self, dead_job_id: str) -> None:
+        """Best effort: a previous epoch's functions and keys go (a shared deployment keeps nothing of a dead run;
+        whatever of it still runs writes only to its own namespace)."""
+        if dead_job_id == self.job_id:
+            return
+        for name in function_names(dead_job_id).values():
+            with contextlib.suppress(GatewayError):
+                self.gateway.delete(name)
+        with contextlib.suppress(redis.RedisError, ValueError):
+            JobCache(self.cache.client, dead_job_id).delete()
+        with contextlib.suppress(redis.RedisError, ValueError):
+            acl.revoke_job(self.cache.client, dead_job_id)
+
+    # -- serverful actors -------------------------------------------------------------------------------------
+    def start_actors(self, count: int) -> None:
+        self.actor_procs = [self._actor_proc(i) for i in range(count)]
+
+    def _actor_proc(self, index: int) -> subprocess.Popen[bytes]:
+        env = {
+            **os.environ,
+            "REDIS_URL": self.job_url or self.cache.url,
+            JOB_ENV: self.job_id,
+            "OMP_NUM_THREADS": "1",
+            "STELLARIS_JOB_TRAJECTORY_MAXLEN": str(self.queue_bound),
+        }
+        cmd = [sys.executable, "-m", "functions.actor_loop", self.job_id, f"actor-{index}", str(index)]
+        return subprocess.Popen(cmd, env=env, preexec_fn=die_with_parent)
+
+    def restart_dead_actors(self) -> int:
+        """Serverful actors that died are started again (same index, so the same seed stream)."""
+        restarted = 0
+        for i, proc in enumerate(self.actor_procs):
+            if proc.poll() is not None:
+                self.actor_procs[i] = self._actor_proc(i)
+                restarted += 1
+        return restarted
+
+    def stop_actors(self) -> None:
+        for proc in self.actor_procs:
+            proc.terminate()
+        for proc in self.actor_procs:
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        self.actor_procs.clear()
+
+    def close(self) -> None:
+        self.closed.set()
+        self.watch_client.close()
+        self.stop_actors()

@@ -1,0 +1,109 @@
+"""A round's report rows: the aggregations of the job's applied log (read into `AppliedRow`s, then trimmed) as
+gradients.csv rows, and the round's info.csv row (INFO_COLUMNS) from its stats, batches and aggregations."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from cache import BatchMeta, JobCache
+from cache.contract import AppliedRow
+from stellaris.control.outputs import stats
+from stellaris.control.rounds import RoundStats
+
+
+def take_applied(job: JobCache) -> list[AppliedRow]:
+    """The aggregations logged since the last call (the applied log is then trimmed; gradients.csv keeps them)."""
+    items = job.client.xrange(job.keys.applied, min="-", max="+")
+    if items:
+        job.client.xdel(job.keys.applied, *[raw_id for raw_id, _ in items])
+    return [AppliedRow.from_fields(f) for _, f in items]
+
+
+def gradient_rows(applied: Sequence[AppliedRow]) -> list[dict[str, Any]]:
+    return [
+        {
+            "gradient_id": g.gradient_id,
+            "task_id": g.task_id,
+            "round": g.round,
+            "base_version": g.base_version,
+            "applied_version": a.version,
+        }
+        for a in applied
+        for g in a.gradients
+    ]
+
+
+def episode_returns(batches: Sequence[tuple[str, BatchMeta]]) -> list[float]:
+    return [float(r) for _, b in batches for r in b.info.get("episode_returns", [])]
+
+
+@dataclass(frozen=True)
+class RoundFacts:
+    """What the info row reports beyond the round's stats: who ran, how long, what it cost so far."""
+
+    round_k: int
+    duration_s: float
+    actor_time_s: float
+    actors: int
+    envs_per_actor: int
+    env_steps: int
+    learner_function: str
+    parameter_function: str
+    cost_learner: float
+    cost_actor: float
+    dead_lettered: int
+
+
+def info_row(
+    facts: RoundFacts, rs: RoundStats, returns: Sequence[float], applied: Sequence[AppliedRow]
+) -> dict[str, Any]:
+    deltas = [float(g.staleness) for a in applied for g in a.gradients]
+    thresholds = [a.threshold for a in applied if a.threshold is not None]
+    r_max, r_mean, r_min, r_std = stats(list(returns))
+    s_max, s_mean, s_min, s_std = stats(deltas)
+    results = rs.learner_results
+    n_grads = sum(r.gradients for r in results)
+    n_trunc = sum(r.truncated_n for r in results)
+    learner_time = sum(a.duration_s or 0.0 for a in rs.activations if a.function == facts.learner_function)
+    parameter_time = sum(a.duration_s or 0.0 for a in rs.activations if a.function == facts.parameter_function)
+    return {
+        "round_id": facts.round_k,
+        "duration": round(facts.duration_s, 4),
+        "num_actors": facts.actors,
+        "envs_per_actor": facts.envs_per_actor,
+        "episodes": len(returns),
+        "learner_time": round(learner_time, 4),
+        "actor_time": round(facts.actor_time_s, 4),
+        "eval_reward_max": r_max,
+        "eval_reward_mean": r_mean,
+        "eval_reward_min": r_min,
+        "eval_reward_std": r_std,
+        "staleness_max": s_max,
+        "staleness_mean": s_mean,
+        "staleness_min": s_min,
+        "staleness_std": s_std,
+        "learner_loss": sum(r.loss_sum for r in results) / n_grads if n_grads else math.nan,
+        "cost": facts.cost_learner + facts.cost_actor,
+        "staleness_bound": thresholds[-1] if thresholds else math.nan,
+        "env_steps": facts.env_steps,
+        "truncated_fraction": sum(r.truncated_sum for r in results) / n_trunc if n_trunc else math.nan,
+        "aggregations": len(applied),
+        "flushes": sum(1 for a in applied if a.decision == "flush"),
+        "parameter_time": round(parameter_time, 4),
+        "learner_compute_time": round(rs.learner_compute_s, 4),
+        "parameter_compute_time": round(rs.parameter_compute_s, 4),
+        "cache_time": round(rs.cache_s, 4),
+        "invocation_overhead": round(rs.invocation_s, 4),
+        "cost_learner": facts.cost_learner,
+        "cost_actor": facts.cost_actor,
+        "learner_wait_time": round(rs.learner_wait_s, 4),
+        "dead_lettered": facts.dead_lettered,
+        "gradients_applied": len(deltas),
+        "redis_round_trips": rs.redis_round_trips,
+        "learner_restarts": rs.learner_restarts,
+        "parameter_restarts": rs.parameter_restarts,
+        "actor_restarts": rs.actor_restarts,
+    }

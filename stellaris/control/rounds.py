@@ -1,0 +1,261 @@
+"""The round protocol (SPEC §5), written once: a round's learner tasks on the task board, `learners` learner
+invocations working through them while one parameter invocation applies their gradients as they land, failed
+invocations replaced; serverless actor invocations on a pool of their own.
+
+Parameterised by how functions are invoked (`Functions`): through the gateway in the product
+(`stellaris.control.deployment.GatewayFunctions`), in-process in the tests' driver. Handler results are read only
+through the records of `cache.contract`. Event-driven: invocations are futures, a sync step's end is awaited on
+published versions; nothing polls.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+from cache import JobCache, LearnerTask
+from cache.contract import ActorResult, LearnerResult, ParameterResult
+from cache.contract.knobs import RuleName
+from gateway.models import Activation
+
+Role = Literal["actor", "learner", "parameter"]
+
+MAX_RESTARTS = 64  # replacements of failed invocations (or dead actors) per round before the job gives up
+DRAIN_CHECK_S = 1.0  # while a sync step drains, how often finished invocations are looked at between versions
+
+
+class TrainingError(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class Call:
+    """One finished invocation: the handler's JSON result (read through its `cache.contract` record), the
+    client-observed latency, and the gateway's metering (None for an in-process call)."""
+
+    result: dict[str, Any]
+    latency_s: float
+    activation: Activation | None = None
+
+    @property
+    def handler_s(self) -> float:
+        """Time inside the handler: the instance's measure, or the whole latency for an in-process call."""
+        if self.activation is None:
+            return self.latency_s
+        return self.activation.duration_s or 0.0
+
+
+class Functions(Protocol):
+    """How the round's functions are invoked: `invoke` runs one call to completion; `died` says whether an exception
+    it raised means the instance died or timed out (the call is then replaced) rather than a bug (raised)."""
+
+    def invoke(self, role: Role, event: dict[str, Any]) -> Call: ...
+
+    def died(self, exc: BaseException) -> bool: ...
+
+
+@dataclass
+class RoundStats:
+    learner_results: list[LearnerResult] = field(default_factory=list)
+    parameter_results: list[ParameterResult] = field(default_factory=list)
+    actor_results: list[ActorResult] = field(default_factory=list)
+    activations: list[Activation] = field(default_factory=list)
+    max_in_flight: int = 0
+    learner_wait_s: float = 0.0
+    learner_restarts: int = 0
+    parameter_restarts: int = 0
+    actor_restarts: int = 0
+    redis_round_trips: int = 0  # every function's and the control plane's, end to end
+    # Latency breakdown (paper Fig. 14), seconds summed over the round's calls: algorithm time inside learner and
+    # parameter handlers, the rest of their handler time (cache I/O, (de)serialisation), and invocation overhead
+    # (client-observed latency minus handler time: HTTP, gateway queueing, instance dispatch).
+    learner_compute_s: float = 0.0
+    parameter_compute_s: float = 0.0
+    cache_s: float = 0.0
+    invocation_s: float = 0.0
+
+    def add(self, call: Call, role: Role) -> None:
+        if call.activation is not None:
+            self.activations.append(call.activation)
+        handler = call.handler_s
+        self.invocation_s += max(0.0, call.latency_s - handler)
+        if role == "actor":
+            self.actor_results.append(ActorResult.from_dict(call.result))
+            return  # an actor's round trips are counted from its batch's header
+        timed: LearnerResult | ParameterResult
+        if role == "learner":
+            timed = LearnerResult.from_dict(call.result)
+            self.learner_results.append(timed)
+        else:
+            timed = ParameterResult.from_dict(call.result)
+            self.parameter_results.append(timed)
+        self.redis_round_trips += timed.redis_round_trips
+        # Time blocked waiting for work (a learner for tasks others hold, the parameter function for gradients)
+        # is neither computation nor platform overhead.
+        waited = min(timed.wait_s, handler)
+        compute = min(timed.compute_s, handler - waited)
+        self.cache_s += handler - waited - compute
+        if role == "learner":
+            self.learner_compute_s += compute
+            self.learner_wait_s += waited
+        else:
+            self.parameter_compute_s += compute
+
+
+def round_tasks(round_k: int, batch_ids: Sequence[str], *, epochs: int, minibatches: int) -> list[LearnerTask]:
+    """One task per (epoch, minibatch) of the round's batches (SPEC §5): one gradient each."""
+    ids = tuple(batch_ids)
+    return [LearnerTask(round_k, ids, e, i, minibatches) for e in range(epochs) for i in range(minibatches)]
+
+
+def round_steps(tasks: list[LearnerTask], *, mode: RuleName, learners: int) -> list[list[LearnerTask]]:
+    """A synchronous step is one task per learner, all on the same version, averaged into one update; the next
+    step's tasks are enqueued once that version is out (SPEC §5's `sync` baseline). Otherwise the whole round is
+    one step."""
+    size = learners if mode == "sync" else len(tasks)
+    return [tasks[lo : lo + size] for lo in range(0, len(tasks), max(size, 1))]
+
+
+def succeeded(call: Call, role: Role) -> bool:
+    """A call that ended without doing its work (a learner timed out; a parameter call found the update lease held,
+    was fenced or expired) is replaced like one whose instance died."""
+    if role == "learner":
+        return LearnerResult.from_dict(call.result).status == "done"
+    if role == "parameter":
+        return ParameterResult.from_dict(call.result).status == "ok"
+    return True
+
+
+class _RoundCalls:
+    """One round's invocations: `invocations` learner invocations working through the round's tasks and one
+    parameter invocation applying gradients as they land. An invocation whose instance died is replaced (the
+    replacement takes over the dead one's task once its lease runs out; a parameter replacement resumes from the
+    cache)."""
+
+    def __init__(self, rounds: Rounds, round_k: int, stats: RoundStats) -> None:
+        self.r, self.round_k, self.stats = rounds, round_k, stats
+        self.learners: set[Future[Call]] = set()
+        self.parameter: Future[Call] | None = None
+
+    def start(self) -> None:
+        for _ in range(self.r.invocations):
+            self._learner()
+        self._parameter()
+        self.stats.max_in_flight = max(self.stats.max_in_flight, len(self.learners))
+
+    def _submit(self, role: Role) -> Future[Call]:
+        return self.r.pool.submit(self.r.functions.invoke, role, {"job": self.r.job.keys.job, "round": self.round_k})
+
+    def _learner(self) -> None:
+        self.learners.add(self._submit("learner"))
+
+    def _parameter(self) -> None:
+        self.parameter = self._submit("parameter")
+
+    def _failed(self, fut: Future[Call], role: Role) -> bool:
+        """True when the call failed because its instance died or timed out (replace it); raises otherwise."""
+        exc = fut.exception()
+        if exc is None:
+            return not succeeded(fut.result(), role)
+        if self.r.functions.died(exc):
+            return True
+        raise exc
+
+    def _reap(self) -> None:
+        for fut in [f for f in self.learners if f.done()]:
+            self.learners.discard(fut)
+            if self._failed(fut, "learner"):
+                self.stats.learner_restarts += 1
+                self._learner()
+            else:
+                self.stats.add(fut.result(), "learner")
+        if self.parameter is not None and self.parameter.done():
+            fut, self.parameter = self.parameter, None
+            if self._failed(fut, "parameter"):
+                self.stats.parameter_restarts += 1
+                self._parameter()
+            else:
+                self.stats.add(fut.result(), "parameter")
+        if self.stats.learner_restarts + self.stats.parameter_restarts > MAX_RESTARTS:
+            raise TrainingError(f"more than {MAX_RESTARTS} function invocations failed in round {self.round_k}")
+
+    def supervise(self, *, until_drained: bool) -> None:
+        """Until every invocation has finished (the round is accounted for: each task applied or dead-lettered),
+        or with `until_drained` until nothing is outstanding or queued (a sync step's update is out)."""
+        job = self.r.job
+        while True:
+            self._reap()
+            if until_drained:
+                if job.board.outstanding() == 0 and job.gradients.length() == 0:
+                    return
+                job.policies.wait_for_version(job.policies.version() or 0, timeout_s=DRAIN_CHECK_S)
+                continue
+            calls = self.learners | ({self.parameter} if self.parameter else set())
+            if not calls:
+                return
+            wait(calls, return_when=FIRST_COMPLETED)
+
+
+class Rounds:
+    """The protocol for one job. `learners` is the learner capacity (a sync step's size); `invocations` how many
+    learner invocations each round starts (default `learners`; 0 where learners are started elsewhere, as the tests'
+    worker processes are). Learner and parameter calls run on one pool, serverless actor calls on another, each as
+    large as its role's capacity, so neither caps the other."""
+
+    def __init__(
+        self,
+        job: JobCache,
+        functions: Functions,
+        *,
+        mode: RuleName,
+        learners: int,
+        actors: int,
+        invocations: int | None = None,
+        enqueue_timeout_s: float | None = None,
+    ) -> None:
+        self.job, self.functions, self.mode, self.learners = job, functions, mode, learners
+        self.invocations = learners if invocations is None else invocations
+        self.enqueue_timeout_s = job.limits.backpressure_timeout_s if enqueue_timeout_s is None else enqueue_timeout_s
+        self.pool = ThreadPoolExecutor(max_workers=self.invocations + 1, thread_name_prefix="learn")
+        self.actor_pool = ThreadPoolExecutor(max_workers=max(1, actors), thread_name_prefix="act")
+
+    def learn(self, round_k: int, tasks: list[LearnerTask], stats: RoundStats) -> None:
+        """Enqueue the round's tasks step by step (the last step closes the round) and supervise the invocations
+        until every task is applied or dead-lettered."""
+        steps = round_steps(tasks, mode=self.mode, learners=self.learners)
+        calls = _RoundCalls(self, round_k, stats)
+        for i, step in enumerate(steps):
+            last = i == len(steps) - 1
+            self.job.board.enqueue(step, close_round=round_k if last else None, timeout_s=self.enqueue_timeout_s)
+            if i == 0:
+                calls.start()
+            calls.supervise(until_drained=not last)
+
+    def invoke_actors(self, actors: int, stats: RoundStats) -> list[ActorResult]:
+        """One serverless actor invocation per actor, all at once on the actor pool; a call whose instance died is
+        made again, up to MAX_RESTARTS times. Returns their results in actor order."""
+        futures = [self.actor_pool.submit(self._actor_call, i) for i in range(actors)]
+        results = []
+        for fut in futures:
+            call, restarts = fut.result()
+            stats.actor_restarts += restarts
+            stats.add(call, "actor")
+            results.append(stats.actor_results[-1])
+        return results
+
+    def _actor_call(self, index: int) -> tuple[Call, int]:
+        event = {"job": self.job.keys.job, "actor_id": f"actor-{index}", "actor_index": index}
+        for restarts in range(MAX_RESTARTS):
+            try:
+                return self.functions.invoke("actor", event), restarts
+            except Exception as exc:
+                if not self.functions.died(exc):
+                    raise
+        raise TrainingError(f"actor invocations failed {MAX_RESTARTS} times in a row")
+
+    def close(self) -> None:
+        """Stop taking calls; calls still running are not waited for (stopping the round ends them)."""
+        self.pool.shutdown(wait=False, cancel_futures=True)
+        self.actor_pool.shutdown(wait=False, cancel_futures=True)
