@@ -109,7 +109,7 @@ class Instance:
 
 @dataclass
 class Context:
-    """Per invocation."""
+    """Per invocation (each one counted in its instance's `invocations`)."""
 
     call_id: str
     instance: Instance

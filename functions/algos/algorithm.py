@@ -36,16 +36,20 @@ class LearnInputs:
     kl_coef: float | None = None
 
 
+def no_target(cfg: Any) -> bool:
+    return False
+
+
 @dataclass(frozen=True)
 class Algorithm:
-    """One algorithm behind the seam; ``uses_target``: its tasks need the target network's policy."""
+    """One algorithm behind the seam; ``uses_target(cfg)``: its tasks need the target network's policy."""
 
     name: str
     config: type[AlgoConfig]
     prepare: Callable[[Sequence[Any], Any], Any]
     gradient: Callable[[ActorCritic, Any, Any, Any, LearnInputs], Gradient]
     start_round: Callable[..., AggregatorState]
-    uses_target: bool = False
+    uses_target: Callable[[Any], bool] = no_target
 
 
 def reset_round_kl(state: AggregatorState, new_round: int) -> AggregatorState:

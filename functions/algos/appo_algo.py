@@ -72,4 +72,8 @@ def start_round(state: AggregatorState, cfg: APPOConfig, *, new_round: int, vers
     return refresh_target(state, new_round=new_round, version=version, every=cfg.target_update_frequency)
 
 
-APPO = Algorithm("appo", APPOConfig, prepare, gradient, start_round, uses_target=True)
+def uses_target(cfg: APPOConfig) -> bool:
+    return cfg.kl_coef > 0  # only the KL term reads the target network
+
+
+APPO = Algorithm("appo", APPOConfig, prepare, gradient, start_round, uses_target)

@@ -70,4 +70,8 @@ def start_round(state: AggregatorState, cfg: IMPACTConfig, *, new_round: int, ve
     return refresh_target(state, new_round=new_round, version=version, every=cfg.target_update_frequency)
 
 
-IMPACT = Algorithm("impact", IMPACTConfig, prepare, gradient, start_round, uses_target=True)
+def uses_target(cfg: IMPACTConfig) -> bool:
+    return True  # V-trace and the surrogate are taken w.r.t. the target network
+
+
+IMPACT = Algorithm("impact", IMPACTConfig, prepare, gradient, start_round, uses_target)

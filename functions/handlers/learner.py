@@ -70,7 +70,7 @@ def task_gradient(
     held = sorted({v for lid, v in claim.held.items() if lid != learner_id and v != version})
     others = [p for p in (_policy_or_none(ctx, job, spec, v) for v in held) if p is not None]
     target = None
-    if algo.uses_target:
+    if algo.uses_target(spec.algo):
         target_version = claim.target_version if claim.target_version is not None else version
         target = _policy_or_none(ctx, job, spec, target_version) or policy
     prepared = _prepared(ctx, job, spec, task, compute)

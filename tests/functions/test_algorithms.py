@@ -22,6 +22,8 @@ def test_one_table_row_per_config() -> None:
     for name, algo in ALGORITHMS.items():
         assert algo.name == name and algo.config is CONFIGS[name]
         assert algorithm_of(algo.config()) is algo
+    assert ALGORITHMS["impact"].uses_target(IMPACTConfig()) and not ALGORITHMS["ppo"].uses_target(PPOConfig())
+    assert not ALGORITHMS["appo"].uses_target(APPOConfig()) and ALGORITHMS["appo"].uses_target(APPOConfig(kl_coef=1))
 
 
 def test_ppo_adapts_kl_coef_at_a_round_boundary() -> None:
