@@ -42,8 +42,8 @@ class WarmModel:
 
 @dataclass
 class WarmState:
-    """What a warm instance keeps between invocations, by what it is keyed on. Each entry is rebuilt from the cache
-    when missing, so losing all of it (a cold start) changes nothing but time."""
+    """What a warm instance keeps between invocations, by what it is keyed on. A missing entry is rebuilt from the
+    cache, so a cold start costs time only, except that an actor's envs then start new episodes."""
 
     specs: dict[str, JobSpec] = field(default_factory=dict)  # by job
     spaces: dict[str, tuple[gym.Space, gym.Space]] = field(default_factory=dict)  # by env id
