@@ -155,23 +155,56 @@ class GradientMeta:
 
 
 @dataclass(frozen=True)
+class ObsMoments:
+    """Mean, population variance and count of a round's (encoded) observations, for the running normaliser: a
+    learner sends them once per round with a gradient, the parameter function folds them in."""
+
+    mean: Any
+    var: Any
+    count: float
+
+
+# A gradient's observation moments travel as two more arrays of its entry (names no parameter has: a module's
+# parameter names never contain "/") and their count in the header.
+_OBS_MEAN, _OBS_VAR, _OBS_COUNT = "obs_moments/mean", "obs_moments/var", "obs_count"
+
+
+@dataclass(frozen=True)
 class GradientRecord:
-    """One learner's gradient for one task, computed against policy version `meta.base_version`."""
+    """One learner's gradient for one task, computed against policy version `meta.base_version`, with the round's
+    observation moments when the learner sends them."""
 
     meta: GradientMeta
     tensors: Mapping[str, Any]
+    obs_moments: ObsMoments | None = None
 
     def __post_init__(self) -> None:
         if not self.tensors:
             raise RecordError(f"gradient from {self.meta.learner_id!r} has no tensors")
+        if _OBS_MEAN in self.tensors or _OBS_VAR in self.tensors:
+            who = self.meta.learner_id
+            raise RecordError(f"gradient from {who!r}: tensor names {_OBS_MEAN!r} and {_OBS_VAR!r} are reserved")
 
     def fields(self) -> list[bytes | memoryview]:
-        return encode_fields(self.tensors, self.meta.to_dict())
+        meta = self.meta.to_dict()
+        if self.obs_moments is None:
+            return encode_fields(self.tensors, meta)
+        m = self.obs_moments
+        arrays = {**self.tensors, _OBS_MEAN: m.mean, _OBS_VAR: m.var}
+        return encode_fields(arrays, {**meta, _OBS_COUNT: float(m.count)})
 
     @classmethod
     def from_fields(cls, fields: Mapping[bytes, bytes], *, max_bytes: int = DEFAULT_MAX_BYTES) -> GradientRecord:
         meta = GradientMeta.from_fields(fields)
-        return cls(meta, _frame(fields, "gradient", max_bytes).tensors())
+        frame = _frame(fields, "gradient", max_bytes)
+        tensors = frame.tensors()
+        mean, var = tensors.pop(_OBS_MEAN, None), tensors.pop(_OBS_VAR, None)
+        count = frame.meta.get(_OBS_COUNT)
+        if count is None and mean is None and var is None:
+            return cls(meta, tensors)
+        if mean is None or var is None or not isinstance(count, int | float) or isinstance(count, bool):
+            raise RecordError("gradient: observation moments need a mean, a variance and a numeric count")
+        return cls(meta, tensors, ObsMoments(mean, var, float(count)))
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,6 @@ learners fall behind; it stops at the next iteration boundary once its stop even
 from __future__ import annotations
 
 import logging
-import multiprocessing as mp
 import uuid
 from multiprocessing.synchronize import Event
 from typing import Any
@@ -38,44 +37,6 @@ def actor_loop(
                 log.warning("%s: %s", actor_id, exc)
                 continue
             pushed += 1
-
-
-class ActorPool:
-    """N serverful actor processes for one job. Use as a context manager; `stop()` joins them."""
-
-    def __init__(self, redis_url: str, job: str, num_actors: int, *, max_batches: int | None = None) -> None:
-        if num_actors < 1:
-            raise ValueError(f"num_actors must be at least 1, got {num_actors}")
-        ctx = mp.get_context("spawn")  # no inherited locks, sockets or torch threads
-        self.stop_event = ctx.Event()
-        self.processes = [
-            ctx.Process(
-                target=actor_loop,
-                args=(redis_url, job, f"actor-{i}", i, self.stop_event, max_batches),
-                name=f"stellaris-actor-{i}",
-                daemon=True,
-            )
-            for i in range(num_actors)
-        ]
-
-    def start(self) -> ActorPool:
-        for p in self.processes:
-            p.start()
-        return self
-
-    def stop(self, timeout_s: float = 30.0) -> None:
-        self.stop_event.set()
-        for p in self.processes:
-            p.join(timeout_s)
-            if p.is_alive():
-                p.kill()
-                p.join()
-
-    def __enter__(self) -> ActorPool:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
 
 def main() -> None:

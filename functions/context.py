@@ -4,16 +4,58 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cache import Cache, JobCache
 from cache import connect as connect_cache
 
+if TYPE_CHECKING:
+    import gymnasium as gym
+    import torch
+
+    from functions.handlers.actor import ActorState
+    from functions.jobspec import JobSpec
+    from functions.policies import ActorCritic
+
+
+@dataclass(frozen=True)
+class PreparedRound:
+    """A round's data as the learner's algorithm prepared it (``Algorithm.prepare``), with the batch arrays it came
+    from (for the observation moments), kept for the round's other tasks on this instance."""
+
+    batch_ids: tuple[str, ...]
+    batches: Sequence[Any]
+    data: Any
+
+
+@dataclass
+class WarmModel:
+    """The parameter function's policy and optimizer as it last published them (`version`)."""
+
+    version: int
+    policy: ActorCritic
+    optimizer: torch.optim.Optimizer
+
+
+@dataclass
+class WarmState:
+    """What a warm instance keeps between invocations, by what it is keyed on. A missing entry is rebuilt from the
+    cache, so a cold start costs time only, except that an actor's envs then start new episodes."""
+
+    specs: dict[str, JobSpec] = field(default_factory=dict)  # by job
+    spaces: dict[str, tuple[gym.Space, gym.Space]] = field(default_factory=dict)  # by env id
+    policies: dict[str, OrderedDict[int, ActorCritic]] = field(default_factory=dict)  # by job: an LRU by version
+    rounds: dict[str, PreparedRound] = field(default_factory=dict)  # by job: the newest round's learner data
+    models: dict[tuple[str, str], WarmModel] = field(default_factory=dict)  # by (job, optimizer name)
+    actors: dict[tuple[str, str], ActorState] = field(default_factory=dict)  # by (job, actor id)
+
 
 class Instance:
-    """Lives as long as the warm instance: one cache connection and memo for reuse across invocations.
+    """Lives as long as the warm instance: one cache connection and the warm state (`memo`) for reuse across
+    invocations, and how many invocations it has served.
 
     The cache connects on first use (`connect`, by default `$REDIS_URL` else an embedded server), so a handler that
     never touches it never starts a redis-server. Handlers may run on several threads, hence the lock.
@@ -22,7 +64,7 @@ class Instance:
     def __init__(
         self,
         cache: Cache | None = None,
-        memo: dict[str, Any] | None = None,
+        memo: WarmState | None = None,
         jobs: dict[str, JobCache] | None = None,
         *,
         connect: Callable[[], Cache] = connect_cache,
@@ -30,7 +72,8 @@ class Instance:
         self._cache = cache
         self._connect = connect
         self._lock = threading.Lock()
-        self.memo: dict[str, Any] = {} if memo is None else memo  # e.g. env vectors, the policy last loaded
+        self.memo = WarmState() if memo is None else memo
+        self.invocations = 0
         self.jobs: dict[str, JobCache] = {} if jobs is None else jobs
 
     @property
@@ -51,6 +94,10 @@ class Instance:
                 self.jobs[job_id] = JobCache(cache.client, job_id)
             return self.jobs[job_id]
 
+    def count_invocation(self) -> None:
+        with self._lock:
+            self.invocations += 1
+
     def close(self) -> None:
         """Close the cache if it was opened (stops an embedded server); a later use reconnects."""
         with self._lock:
@@ -62,7 +109,7 @@ class Instance:
 
 @dataclass
 class Context:
-    """Per invocation."""
+    """Per invocation (each one counted in its instance's `invocations`)."""
 
     call_id: str
     instance: Instance
@@ -70,10 +117,11 @@ class Context:
 
     def __post_init__(self) -> None:
         self.log = logging.LoggerAdapter(logging.getLogger("stellaris.function"), {"call_id": self.call_id})
+        self.instance.count_invocation()
 
     def job(self, job_id: str) -> JobCache:
         return self.instance.job(job_id)
 
     @property
-    def memo(self) -> dict[str, Any]:
+    def memo(self) -> WarmState:
         return self.instance.memo

@@ -32,16 +32,3 @@ def make_vector_env(
     env.reset(seed=seed)
     env.action_space.seed(seed)
     return env
-
-
-def check_env_id(env_id: str) -> None:
-    """Raise a clear error for an unknown id or an unsupported action space, before anything starts."""
-    if env_id.startswith("ALE/"):
-        import ale_py
-
-        gym.register_envs(ale_py)
-    try:
-        spec = gym.spec(env_id)
-    except gym.error.Error as exc:
-        raise ValueError(f"unknown Gymnasium env id {env_id!r}: {exc}") from exc
-    del spec

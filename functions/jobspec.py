@@ -7,9 +7,10 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from cache import JobCache
-from functions.algos.config import IMPACTConfig, PPOConfig, preset
+from functions.algos import config
+from functions.algos.config import preset
 
-AlgoConfig = Annotated[PPOConfig | IMPACTConfig, Field(discriminator="algo")]
+AlgoConfig = Annotated[config.AlgoConfig, Field(discriminator="algo")]
 
 
 class JobSpec(BaseModel):

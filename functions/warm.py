@@ -17,19 +17,19 @@ MAX_CACHED_POLICIES = 8
 
 
 def spec_of(ctx: Context, job: JobCache) -> JobSpec:
-    key = f"spec:{job.keys.job}"
-    if key not in ctx.memo:
-        ctx.memo[key] = load_spec(job)
-    return ctx.memo[key]
+    specs = ctx.memo.specs
+    if job.keys.job not in specs:
+        specs[job.keys.job] = load_spec(job)
+    return specs[job.keys.job]
 
 
 def spaces_of(ctx: Context, spec: JobSpec) -> tuple[gym.Space, gym.Space]:
-    key = f"spaces:{spec.env_id}"
-    if key not in ctx.memo:
+    spaces = ctx.memo.spaces
+    if spec.env_id not in spaces:
         env = make_vector_env(spec.env_id, 1, seed=spec.seed, env_kwargs=spec.env_kwargs)
-        ctx.memo[key] = (env.single_observation_space, env.single_action_space)
+        spaces[spec.env_id] = (env.single_observation_space, env.single_action_space)
         env.close()
-    return ctx.memo[key]
+    return spaces[spec.env_id]
 
 
 def new_policy(ctx: Context, spec: JobSpec) -> ActorCritic:
@@ -48,8 +48,7 @@ def new_policy(ctx: Context, spec: JobSpec) -> ActorCritic:
 def policy_at(ctx: Context, job: JobCache, spec: JobSpec, version: int, blob: bytes | None = None) -> ActorCritic:
     """The policy of `version`, from a small per-instance LRU before the store (or from `blob`, its weights when
     the caller already has them)."""
-    key = f"policies:{job.keys.job}"
-    lru: OrderedDict[int, ActorCritic] = ctx.memo.setdefault(key, OrderedDict())
+    lru = ctx.memo.policies.setdefault(job.keys.job, OrderedDict())
     if version in lru:
         lru.move_to_end(version)
         return lru[version]

@@ -1,4 +1,4 @@
-"""Typed, validated hyperparameters for PPO and IMPACT and the two presets of SPEC.md §4.
+"""Typed, validated hyperparameters for PPO, IMPACT and APPO and the two presets of SPEC.md §4.
 
 ``paper`` is Tables II and III of the Stellaris paper; where the tables are silent it takes RLlib's
 defaults, which the paper ran on (PPO: 10 epochs as in the authors' scripts, advantage standardisation;
@@ -10,6 +10,8 @@ observation and reward normalisation; Atari: CleanRL's ``ppo_atari`` settings). 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Annotated, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
@@ -18,7 +20,7 @@ from functions.algos.staleness import AggregationRule, Rule, Schedule
 
 EnvKind = Literal["mujoco", "atari"]
 PresetName = Literal["paper", "fast"]
-AlgoName = Literal["ppo", "impact"]
+AlgoName = Literal["ppo", "impact", "appo"]
 
 UnitInterval = Annotated[float, Field(ge=0.0, le=1.0)]
 NonNegativeFloat = Annotated[float, Field(ge=0.0)]
@@ -99,15 +101,6 @@ class _AlgoConfig(_Frozen):
             )
         return self
 
-    @property
-    def minibatch_size(self) -> int:
-        return self.train_batch_size // self.num_minibatches
-
-    @property
-    def gradients_per_round(self) -> int:
-        """Learner tasks per round: one per (epoch, minibatch) (SPEC.md §5)."""
-        return self.num_epochs * self.num_minibatches
-
 
 class PPOConfig(_AlgoConfig):
     """PPO: GAE(γ, λ), clipped surrogate, adaptive KL penalty, entropy, value loss (Table III defaults)."""
@@ -138,7 +131,30 @@ class IMPACTConfig(_AlgoConfig):
     target_update_frequency: PositiveFloat = 1.0
 
 
-AlgoConfig = PPOConfig | IMPACTConfig
+class APPOConfig(_AlgoConfig):
+    """APPO (asynchronous PPO, as in Sample Factory and RLlib): V-trace (ρ̄, c̄) targets and advantages w.r.t. the
+    learner policy, PPO's clipped surrogate on π_θ/μ, an optional KL to a target network (``kl_coef`` > 0, refreshed
+    every ``target_update_frequency`` rounds as IMPACT's), entropy and value loss (``appo.appo_loss``)."""
+
+    algo: Literal["appo"] = "appo"
+    lr: PositiveFloat = 5e-4
+    num_epochs: PositiveInt = 2
+    clip: PositiveFloat = 0.2
+    kl_coef: NonNegativeFloat = 0.0
+    ent_coef: NonNegativeFloat = 0.01
+    vf_coef: NonNegativeFloat = 0.5
+    max_grad_norm: PositiveFloat | None = 40.0
+    rho_bar: PositiveFloat = 1.0
+    c_bar: PositiveFloat = 1.0
+    target_update_frequency: PositiveFloat = 1.0
+    normalize_advantages: bool = True
+
+
+AlgoConfig = PPOConfig | IMPACTConfig | APPOConfig
+# Each algorithm's config class by its name (the `algo` field): what presets and job specs are built from.
+CONFIGS: Mapping[str, type[PPOConfig] | type[IMPACTConfig] | type[APPOConfig]] = MappingProxyType(
+    {c.model_fields["algo"].default: c for c in (PPOConfig, IMPACTConfig, APPOConfig)}
+)
 
 _FAST_MUJOCO: dict[str, object] = {
     "lr": 3e-4,
@@ -173,13 +189,9 @@ _PAPER_ATARI: dict[str, object] = {"train_batch_size": 256, "network": NetworkCo
 
 def preset(name: PresetName, algo: AlgoName, env_kind: EnvKind) -> AlgoConfig:
     """The ``paper`` or ``fast`` hyperparameters of ``algo`` for MuJoCo-like or Atari environments."""
-    model: type[PPOConfig] | type[IMPACTConfig]
-    if algo == "ppo":
-        model = PPOConfig
-    elif algo == "impact":
-        model = IMPACTConfig
-    else:
-        raise ValueError(f"unknown algorithm {algo!r}")
+    model = CONFIGS.get(algo)
+    if model is None:
+        raise ValueError(f"unknown algorithm {algo!r}: choose one of {sorted(CONFIGS)}")
     if name == "paper":
         overrides = _PAPER_ATARI if env_kind == "atari" else {}
     elif name == "fast":

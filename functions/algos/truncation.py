@@ -47,26 +47,22 @@ class TruncationStats:
     """Per-gradient report of the truncation (SPEC.md §5).
 
     ``fraction_truncated``: share of samples whose |min_i π_θi/μ| exceeded ρ and was clipped to ρ;
-    ``mean_weight``: mean R'; ``fraction_other_min``: share of samples where another learner's policy, not
-    the learner's own, gave the minimum ratio (the cross-learner case the paper adds).
+    ``mean_weight``: mean R'.
     """
 
     fraction_truncated: float
     mean_weight: float
-    fraction_other_min: float
 
 
 @torch.no_grad()
 def truncation_stats(
     own_log_probs: Tensor, other_log_probs: Tensor, behaviour_log_probs: Tensor, *, rho: float = 1.0
 ) -> TruncationStats:
-    """Fraction truncated, mean R' and the cross-learner share for one gradient's batch (paper Eq. 2)."""
+    """Fraction truncated and mean R' for one gradient's batch (paper Eq. 2)."""
     ratios = _learner_ratios(own_log_probs, other_log_probs, behaviour_log_probs)
     min_ratio = torch.abs(torch.amin(ratios, dim=0))
     weights = truncate_ratios(ratios, rho=rho)
-    other_min = torch.amin(ratios[1:], dim=0) < ratios[0] if ratios.shape[0] > 1 else torch.zeros_like(weights).bool()
     return TruncationStats(
         fraction_truncated=(min_ratio > rho).float().mean().item(),
         mean_weight=weights.float().mean().item(),
-        fraction_other_min=other_min.float().mean().item(),
     )

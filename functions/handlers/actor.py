@@ -10,6 +10,7 @@ import gymnasium as gym
 import numpy as np
 
 from cache import TrajectoryBatch, VersionNotFound
+from cache.contract import ActorResult
 from functions.context import Context
 from functions.envs import make_vector_env
 from functions.handlers import job_id_of
@@ -35,8 +36,8 @@ def handle(event: dict[str, Any], ctx: Context) -> dict[str, Any]:
     job = ctx.job(job_id_of(event))
     actor_id = str(event.get("actor_id", "actor-0"))
     spec = spec_of(ctx, job)
-    key = f"actor:{job.keys.job}:{actor_id}"
-    state: ActorState | None = ctx.memo.get(key)
+    key = (job.keys.job, actor_id)
+    state = ctx.memo.actors.get(key)
     if state is None:
         seed = spec.seed + 7919 * int(event.get("actor_index", 0))
         envs = make_vector_env(spec.env_id, spec.num_envs, seed=seed, env_kwargs=spec.env_kwargs)
@@ -51,7 +52,7 @@ def handle(event: dict[str, Any], ctx: Context) -> dict[str, Any]:
         if env_kind(spec.env_id) == "atari":
             scaler = ClippedRewards(then=scaler)
         state = ActorState(envs, obs, EpisodeTracker.for_envs(spec.num_envs), new_policy(ctx, spec), scaler)
-        ctx.memo[key] = state
+        ctx.memo.actors[key] = state
 
     def refresh() -> bool:
         """Load the newest policy if it is not the one held (one round trip either way)."""
@@ -90,9 +91,4 @@ def handle(event: dict[str, Any], ctx: Context) -> dict[str, Any]:
     )
     batch_id = job.trajectories.put(batch)
     state.round_trips = ctx.instance.cache.round_trips
-    return {
-        "batch_id": batch_id,
-        "version": first_version,
-        "env_steps": batch.env_steps,
-        "episode_returns": returns,
-    }
+    return ActorResult(batch_id, first_version, batch.env_steps, returns).to_dict()

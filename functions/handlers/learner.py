@@ -7,15 +7,19 @@ can take over the task of a learner that died (after that learner's lease ran ou
 from __future__ import annotations
 
 import time
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from cache import Claim, CodecError, GradientMeta, GradientRecord, JobCache, LearnerTask, RecordError, VersionNotFound
-from functions.algos.config import IMPACTConfig
-from functions.context import Context
+from cache.contract import LearnerResult
+from functions.algos.algorithm import LearnInputs
+from functions.algos.registry import algorithm_of
+from functions.context import Context, PreparedRound
 from functions.faults import fault_point
 from functions.handlers import EventError, Stopwatch, job_id_of
 from functions.jobspec import JobSpec
-from functions.learn import impact_gradient, obs_moments, ppo_gradient, prepare_ppo_round
+from functions.learn import obs_moments
+from functions.policies import ActorCritic
 from functions.warm import policy_at, spec_of
 
 # How long an idle learner waits for work before it looks again (an ack or an enqueue wakes it sooner).
@@ -36,60 +40,74 @@ def _batches(job: JobCache, task: LearnerTask) -> list[Any]:
     return out
 
 
-def _gradient(
-    ctx: Context, job: JobCache, spec: JobSpec, task: LearnerTask, claim: Claim, learner_id: str, compute: Stopwatch
-) -> tuple[dict[str, Any], dict[str, Any]]:
-    """One task's gradient and statistics at the claim's version, truncating against the other held versions."""
-    version = claim.version
-    policy = policy_at(ctx, job, spec, version, claim.weights)
-    others = []
-    for other in sorted({v for lid, v in claim.held.items() if lid != learner_id and v != version}):
-        try:
-            others.append(policy_at(ctx, job, spec, other))
-        except VersionNotFound:
-            continue  # retired past the newest K versions: nothing to truncate against
-    batches: list[Any] | None = None  # fetched at most once per task
-    if isinstance(spec.algo, IMPACTConfig):
-        target_version = claim.target_version if claim.target_version is not None else version
-        try:
-            target = policy_at(ctx, job, spec, target_version)
-        except VersionNotFound:
-            target = policy
+def _policy_or_none(ctx: Context, job: JobCache, spec: JobSpec, version: int) -> ActorCritic | None:
+    try:
+        return policy_at(ctx, job, spec, version)
+    except VersionNotFound:
+        return None  # retired past the newest K versions
+
+
+def _prepared(ctx: Context, job: JobCache, spec: JobSpec, task: LearnerTask, compute: Stopwatch) -> PreparedRound:
+    """The round's data, prepared by the first task of the round on this instance; only the newest round is kept."""
+    rounds = ctx.memo.rounds
+    prepared = rounds.get(job.keys.job)
+    if prepared is None or prepared.batch_ids != task.batch_ids:
         batches = _batches(job, task)
         with compute:
-            grads, stats = impact_gradient(
-                policy, target, batches, task, spec.algo, others=others, kl_coef=claim.kl_coef
-            )
-    else:
-        key = f"ppo-round:{job.keys.job}:{','.join(task.batch_ids)}"
-        data = ctx.memo.get(key)
-        if data is None:  # first task of this round on this instance; keep only the newest round
-            for old in [k for k in ctx.memo if k.startswith(f"ppo-round:{job.keys.job}:")]:
-                del ctx.memo[old]
-            batches = _batches(job, task)
-            with compute:
-                data = prepare_ppo_round(batches, gamma=spec.algo.gamma, lam=spec.algo.lam)
-            ctx.memo[key] = data
-        with compute:
-            grads, stats = ppo_gradient(policy, data, task, spec.algo, others=others, kl_coef=claim.kl_coef)
+            data = algorithm_of(spec.algo).prepare(batches, spec.algo)
+        prepared = rounds[job.keys.job] = PreparedRound(task.batch_ids, batches, data)
+    return prepared
+
+
+def task_gradient(
+    ctx: Context, job: JobCache, spec: JobSpec, task_id: str, task: LearnerTask, claim: Claim, learner_id: str,
+    compute: Stopwatch,
+) -> GradientRecord:  # fmt: skip
+    """One task's gradient record at the claim's version, truncating against the other held versions."""
+    algo = algorithm_of(spec.algo)
+    version = claim.version
+    policy = policy_at(ctx, job, spec, version, claim.weights)
+    held = sorted({v for lid, v in claim.held.items() if lid != learner_id and v != version})
+    others = [p for p in (_policy_or_none(ctx, job, spec, v) for v in held) if p is not None]
+    target = None
+    if algo.uses_target(spec.algo):
+        target_version = claim.target_version if claim.target_version is not None else version
+        target = _policy_or_none(ctx, job, spec, target_version) or policy
+    prepared = _prepared(ctx, job, spec, task, compute)
+    with compute:
+        inputs = LearnInputs(others=others, target=target, kl_coef=claim.kl_coef)
+        grads, stats = algo.gradient(policy, prepared.data, task, spec.algo, inputs)
+    moments = None
     if policy.obs_normalizer is not None and task.epoch == 0 and task.minibatch == 0:
         # Once per round: the round's observation moments, folded into the normaliser by the parameter
         # function, so actors and learners of one version always share its statistics.
-        batches = batches if batches is not None else _batches(job, task)
         with compute:
-            grads |= obs_moments(policy, batches)
-    return grads, stats
+            moments = obs_moments(policy, prepared.batches)
+    stats |= {"epoch": task.epoch, "minibatch": task.minibatch}
+    meta = GradientMeta(learner_id, version, task_id, task.round, stats)
+    return GradientRecord(meta, grads, moments)
 
 
-def _count(out: dict[str, Any], claim: Claim, record: GradientRecord) -> None:
-    if claim.lost:
-        out["lost"] += 1  # our lease ran out and the task was taken over: its other holder stores it
-        return
-    out["gradients"] += 1
-    out["loss_sum"] += float(record.meta.stats.get("loss", 0.0))
-    if "truncated_fraction" in record.meta.stats:
-        out["truncated_sum"] += float(record.meta.stats["truncated_fraction"])
-        out["truncated_n"] += 1
+@dataclass
+class _Tally:
+    """The invocation's counts, summed as gradients are stored (`LearnerResult`'s fields)."""
+
+    gradients: int = 0
+    lost: int = 0
+    dead_lettered: int = 0
+    loss_sum: float = 0.0
+    truncated_sum: float = 0.0
+    truncated_n: int = 0
+
+    def count(self, claim: Claim, record: GradientRecord) -> None:
+        if claim.lost:
+            self.lost += 1  # our lease ran out and the task was taken over: its other holder stores it
+            return
+        self.gradients += 1
+        self.loss_sum += float(record.meta.stats.get("loss", 0.0))
+        if "truncated_fraction" in record.meta.stats:
+            self.truncated_sum += float(record.meta.stats["truncated_fraction"])
+            self.truncated_n += 1
 
 
 def handle(event: dict[str, Any], ctx: Context) -> dict[str, Any]:
@@ -103,8 +121,7 @@ def handle(event: dict[str, Any], ctx: Context) -> dict[str, Any]:
     board = job.board
     trips0 = ctx.instance.cache.round_trips
     compute, waited = Stopwatch(), Stopwatch()
-    out: dict[str, Any] = {"gradients": 0, "lost": 0, "dead_lettered": 0, "loss_sum": 0.0, "truncated_sum": 0.0}
-    out["truncated_n"] = 0
+    tally = _Tally()
     finished: tuple[str, GradientRecord] | None = None  # stored together with the next claim: one round trip
     held: int | None = None
     with board.leased(learner_id):
@@ -113,9 +130,9 @@ def handle(event: dict[str, Any], ctx: Context) -> dict[str, Any]:
                 learner_id, held_version=held, finished=finished, timeout_s=job.limits.backpressure_timeout_s
             )
             if finished is not None:
-                _count(out, claim, finished[1])
+                tally.count(claim, finished[1])
                 finished = None
-            out["dead_lettered"] += claim.dead_lettered
+            tally.dead_lettered += claim.dead_lettered
             if claim.task is None:
                 if claim.closed_round >= round_k and claim.outstanding == 0:
                     break
@@ -130,17 +147,19 @@ def handle(event: dict[str, Any], ctx: Context) -> dict[str, Any]:
             task_id = claim.task.id
             try:
                 task = LearnerTask.from_fields(claim.task.fields)
-                grads, stats = _gradient(ctx, job, spec, task, claim, learner_id, compute)
+                record = task_gradient(ctx, job, spec, task_id, task, claim, learner_id, compute)
             except (CodecError, RecordError, BatchGone) as exc:
                 # Poison: it would fail the same way on every attempt. Give up on it now, visibly.
                 ctx.log.warning("dead-lettering task %s: %s", task_id, exc)
-                out["dead_lettered"] += int(board.dead_letter(learner_id, task_id, f"{type(exc).__name__}: {exc}"))
+                tally.dead_lettered += int(board.dead_letter(learner_id, task_id, f"{type(exc).__name__}: {exc}"))
                 continue
             held = claim.version
-            stats |= {"epoch": task.epoch, "minibatch": task.minibatch}
-            meta = GradientMeta(learner_id, claim.version, task_id, task.round, stats)
             fault_point("learner:before_complete")
-            finished = (task_id, GradientRecord(meta, grads))
-    status = "done" if time.monotonic() < deadline else "timeout"
-    trips = ctx.instance.cache.round_trips - trips0
-    return {"status": status, "compute_s": compute.seconds, "wait_s": waited.seconds, "redis_round_trips": trips, **out}
+            finished = (task_id, record)
+    return LearnerResult(
+        status="done" if time.monotonic() < deadline else "timeout",
+        compute_s=compute.seconds,
+        wait_s=waited.seconds,
+        redis_round_trips=ctx.instance.cache.round_trips - trips0,
+        **asdict(tally),
+    ).to_dict()

@@ -11,21 +11,17 @@ crash anywhere applies every gradient exactly once.
 
 from __future__ import annotations
 
-import contextlib
-import threading
 import time
 from collections import deque
-from collections.abc import Iterator
-from typing import Any
+from typing import Any, Literal
 
 import msgpack
-import redis
 
-from cache import CodecError, FencingError, GradientMeta, JobCache, LeaseUnavailable, RecordError
+from cache import CodecError, FencingError, GradientMeta, GradientRecord, JobCache, LeaseUnavailable, RecordError
+from cache.contract import AggregatorState, DecisionRow, ParameterResult
 from cache.policy_store import UpdateLease
 from cache.streams import Entry
-from functions.algos.config import PPOConfig
-from functions.algos.ppo import adaptive_kl_coef
+from functions.algos.registry import algorithm_of
 from functions.algos.staleness import (
     AggregationRule,
     AggregationState,
@@ -37,19 +33,13 @@ from functions.algos.staleness import (
     observe,
     optimizer_step_gradients,
 )
-from functions.context import Context
+from functions.context import Context, WarmModel
 from functions.faults import fault_point
 from functions.handlers import Stopwatch, job_id_of
-from functions.jobspec import JobRequest, JobSpec, resolve, save_spec
-from functions.learn import OBS_MOMENTS
-from functions.serialize import (
-    build_optimizer,
-    load_optimizer_bytes,
-    load_policy_bytes,
-    optimizer_to_bytes,
-    policy_to_bytes,
-)
-from functions.warm import new_policy, spec_of
+from functions.handlers.parameter_setup import initialise, keep_warm, kept, warm_model
+from functions.jobspec import JobSpec
+from functions.serialize import optimizer_to_bytes, policy_to_bytes
+from functions.warm import spec_of
 
 # Longest blocking read between two looks at in-flight work (dead letters change it without a gradient landing).
 BLOCK_S = 1.0
@@ -57,97 +47,17 @@ READ_COUNT = 256
 DECISIONS_KEPT = 256  # the newest applied decisions returned to the caller (the applied log has them all)
 
 
-def _start_round(spec: JobSpec, fields: dict[str, float], new_round: int, version: int) -> None:
-    """Round boundary: adapt the KL coefficient (PPO) and refresh the target network (IMPACT)."""
-    cfg = spec.algo
-    if isinstance(cfg, PPOConfig) and cfg.kl_coef > 0 and fields.get("kl_n", 0) > 0:
-        observed = fields["kl_sum"] / fields["kl_n"]
-        fields["kl_coef"] = adaptive_kl_coef(fields.get("kl_coef", cfg.kl_coef), observed, target=cfg.kl_target)
-    fields["kl_sum"] = fields["kl_n"] = 0.0
-    if not isinstance(cfg, PPOConfig):
-        last = fields.get("target_round", 0.0)
-        if new_round - last >= cfg.target_update_frequency:
-            fields["target_version"], fields["target_round"] = float(version), float(new_round)
-    fields["round_k"] = float(new_round)
-
-
-def _gradient_part(tensors: Any) -> dict[str, Any]:
-    return {k: v for k, v in tensors.items() if k not in OBS_MOMENTS}
-
-
-def _fold_obs_moments(policy: Any, records: list[Any]) -> None:
-    if policy.obs_normalizer is None:
+def _fold_obs_moments(model: WarmModel, records: list[GradientRecord]) -> None:
+    normalizer = model.policy.obs_normalizer
+    if normalizer is None:
         return
-    for t in records:
-        if "_obs_mean" in t:
-            policy.obs_normalizer.update_from_moments(t["_obs_mean"], t["_obs_var"], float(t["_obs_count"]))
-
-
-def _warm_key(job: JobCache, optimizer_name: str) -> str:
-    return f"param-model:{job.keys.job}:{optimizer_name}"
-
-
-def _warm_model(ctx: Context, job: JobCache, spec: JobSpec, optimizer_name: str) -> tuple[int, Any, Any]:
-    """(version, policy, optimizer) as the store has them: this instance's own from its last invocation when the
-    store's version is still the one it published (one update lease at a time, so usually), else loaded. The memo
-    entry is taken out while an invocation mutates them and put back when it ends."""
-    warm = ctx.memo.pop(_warm_key(job, optimizer_name), None)
-    current = job.policies.version()
-    if warm is not None and warm[0] == current:
-        return warm
-    version, blob = job.policies.latest()
-    policy = warm[1] if warm is not None else new_policy(ctx, spec)
-    load_policy_bytes(policy, blob)
-    optimizer = build_optimizer(optimizer_name, list(policy.parameters()), lr=spec.algo.lr)
-    load_optimizer_bytes(optimizer, job.policies.optimizer_state() or b"")
-    return version, policy, optimizer
-
-
-def _initialise(job: JobCache, request: Any, ctx: Context) -> dict[str, Any]:
-    """Create the job: resolve a JobRequest (when given) into the stored spec, then publish version 0, the seeded
-    initial policy. Both are no-ops for what the job already has (a resumed job keeps its policy)."""
-    import torch
-
-    if isinstance(request, dict):
-        spec = resolve(JobRequest.model_validate({**request, "job": job.keys.job}))
-        if job.spec() is None:
-            save_spec(job, spec)
-        ctx.memo.pop(f"spec:{job.keys.job}", None)
-    spec = spec_of(ctx, job)
-    torch.manual_seed(spec.seed)
-    policy = new_policy(ctx, spec)
-    version = job.policies.initialise(policy_to_bytes(policy, version=0))
-    # Warm now, not in round 1: the first optimizer a process builds imports torch's compiler stack (~2 s here).
-    ctx.memo[_warm_key(job, "adam")] = _warm_model(ctx, job, spec, "adam")
-    return {"status": "ok", "version": version, "spec": spec.model_dump(mode="json")}
-
-
-@contextlib.contextmanager
-def _kept(job: JobCache, lease: UpdateLease, lease_s: float) -> Iterator[threading.Event]:
-    """Refresh the update lease a third of its length apart until the block ends, then release it. The event is
-    set when a refresh finds the lease lost (a publish would then be refused anyway)."""
-    stop, lost = threading.Event(), threading.Event()
-
-    def beat() -> None:
-        while not stop.wait(lease_s / 3):
-            with contextlib.suppress(redis.RedisError):
-                if not job.policies.refresh(lease, lease_s=lease_s):
-                    lost.set()
-                    return
-
-    thread = threading.Thread(target=beat, name="update-lease", daemon=True)
-    thread.start()
-    try:
-        yield lost
-    finally:
-        stop.set()
-        thread.join()
-        with contextlib.suppress(redis.RedisError):
-            job.policies.release(lease)
+    for m in (r.obs_moments for r in records):
+        if m is not None:
+            normalizer.update_from_moments(m.mean, m.var, m.count)
 
 
 class _Server:
-    """The serving loop's state: the policy and optimizer, the aggregator's fields, and the queued gradients: each
+    """The serving loop's state: the policy and optimizer, the aggregator's state, and the queued gradients: each
     entry is read once, when it lands; decisions use its metadata, and its arrays are decoded only to aggregate."""
 
     def __init__(
@@ -155,17 +65,15 @@ class _Server:
     ) -> None:
         self.ctx, self.job, self.spec, self.lease, self.until_round = ctx, job, spec, lease, until_round
         self.rule: AggregationRule = spec.algo.stellaris.aggregation_rule()
-        self.version, self.policy, self.optimizer = _warm_model(ctx, job, spec, optimizer_name)
-        raw = job.client.hgetall(job.keys.aggregator)
-        self.fields: dict[str, float] = {k.decode(): float(v) for k, v in raw.items()}
-        self.fields.setdefault("round_k", 1.0)
+        self.model = warm_model(ctx, job, spec, optimizer_name)
+        self.state: AggregatorState = job.aggregator.get()
         self.queue: dict[str, GradientMeta] = {}  # arrival order
         self.entries: dict[str, Entry] = {}  # their payloads, as read
         self.last_id = "0-0"
         last_control = job.client.xrevrange(job.keys.control, count=1)
         self.control_id = last_control[0][0].decode() if last_control else "0-0"
         self.compute, self.waited = Stopwatch(), Stopwatch()
-        self.decisions: deque[dict[str, Any]] = deque(maxlen=DECISIONS_KEPT)
+        self.decisions: deque[DecisionRow] = deque(maxlen=DECISIONS_KEPT)
         self.stop = False
         self.unsaved = 0  # updates since the optimizer state was last stored
 
@@ -228,18 +136,22 @@ class _Server:
         idle = tasks == 0 and gradients == 0 and int(closed or 0) >= self.until_round
         return (*held, *([self.version] * (tasks - len(held)))), idle
 
+    @property
+    def version(self) -> int:
+        return self.model.version
+
     def step(self, sync_expected: int | None) -> tuple[bool, bool]:
         """Decide once; apply when the rule says so. Returns (published, nothing left to do)."""
         in_flight, idle = self.look()
         queued = list(self.queue.items())
-        round_now = int(self.fields["round_k"])
-        newest = max((m.round for _, m in queued), default=round_now)
-        if newest > round_now:
-            _start_round(self.spec, self.fields, newest, self.version)
-            round_now = newest
-            self.job.client.hset(self.job.keys.aggregator, mapping=self.fields)  # learners read kl_coef, target
-        delta_max = self.fields.get("delta_max")
-        state = AggregationState(round_k=round_now, delta_max=None if delta_max is None else int(delta_max))
+        newest = max((m.round for _, m in queued), default=self.state.round_k)
+        if newest > self.state.round_k:
+            # Round boundary: the algorithm acts on the state (PPO's KL coefficient, the target network), which
+            # learners read with their next claim.
+            cfg = self.spec.algo
+            self.state = algorithm_of(cfg).start_round(self.state, cfg, new_round=newest, version=self.version)
+            self.job.aggregator.put(self.state)
+        state = AggregationState(round_k=self.state.round_k, delta_max=self.state.delta_max)
         snapshot = QueueSnapshot(self.version, tuple(m.base_version for _, m in queued), in_flight)
         record = decide(self.rule, state, snapshot, sync_expected=sync_expected)
         if not record.applies:
@@ -256,25 +168,25 @@ class _Server:
             except (CodecError, RecordError) as exc:
                 self._dead_letter(gid, f"payload unreadable: {type(exc).__name__}: {exc}")
                 return  # decide again without it
+        model = self.model
         with self.compute:
             scales = gradient_scales(self.rule, record.stalenesses[: record.count])
-            parts = [_gradient_part(r.tensors) for r in records]
+            parts = [r.tensors for r in records]
             for grads in optimizer_step_gradients(parts, scales, self.spec.algo.stellaris.optimizer_steps):
-                for name, p in self.policy.named_parameters():
+                for name, p in model.policy.named_parameters():
                     p.grad = grads[name].clone()
-                self.optimizer.step()
-            _fold_obs_moments(self.policy, [r.tensors for r in records])
+                model.optimizer.step()
+            _fold_obs_moments(model, records)
 
-        state = observe(state, record)
-        fields = dict(self.fields)
-        if state.delta_max is not None:
-            fields["delta_max"] = float(state.delta_max)
-        fields["aggregations"] = fields.get("aggregations", 0.0) + 1
-        if record.decision is Decision.FLUSH:
-            fields["flushes"] = fields.get("flushes", 0.0) + 1
+        observed = observe(state, record)
         kls = [float(m.stats["approx_kl"]) for _, m in used if "approx_kl" in m.stats]
-        fields["kl_sum"] = fields.get("kl_sum", 0.0) + sum(kls)
-        fields["kl_n"] = fields.get("kl_n", 0.0) + len(kls)
+        after = self.state.with_(
+            delta_max=observed.delta_max,
+            aggregations=self.state.aggregations + 1,
+            flushes=self.state.flushes + (record.decision is Decision.FLUSH),
+            kl_sum=self.state.kl_sum + sum(kls),
+            kl_n=self.state.kl_n + len(kls),
+        )
         gradients = [
             [gid, m.task_id, m.round, m.base_version, delta]
             for (gid, m), delta in zip(used, record.stalenesses, strict=False)
@@ -291,22 +203,22 @@ class _Server:
         self.unsaved += 1
         save = self.unsaved >= self.job.limits.optimizer_save_every
         fault_point("parameter:before_publish")
-        self.version = self.job.policies.publish_and_ack(
+        model.version = self.job.policies.publish_and_ack(
             self.lease,
-            expected_version=self.version,
-            weights=policy_to_bytes(self.policy, version=self.version + 1),
-            optimizer_state=optimizer_to_bytes(self.optimizer) if save else b"",
+            expected_version=model.version,
+            weights=policy_to_bytes(model.policy, version=model.version + 1),
+            optimizer_state=optimizer_to_bytes(model.optimizer) if save else b"",
             gradient_ids=ids,
-            aggregator=fields,
+            aggregator=after.to_fields(),
             record=applied,
             applied_maxlen=self.job.limits.applied_maxlen,
         )
         fault_point("parameter:after_publish")
         self.unsaved = 0 if save else self.unsaved
-        self.fields = fields
+        self.state = after
         for gid in ids:
             del self.queue[gid], self.entries[gid]
-        self.decisions.append({"decision": record.decision.value, "count": record.count, "version": self.version})
+        self.decisions.append(DecisionRow(record.decision.value, record.count, model.version))
 
 
 def handle(event: dict[str, Any], ctx: Context) -> dict[str, Any]:
@@ -314,7 +226,7 @@ def handle(event: dict[str, Any], ctx: Context) -> dict[str, Any]:
     is closed, or until a stop event or `max_s`. `init` creates the job instead."""
     job = ctx.job(job_id_of(event))
     if event.get("init"):
-        return _initialise(job, event["init"], ctx)
+        return initialise(job, event["init"], ctx).to_dict()
     spec = spec_of(ctx, job)
     trips0 = ctx.instance.cache.round_trips
     deadline = time.monotonic() + float(event.get("max_s", 3000.0))
@@ -327,9 +239,9 @@ def handle(event: dict[str, Any], ctx: Context) -> dict[str, Any]:
             f"param-{ctx.call_id}", lease_s=lease_s, wait_s=float(event.get("wait_s", 2 * lease_s + 1))
         )
     except LeaseUnavailable:
-        return {"status": "busy", "decisions": []}
-    status = "ok"
-    with _kept(job, lease, lease_s) as lost:
+        return ParameterResult(status="busy").to_dict()
+    status: Literal["ok", "fenced", "expired"] = "ok"
+    with kept(job, lease, lease_s) as lost:
         optimizer_name = str(event.get("optimizer", "adam"))
         server = _Server(ctx, job, spec, lease, optimizer_name, until_round)
         server.take(job.gradients.read("0-0", count=job.limits.gradient_maxlen))  # what a predecessor left
@@ -353,18 +265,18 @@ def handle(event: dict[str, Any], ctx: Context) -> dict[str, Any]:
         if status != "fenced" and server.unsaved:
             try:
                 job.policies.save_optimizer(
-                    lease, version=server.version, optimizer_state=optimizer_to_bytes(server.optimizer)
+                    lease, version=server.version, optimizer_state=optimizer_to_bytes(server.model.optimizer)
                 )
                 server.unsaved = 0
             except FencingError:
                 status = "fenced"
         if status != "fenced":
-            ctx.memo[_warm_key(job, optimizer_name)] = (server.version, server.policy, server.optimizer)
-    return {
-        "status": status,
-        "version": server.version,
-        "decisions": list(server.decisions),
-        "compute_s": server.compute.seconds,
-        "wait_s": server.waited.seconds,
-        "redis_round_trips": ctx.instance.cache.round_trips - trips0,
-    }
+            keep_warm(ctx, job, optimizer_name, server.model)
+    return ParameterResult(
+        status=status,
+        version=server.version,
+        decisions=list(server.decisions),
+        compute_s=server.compute.seconds,
+        wait_s=server.waited.seconds,
+        redis_round_trips=ctx.instance.cache.round_trips - trips0,
+    ).to_dict()

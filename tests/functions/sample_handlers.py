@@ -34,9 +34,8 @@ def crash(event: dict[str, Any], ctx: Context) -> dict[str, Any]:
 
 
 def count(event: dict[str, Any], ctx: Context) -> dict[str, Any]:
-    """Counts its calls in the instance memo: warm state that must survive between invocations."""
-    ctx.memo["calls"] = ctx.memo.get("calls", 0) + 1
-    return {"calls": ctx.memo["calls"], "pid": os.getpid()}
+    """The invocations its instance has served: warm state that must survive between invocations."""
+    return {"calls": ctx.instance.invocations, "pid": os.getpid()}
 
 
 def wait_for_release(event: dict[str, Any], ctx: Context) -> dict[str, Any]:

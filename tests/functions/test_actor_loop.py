@@ -1,5 +1,7 @@
+import multiprocessing as mp
+
 from cache import Cache, JobCache
-from functions.actor_loop import ActorPool
+from functions.actor_loop import actor_loop
 from tests.functions.driver import Driver
 from tests.functions.test_pipeline import small_spec
 from tests.procs import pid_alive
@@ -8,16 +10,30 @@ from tests.procs import pid_alive
 def test_serverful_actor_processes_push_batches_until_stopped(cache_conn: Cache, job_id: str) -> None:
     driver = Driver(cache_conn, small_spec(job_id))
     job: JobCache = driver.job
+    ctx = mp.get_context("spawn")  # no inherited locks, sockets or torch threads
+    stop = ctx.Event()
+    procs = [
+        ctx.Process(target=actor_loop, args=(cache_conn.url, job_id, f"actor-{i}", i, stop, 3), daemon=True)
+        for i in range(2)
+    ]
     try:
-        with ActorPool(cache_conn.url, job_id, 2, max_batches=3) as pool:
-            got = job.trajectories.take("test", count=6, block_s=60)
-            while len(got) < 6:
-                more = job.trajectories.take("test", count=6, block_s=60)
-                assert more, "actors stopped pushing"
-                got += more
-            pids = [p.pid for p in pool.processes]
+        for p in procs:
+            p.start()
+        got = job.trajectories.take("test", count=6, block_s=60)
+        while len(got) < 6:
+            more = job.trajectories.take("test", count=6, block_s=60)
+            assert more, "actors stopped pushing"
+            got += more
+        pids = [p.pid for p in procs]
+        stop.set()
+        for p in procs:
+            p.join(30)
         assert sorted({b.actor_id for _, b in got}) == ["actor-0", "actor-1"]
         assert all(b.behaviour_version == 0 and b.env_steps == 2 * 64 for _, b in got)
         assert all(pid is not None and not pid_alive(pid) for pid in pids)
     finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join()
         job.delete()

@@ -48,7 +48,7 @@ def test_atari_trains_on_clipped_rewards_and_logs_game_scores(cache_conn: Cache,
         assert batch is not None
         rewards = batch.arrays["rewards"]
         assert set(np.unique(rewards)) <= {-1.0, 0.0, 1.0} and rewards.max() == 1.0
-        tracker = driver.instance.memo[f"actor:{job_id}:actor-0"].tracker
+        tracker = driver.instance.memo.actors[(job_id, "actor-0")].tracker
         points = sum(batch.info["episode_returns"]) + tracker.returns.sum()  # everything scored since reset
         assert points >= 5 * (rewards == 1.0).sum()  # game points (>= 5 per alien), not clipped counts
     finally:

@@ -141,7 +141,8 @@ def test_paper_and_fast_presets() -> None:
     assert (paper.rho_bar, paper.c_bar) == (1.0, 1.0)
     assert preset("paper", "impact", "atari").train_batch_size == 256
     fast = preset("fast", "impact", "mujoco")
-    assert (fast.lr, fast.train_batch_size, fast.minibatch_size, fast.num_epochs, fast.kl_coef) == (
+    minibatch_size = fast.train_batch_size // fast.num_minibatches
+    assert (fast.lr, fast.train_batch_size, minibatch_size, fast.num_epochs, fast.kl_coef) == (
         3e-4, 2048, 64, 10, 0.0,
     )  # fmt: skip
     with pytest.raises(ValueError):

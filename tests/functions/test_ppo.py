@@ -174,11 +174,12 @@ def test_paper_and_fast_presets() -> None:
 
     fast = preset("fast", "ppo", "mujoco")
     assert isinstance(fast, PPOConfig)
-    assert (fast.lr, fast.train_batch_size, fast.minibatch_size, fast.num_epochs) == (3e-4, 2048, 64, 10)
+    minibatch_size = fast.train_batch_size // fast.num_minibatches
+    assert (fast.lr, fast.train_batch_size, minibatch_size, fast.num_epochs) == (3e-4, 2048, 64, 10)
     assert (fast.clip, fast.lam, fast.kl_coef) == (0.2, 0.95, 0.0)
     assert fast.network.hidden == (64, 64) and fast.network.activation == "tanh"
     assert fast.normalize_obs and fast.normalize_reward
-    assert fast.gradients_per_round == 320
+    assert fast.num_epochs * fast.num_minibatches == 320  # learner tasks (gradients) per round
 
 
 def test_config_is_frozen_and_validated() -> None:

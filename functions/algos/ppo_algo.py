@@ -1,0 +1,102 @@
+"""PPO behind the seam: GAE once per round, one shuffled minibatch per task, the adaptive KL coefficient at each
+round boundary (loss math in ``ppo``, ``gae``)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from cache.contract import AggregatorState
+from cache.records import LearnerTask
+from functions.algos.algorithm import Algorithm, Gradient, LearnInputs, reset_round_kl
+from functions.algos.config import PPOConfig
+from functions.algos.gae import gae
+from functions.algos.ppo import adaptive_kl_coef, ppo_loss
+from functions.learn import Batch, as_tensor, flat, gradients, is_weights, loss_stats, minibatch_index
+from functions.policies import ActorCritic
+
+
+@dataclass(frozen=True)
+class PPORound:
+    """A round's samples flattened over time and envs, with GAE advantages and returns (from the actors' values,
+    so the same for every task of the round: computed once per learner instance and round)."""
+
+    obs: Tensor
+    actions: Tensor
+    behaviour_log_probs: Tensor
+    advantages: Tensor
+    returns: Tensor
+    values: Tensor
+
+
+def prepare(batches: Sequence[Batch], cfg: PPOConfig) -> PPORound:
+    parts: dict[str, list[Tensor]] = {k: [] for k in ("obs", "act", "mu", "adv", "ret", "val")}
+    for b in batches:
+        a, r = gae(
+            as_tensor(b["rewards"]),
+            as_tensor(b["values"]),
+            as_tensor(b["last_values"]),
+            as_tensor(b["terminations"]),
+            as_tensor(b["truncations"]),
+            gamma=cfg.gamma,
+            lam=cfg.lam,
+            truncation_values=as_tensor(b["truncation_values"]),
+        )
+        parts["obs"].append(flat(as_tensor(b["observations"])))
+        parts["act"].append(flat(as_tensor(b["actions"])))
+        parts["mu"].append(flat(as_tensor(b["behaviour_log_probs"])))
+        parts["adv"].append(flat(a))
+        parts["ret"].append(flat(r))
+        parts["val"].append(flat(as_tensor(b["values"])))
+    c = {k: torch.cat(v) for k, v in parts.items()}
+    return PPORound(c["obs"], c["act"], c["mu"], c["adv"], c["ret"], c["val"])
+
+
+def gradient(policy: ActorCritic, data: PPORound, task: LearnerTask, cfg: PPOConfig, inputs: LearnInputs) -> Gradient:
+    """PPO gradient of one minibatch of the round (advantages by GAE over each whole batch)."""
+    idx = minibatch_index(len(data.obs), task)
+    o, act, mu = data.obs[idx], data.actions[idx], data.behaviour_log_probs[idx]
+    advantages, returns = data.advantages[idx], data.returns[idx]
+    if cfg.normalize_advantages and len(advantages) > 1:
+        advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+
+    new_logp, entropy, values = policy.evaluate(o, act)
+    stats: dict[str, float] = {}
+    weights = None
+    if cfg.stellaris.truncation:
+        weights, stats = is_weights(new_logp, inputs.others, o, act, mu, cfg.stellaris.rho)
+    log_ratio = new_logp - mu
+    kl = (log_ratio.exp() - 1) - log_ratio  # k3 estimator of KL(μ‖π_θ), per sample
+    terms = ppo_loss(
+        new_logp,
+        mu,
+        advantages,
+        values,
+        returns,
+        entropy,
+        kl,
+        clip=cfg.clip,
+        kl_coef=cfg.kl_coef if inputs.kl_coef is None else inputs.kl_coef,
+        vf_coef=cfg.vf_coef,
+        ent_coef=cfg.ent_coef,
+        is_weights=weights,
+        truncation_form=cfg.stellaris.truncation_form,
+        old_values=data.values[idx] if cfg.vf_clip is not None else None,
+        vf_clip=cfg.vf_clip,
+    )
+    grads = gradients(policy, terms.total, cfg.max_grad_norm)
+    return grads, stats | loss_stats(terms, kl=terms.approx_kl, samples=len(idx))
+
+
+def start_round(state: AggregatorState, cfg: PPOConfig, *, new_round: int, version: int) -> AggregatorState:
+    """Adapt the KL coefficient to the KL the last round's gradients observed (RLlib's rule)."""
+    if cfg.kl_coef > 0 and state.kl_n > 0:
+        coef = cfg.kl_coef if state.kl_coef is None else state.kl_coef
+        state = state.with_(kl_coef=adaptive_kl_coef(coef, state.kl_sum / state.kl_n, target=cfg.kl_target))
+    return reset_round_kl(state, new_round)
+
+
+PPO = Algorithm("ppo", PPOConfig, prepare, gradient, start_round)

@@ -1,0 +1,114 @@
+"""The algorithm seam: one name table covering every config, the round-boundary actions on the aggregator state,
+each algorithm's gradient through the same interface, and observation moments as a field of the gradient record."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+from cache.contract import AggregatorState
+from cache.records import GradientMeta, GradientRecord, LearnerTask, RecordError
+from functions.algos.algorithm import LearnInputs
+from functions.algos.config import CONFIGS, APPOConfig, IMPACTConfig, NetworkConfig, PPOConfig
+from functions.algos.registry import ALGORITHMS, algorithm_of
+from functions.learn import obs_moments
+from functions.policies import build_policy
+
+
+def test_one_table_row_per_config() -> None:
+    assert set(ALGORITHMS) == set(CONFIGS) == {"ppo", "impact", "appo"}
+    for name, algo in ALGORITHMS.items():
+        assert algo.name == name and algo.config is CONFIGS[name]
+        assert algorithm_of(algo.config()) is algo
+    assert ALGORITHMS["impact"].uses_target(IMPACTConfig()) and not ALGORITHMS["ppo"].uses_target(PPOConfig())
+    assert not ALGORITHMS["appo"].uses_target(APPOConfig()) and ALGORITHMS["appo"].uses_target(APPOConfig(kl_coef=1))
+
+
+def test_ppo_adapts_kl_coef_at_a_round_boundary() -> None:
+    cfg = PPOConfig(kl_coef=0.2, kl_target=0.01)
+    state = AggregatorState(round_k=1, kl_sum=0.05, kl_n=1)  # observed 0.05 > 2·target: × 1.5
+    after = algorithm_of(cfg).start_round(state, cfg, new_round=2, version=7)
+    assert after == state.with_(round_k=2, kl_coef=pytest.approx(0.3), kl_sum=0.0, kl_n=0)
+    assert after.target_version is None
+    quiet = algorithm_of(cfg).start_round(after.with_(kl_sum=0.001, kl_n=1), cfg, new_round=3, version=9)
+    assert quiet.kl_coef == pytest.approx(0.15)  # 0.001 < target/2: × 0.5, from the adapted 0.3
+    fixed = PPOConfig(kl_coef=0.0)
+    assert algorithm_of(fixed).start_round(state, fixed, new_round=2, version=7).kl_coef is None
+
+
+@pytest.mark.parametrize("cfg_type", [IMPACTConfig, APPOConfig])
+def test_target_network_refreshed_by_update_frequency(cfg_type: type[IMPACTConfig] | type[APPOConfig]) -> None:
+    every_second = cfg_type(target_update_frequency=2.0)
+    algo = algorithm_of(every_second)
+    state = AggregatorState(round_k=1, kl_sum=1.0, kl_n=2)
+    state = algo.start_round(state, every_second, new_round=2, version=4)
+    assert (state.target_version, state.target_round, state.kl_n) == (4, 2, 0)
+    state = algo.start_round(state, every_second, new_round=3, version=6)
+    assert (state.target_version, state.target_round) == (4, 2)  # one round since: not yet
+    state = algo.start_round(state, every_second, new_round=4, version=8)
+    assert (state.target_version, state.target_round, state.round_k) == (8, 4, 4)
+    # below 1 means every round (`impact.should_update_target`'s max(1, ·))
+    often = cfg_type(target_update_frequency=0.5)
+    state = algo.start_round(AggregatorState(round_k=3, target_round=2), often, new_round=4, version=9)
+    assert (state.target_version, state.target_round) == (9, 4)
+
+
+def _batch(rng: np.random.Generator, steps: int, envs: int) -> dict[str, np.ndarray]:
+    done = rng.random((steps, envs)) < 0.05
+    return {
+        "observations": rng.standard_normal((steps, envs, 4)).astype(np.float32),
+        "actions": rng.integers(0, 2, (steps, envs)),
+        "rewards": np.ones((steps, envs), np.float32),
+        "terminations": done,
+        "truncations": np.zeros((steps, envs), bool),
+        "behaviour_log_probs": np.full((steps, envs), np.log(0.5), np.float32),
+        "values": rng.standard_normal((steps, envs)).astype(np.float32),
+        "last_values": rng.standard_normal(envs).astype(np.float32),
+        "last_observations": rng.standard_normal((envs, 4)).astype(np.float32),
+        "truncation_values": np.zeros((steps, envs), np.float32),
+    }
+
+
+@pytest.mark.parametrize("cfg", [PPOConfig(), IMPACTConfig(kl_coef=1.0), APPOConfig(kl_coef=0.5)])
+def test_every_algorithm_computes_a_gradient_through_the_seam(cfg: PPOConfig | IMPACTConfig | APPOConfig) -> None:
+    torch.manual_seed(0)
+    obs_space, act_space = gym.spaces.Box(-5, 5, (4,)), gym.spaces.Discrete(2)
+    make = lambda: build_policy(obs_space, act_space, hidden=(8,), kind=NetworkConfig().kind)  # noqa: E731
+    policy, other, target = make(), make(), make()
+    rng = np.random.default_rng(0)
+    algo = algorithm_of(cfg)
+    data = algo.prepare([_batch(rng, 16, 2), _batch(rng, 16, 3)], cfg)
+    task = LearnerTask(round=1, batch_ids=("a", "b"), epoch=0, minibatch=1, num_minibatches=4)
+    grads, stats = algo.gradient(policy, data, task, cfg, LearnInputs(others=[other], target=target))
+    assert set(grads) == {name for name, _ in policy.named_parameters()}
+    assert all(torch.isfinite(g).all() for g in grads.values())
+    assert stats["other_policies"] == 1.0 and 0.0 <= stats["truncated_fraction"] <= 1.0
+    assert stats["samples"] == (80 / 4 if cfg.algo == "ppo" else 4 * 5)  # shuffled minibatch, or a time chunk
+
+
+def _roundtrip(record: GradientRecord) -> GradientRecord:
+    """Through the wire format as a stream entry carries it (field/value pairs, as bytes)."""
+    flat = [bytes(x) for x in record.fields()]
+    return GradientRecord.from_fields(dict(zip(flat[::2], flat[1::2], strict=True)))
+
+
+def test_obs_moments_travel_as_a_field_of_the_gradient_record() -> None:
+    policy = build_policy(gym.spaces.Box(-5, 5, (3,)), gym.spaces.Discrete(2), hidden=(8,), normalize_obs=True)
+    obs = np.arange(24, dtype=np.float32).reshape(4, 2, 3)
+    moments = obs_moments(policy, [{"observations": obs}])
+    assert moments.count == 8.0
+    np.testing.assert_allclose(moments.mean.numpy(), obs.reshape(8, 3).mean(0))
+    meta = GradientMeta("l1", 3, "1-0", 2, {"loss": 0.5})
+    record = GradientRecord(meta, {"w": torch.ones(2)}, moments)
+    back = _roundtrip(record)
+    assert set(back.tensors) == {"w"} and back.obs_moments is not None and back.obs_moments.count == 8.0
+    torch.testing.assert_close(back.obs_moments.var, moments.var)
+    plain = GradientRecord(meta, {"w": torch.ones(2)})
+    assert (
+        GradientRecord.from_fields(dict(zip(plain.fields()[::2], plain.fields()[1::2], strict=True))).obs_moments
+        is None
+    )
+    with pytest.raises(RecordError, match="reserved"):
+        GradientRecord(meta, {"obs_moments/mean": torch.ones(2)})
