@@ -103,7 +103,7 @@ def measure(cache: Cache, env_id: str = "Hopper-v5", batches: int = 1, repeats: 
             return steps / elapsed.wall_s, steps / elapsed.cpu_s
 
         platform_rate()  # warm: env vector and policy built, like a warm instance
-        state = instance.memo[f"actor:{job_id}:actor-0"]
+        state = instance.memo.actors[(job_id, "actor-0")]
         plat, bare = [], []
         for _ in range(repeats):  # A B A B in short pairs, so drift in machine load hits both alike
             plat.append(platform_rate())

@@ -14,7 +14,8 @@ from torch import Tensor
 from cache.records import LearnerTask as Task
 from cache.records import ObsMoments
 from functions.algos.truncation import truncated_is_weight, truncation_stats
-from functions.policies import ActorCritic, batch_moments
+from functions.normalizers import batch_moments
+from functions.policies import ActorCritic
 
 Batch = Mapping[str, np.ndarray]
 

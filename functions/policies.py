@@ -25,7 +25,6 @@ from torch.distributions import Categorical, Distribution, Independent, Normal
 
 from functions.networks import Activation, FlattenObs, OneHotObs, ScaleImage, atari_trunk, init_layer, mlp
 from functions.normalizers import RunningNormalizer
-from functions.normalizers import batch_moments as batch_moments  # re-exported for the code importing it from here
 from functions.sampler import Sampler
 
 PolicyKind = Literal["auto", "mlp", "atari"]

@@ -16,7 +16,9 @@ from typing import Annotated, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
 
-from functions.algos.staleness import AggregationRule, Rule, Schedule
+from cache.contract.knobs import StellarisKnobs, rule_field
+from functions.algos.staleness import AggregationRule, Rule
+from functions.algos.staleness_equations import Schedule
 
 EnvKind = Literal["mujoco", "atari"]
 PresetName = Literal["paper", "fast"]
@@ -38,7 +40,7 @@ class NetworkConfig(_Frozen):
     activation: Literal["tanh", "relu"] = "tanh"
 
 
-class StellarisConfig(_Frozen):
+class StellarisConfig(StellarisKnobs, _Frozen):
     """The Stellaris mechanisms (SPEC.md §5): aggregation rule (d, v, K, s), truncation (ρ) and β's schedule.
 
     ``schedule`` picks how β_k = δ_max·d^k (paper Eq. 3) follows the run (``staleness.Schedule``);
@@ -46,14 +48,8 @@ class StellarisConfig(_Frozen):
     ``beta_floor`` is the least β the floor schedules admit (capped at δ_max).
     """
 
-    rule: Rule = Rule.STELLARIS
-    d: UnitInterval = 0.96
-    v: PositiveFloat = 3.0
-    rho: PositiveFloat = 1.0
-    truncation: bool = True
+    rule: Rule = rule_field()  # d, v, rho, truncation, softsync_k, ssp_bound: declared in cache.contract.knobs
     truncation_form: Literal["surrogate", "weighted"] = "surrogate"  # PPO only: see ppo.clipped_surrogate
-    softsync_k: PositiveInt = 4
-    ssp_bound: Annotated[int, Field(ge=0)] = 2
     schedule: Schedule = Schedule.PAPER
     horizon_rounds: PositiveInt | None = None
     beta_floor: NonNegativeFloat = 1.0

@@ -14,8 +14,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
-# aggregate, optimizer_step_gradients and staleness_threshold are re-exported for the code that imports them from
-# this module; the others are used here.
 from functions.algos.staleness_equations import (
     Schedule,
     calibrate_delta_max,
@@ -23,9 +21,6 @@ from functions.algos.staleness_equations import (
     staleness_bound,
     staleness_scale,
 )
-from functions.algos.staleness_equations import aggregate as aggregate
-from functions.algos.staleness_equations import optimizer_step_gradients as optimizer_step_gradients
-from functions.algos.staleness_equations import staleness_threshold as staleness_threshold
 
 
 class Rule(StrEnum):

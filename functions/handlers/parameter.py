@@ -31,8 +31,8 @@ from functions.algos.staleness import (
     decide,
     gradient_scales,
     observe,
-    optimizer_step_gradients,
 )
+from functions.algos.staleness_equations import optimizer_step_gradients
 from functions.context import Context, WarmModel
 from functions.faults import fault_point
 from functions.handlers import Stopwatch, job_id_of

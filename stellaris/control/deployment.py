@@ -24,6 +24,8 @@ from stellaris.control.rounds import Call, Role
 
 PREWARM_WAIT_S = 120.0
 REDIS_WATCH_S = 1.0  # how often the control plane pings Redis, so that it sees a restart (and re-grants) at once
+# The job's functions run as processes beside the gateway whatever its default backend (containers: issue 13).
+BACKEND = "process"
 ROLES: tuple[Role, ...] = ("actor", "learner", "parameter")
 
 
@@ -67,8 +69,9 @@ class Deployment:
     def register_parameter(self, env: dict[str, str]) -> None:
         self.register(
             FunctionSpec(
-                name=self.names["parameter"], target="functions.handlers.parameter:handle", timeout_s=3600,
-                max_concurrency=1, max_instances=1, queue_max=4, min_warm=1, env=env, pricing=LEARNER_PRICING,
+                name=self.names["parameter"], target="functions.handlers.parameter:handle", backend=BACKEND,
+                timeout_s=3600, max_concurrency=1, max_instances=1, queue_max=4, min_warm=1, env=env,
+                pricing=LEARNER_PRICING,
             )
         )  # fmt: skip
 
@@ -77,7 +80,7 @@ class Deployment:
         pricing: Pricing = ACTOR_PRICING if role == "actor" else LEARNER_PRICING
         self.register(
             FunctionSpec(
-                name=self.names[role], target=f"functions.handlers.{role}:handle", timeout_s=3600,
+                name=self.names[role], target=f"functions.handlers.{role}:handle", backend=BACKEND, timeout_s=3600,
                 max_concurrency=size, max_instances=size, queue_max=size, env=env, pricing=pricing,
             )
         )  # fmt: skip

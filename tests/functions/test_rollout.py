@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from functions.envs import make_vector_env
-from functions.policies import ActorCritic, Sampler, build_policy
+from functions.policies import ActorCritic, build_policy
 from functions.rollout import (
     ClippedRewards,
     EpisodeTracker,
@@ -22,6 +22,7 @@ from functions.rollout import (
     _stepper,
     collect,
 )
+from functions.sampler import Sampler
 
 
 def _tracker_step(tracker: EpisodeTracker, rewards: np.ndarray, done: np.ndarray) -> None:

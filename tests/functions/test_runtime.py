@@ -307,7 +307,7 @@ def test_runtime_embedded_in_a_thread_stops_on_request() -> None:
         port = ports.get(timeout=START_TIMEOUT_S)
         response = httpx.post(f"http://127.0.0.1:{port}/invoke", json={}, timeout=HTTP_TIMEOUT_S)
         assert response.json()["calls"] == 1
-        assert runtime.instance.memo == {"calls": 1}
+        assert runtime.instance.invocations == 1
     finally:
         runtime.stop()
         thread.join(timeout=HTTP_TIMEOUT_S)

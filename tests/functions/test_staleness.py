@@ -472,3 +472,9 @@ def test_optimizer_step_gradients_one_mean_or_one_step_each() -> None:
     assert [g["w"].tolist() for g in each] == [[2.0], [1.0]]
     with pytest.raises(ValueError, match="optimizer_steps"):
         optimizer_step_gradients(grads, [1.0, 0.25], "some")
+
+
+def test_the_rules_are_the_names_the_knobs_declare() -> None:
+    from cache.contract.knobs import RULE_NAMES
+
+    assert [r.value for r in Rule] == list(RULE_NAMES)
