@@ -5,7 +5,7 @@ read by string key anywhere else."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal, Self
 
 import msgpack
@@ -62,6 +62,17 @@ class LearnerResult(_Timed):
     loss_sum: float = 0.0
     truncated_sum: float = 0.0
     truncated_n: int = 0
+
+    def with_gradient(self, stats: Mapping[str, float]) -> LearnerResult:
+        """Counted: one stored gradient with its statistics (`loss`; `truncated_fraction` where it has one)."""
+        truncated = "truncated_fraction" in stats
+        return replace(
+            self,
+            gradients=self.gradients + 1,
+            loss_sum=self.loss_sum + float(stats.get("loss", 0.0)),
+            truncated_sum=self.truncated_sum + float(stats.get("truncated_fraction", 0.0)),
+            truncated_n=self.truncated_n + truncated,
+        )
 
 
 @dataclass(frozen=True)
@@ -130,6 +141,15 @@ class AppliedRow:
     round: int
     threshold: float | None
     gradients: list[AppliedGradient]
+
+    def to_fields(self) -> dict[str, Any]:
+        """The applied log entry's fields but `version`, which the publish script adds with the version it made."""
+        return {
+            "decision": self.decision,
+            "round": self.round,
+            "threshold": "" if self.threshold is None else self.threshold,
+            "gradients": msgpack.packb([g.to_list() for g in self.gradients]),
+        }
 
     @classmethod
     def from_fields(cls, raw: Mapping[bytes, bytes]) -> Self:

@@ -5,10 +5,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
 from torch import Tensor
 
-from functions.algos.ppo import TruncationForm, clipped_surrogate
+from functions.algos.ppo import TruncationForm, ppo_loss
 from functions.algos.vtrace import vtrace
 
 
@@ -77,29 +76,20 @@ def appo_loss(
     advantages = pg_advantages
     if normalize_advantages and advantages.numel() > 1:
         advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
-    ratio = torch.exp(new_log_probs - behaviour_log_probs)
-    surrogate = clipped_surrogate(ratio, advantages, clip=clip, is_weights=is_weights, form=truncation_form)
-    policy_loss = -surrogate.mean()
-    value_loss = 0.5 * ((values - vs) ** 2).mean()
-    if kl is None:
-        if kl_coef != 0.0:
-            raise ValueError("kl is required when kl_coef is non-zero")
-        kl_penalty = torch.zeros((), dtype=policy_loss.dtype, device=policy_loss.device)
-    else:
-        kl_penalty = kl_coef * kl.mean()
-    mean_entropy = entropy.mean()
-    total = policy_loss + vf_coef * value_loss + kl_penalty - ent_coef * mean_entropy
-    with torch.no_grad():
-        clip_fraction = ((ratio - 1.0).abs() > clip).float().mean()
-        approx_kl = ((ratio - 1.0) - torch.log(ratio)).mean()
-    return APPOLossTerms(
-        policy_loss=policy_loss,
-        value_loss=value_loss,
-        kl_penalty=kl_penalty,
-        entropy=mean_entropy,
-        total=total,
-        clip_fraction=clip_fraction,
-        approx_kl=approx_kl,
-        vs=vs,
-        pg_advantages=pg_advantages,
+    # From here on it is PPO's loss with V-trace's targets: surrogate, ½·mean((V − v_s)²), KL, entropy.
+    terms = ppo_loss(
+        new_log_probs,
+        behaviour_log_probs,
+        advantages,
+        values,
+        vs,
+        entropy,
+        kl,
+        clip=clip,
+        kl_coef=kl_coef,
+        vf_coef=vf_coef,
+        ent_coef=ent_coef,
+        is_weights=is_weights,
+        truncation_form=truncation_form,
     )
+    return APPOLossTerms(**vars(terms), vs=vs, pg_advantages=pg_advantages)

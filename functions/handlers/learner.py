@@ -7,7 +7,7 @@ can take over the task of a learner that died (after that learner's lease ran ou
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import replace
 from typing import Any
 
 from cache import Claim, CodecError, GradientMeta, GradientRecord, JobCache, LearnerTask, RecordError, VersionNotFound
@@ -88,28 +88,6 @@ def task_gradient(
     return GradientRecord(meta, grads, moments)
 
 
-@dataclass
-class _Tally:
-    """The invocation's counts, summed as gradients are stored (`LearnerResult`'s fields)."""
-
-    gradients: int = 0
-    lost: int = 0
-    dead_lettered: int = 0
-    loss_sum: float = 0.0
-    truncated_sum: float = 0.0
-    truncated_n: int = 0
-
-    def count(self, claim: Claim, record: GradientRecord) -> None:
-        if claim.lost:
-            self.lost += 1  # our lease ran out and the task was taken over: its other holder stores it
-            return
-        self.gradients += 1
-        self.loss_sum += float(record.meta.stats.get("loss", 0.0))
-        if "truncated_fraction" in record.meta.stats:
-            self.truncated_sum += float(record.meta.stats["truncated_fraction"])
-            self.truncated_n += 1
-
-
 def handle(event: dict[str, Any], ctx: Context) -> dict[str, Any]:
     job = ctx.job(job_id_of(event))
     spec = spec_of(ctx, job)
@@ -121,7 +99,7 @@ def handle(event: dict[str, Any], ctx: Context) -> dict[str, Any]:
     board = job.board
     trips0 = ctx.instance.cache.round_trips
     compute, waited = Stopwatch(), Stopwatch()
-    tally = _Tally()
+    out = LearnerResult()
     finished: tuple[str, GradientRecord] | None = None  # stored together with the next claim: one round trip
     held: int | None = None
     with board.leased(learner_id):
@@ -130,9 +108,10 @@ def handle(event: dict[str, Any], ctx: Context) -> dict[str, Any]:
                 learner_id, held_version=held, finished=finished, timeout_s=job.limits.backpressure_timeout_s
             )
             if finished is not None:
-                tally.count(claim, finished[1])
+                # Lost: our lease ran out and the task was taken over; its other holder stores it.
+                out = replace(out, lost=out.lost + 1) if claim.lost else out.with_gradient(finished[1].meta.stats)
                 finished = None
-            tally.dead_lettered += claim.dead_lettered
+            out = replace(out, dead_lettered=out.dead_lettered + claim.dead_lettered)
             if claim.task is None:
                 if claim.closed_round >= round_k and claim.outstanding == 0:
                     break
@@ -151,15 +130,16 @@ def handle(event: dict[str, Any], ctx: Context) -> dict[str, Any]:
             except (CodecError, RecordError, BatchGone) as exc:
                 # Poison: it would fail the same way on every attempt. Give up on it now, visibly.
                 ctx.log.warning("dead-lettering task %s: %s", task_id, exc)
-                tally.dead_lettered += int(board.dead_letter(learner_id, task_id, f"{type(exc).__name__}: {exc}"))
+                gone = board.dead_letter(learner_id, task_id, f"{type(exc).__name__}: {exc}")
+                out = replace(out, dead_lettered=out.dead_lettered + int(gone))
                 continue
             held = claim.version
             fault_point("learner:before_complete")
             finished = (task_id, record)
-    return LearnerResult(
+    return replace(
+        out,
         status="done" if time.monotonic() < deadline else "timeout",
         compute_s=compute.seconds,
         wait_s=waited.seconds,
         redis_round_trips=ctx.instance.cache.round_trips - trips0,
-        **asdict(tally),
     ).to_dict()

@@ -15,10 +15,8 @@ import time
 from collections import deque
 from typing import Any, Literal
 
-import msgpack
-
 from cache import CodecError, FencingError, GradientMeta, GradientRecord, JobCache, LeaseUnavailable, RecordError
-from cache.contract import AggregatorState, DecisionRow, ParameterResult
+from cache.contract import AggregatorState, AppliedGradient, AppliedRow, DecisionRow, ParameterResult
 from cache.policy_store import UpdateLease
 from cache.streams import Entry
 from functions.algos.registry import algorithm_of
@@ -187,16 +185,16 @@ class _Server:
             kl_sum=self.state.kl_sum + sum(kls),
             kl_n=self.state.kl_n + len(kls),
         )
-        gradients = [
-            [gid, m.task_id, m.round, m.base_version, delta]
-            for (gid, m), delta in zip(used, record.stalenesses, strict=False)
-        ]
-        applied = {
-            "decision": record.decision.value,
-            "round": record.round_k,
-            "threshold": "" if record.threshold is None else record.threshold,
-            "gradients": msgpack.packb(gradients),
-        }
+        applied = AppliedRow(
+            version=model.version + 1,
+            decision=record.decision.value,
+            round=record.round_k,
+            threshold=record.threshold,
+            gradients=[
+                AppliedGradient(gid, m.task_id, m.round, m.base_version, delta)
+                for (gid, m), delta in zip(used, record.stalenesses, strict=False)
+            ],
+        )
         # The optimizer state (twice the weights for Adam) goes with every N-th publish and at the end of the
         # invocation, not with each: a replacement after a crash resumes with weights exact and moments up to N-1
         # updates old; a warm instance keeps its own in memory.
@@ -210,7 +208,7 @@ class _Server:
             optimizer_state=optimizer_to_bytes(model.optimizer) if save else b"",
             gradient_ids=ids,
             aggregator=after.to_fields(),
-            record=applied,
+            record=applied.to_fields(),
             applied_maxlen=self.job.limits.applied_maxlen,
         )
         fault_point("parameter:after_publish")
