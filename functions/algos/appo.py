@@ -7,21 +7,14 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
-from functions.algos.ppo import TruncationForm, ppo_loss
+from functions.algos.ppo import PPOLossTerms, TruncationForm, ppo_loss
 from functions.algos.vtrace import vtrace
 
 
 @dataclass(frozen=True)
-class APPOLossTerms:
-    """Named APPO loss terms; ``total`` is the one to differentiate. Diagnostics carry no gradient."""
+class APPOLossTerms(PPOLossTerms):
+    """PPO's named terms plus V-trace's value targets v_s and policy-gradient advantages (diagnostics)."""
 
-    policy_loss: Tensor
-    value_loss: Tensor
-    kl_penalty: Tensor
-    entropy: Tensor
-    total: Tensor
-    clip_fraction: Tensor
-    approx_kl: Tensor
     vs: Tensor
     pg_advantages: Tensor
 

@@ -112,37 +112,38 @@ class PPOConfig(_AlgoConfig):
     normalize_advantages: bool = True
 
 
-class IMPACTConfig(_AlgoConfig):
-    """IMPACT: V-trace (ρ̄, c̄), target network, clipped surrogate w.r.t. it, KL, entropy (Table III)."""
+class _VTraceConfig(_AlgoConfig):
+    """Fields of the V-trace algorithms: truncation levels ρ̄, c̄, the target network's refresh period in rounds,
+    and the gradient-norm clip (RLlib's 40)."""
 
-    algo: Literal["impact"] = "impact"
     lr: PositiveFloat = 5e-4
-    num_epochs: PositiveInt = 1
-    clip: PositiveFloat = 0.4
-    kl_coef: NonNegativeFloat = 1.0
-    ent_coef: NonNegativeFloat = 0.01
     max_grad_norm: PositiveFloat | None = 40.0
     rho_bar: PositiveFloat = 1.0
     c_bar: PositiveFloat = 1.0
     target_update_frequency: PositiveFloat = 1.0
 
 
-class APPOConfig(_AlgoConfig):
+class IMPACTConfig(_VTraceConfig):
+    """IMPACT: V-trace (ρ̄, c̄), target network, clipped surrogate w.r.t. it, KL, entropy (Table III)."""
+
+    algo: Literal["impact"] = "impact"
+    num_epochs: PositiveInt = 1
+    clip: PositiveFloat = 0.4
+    kl_coef: NonNegativeFloat = 1.0
+    ent_coef: NonNegativeFloat = 0.01
+
+
+class APPOConfig(_VTraceConfig):
     """APPO (asynchronous PPO, as in Sample Factory and RLlib): V-trace (ρ̄, c̄) targets and advantages w.r.t. the
     learner policy, PPO's clipped surrogate on π_θ/μ, an optional KL to a target network (``kl_coef`` > 0, refreshed
     every ``target_update_frequency`` rounds as IMPACT's), entropy and value loss (``appo.appo_loss``)."""
 
     algo: Literal["appo"] = "appo"
-    lr: PositiveFloat = 5e-4
     num_epochs: PositiveInt = 2
     clip: PositiveFloat = 0.2
     kl_coef: NonNegativeFloat = 0.0
     ent_coef: NonNegativeFloat = 0.01
     vf_coef: NonNegativeFloat = 0.5
-    max_grad_norm: PositiveFloat | None = 40.0
-    rho_bar: PositiveFloat = 1.0
-    c_bar: PositiveFloat = 1.0
-    target_update_frequency: PositiveFloat = 1.0
     normalize_advantages: bool = True
 
 
