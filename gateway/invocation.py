@@ -29,6 +29,7 @@ class Outcome:
     init_s: float | None
     wait_s: float
     duration_s: float
+    container_id: str | None = None  # the instance's container (docker backend)
 
 
 @dataclass

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import re
 from enum import StrEnum
 from typing import Any, Literal, get_args
@@ -15,7 +16,10 @@ BACKENDS: tuple[str, ...] = get_args(BackendName)
 # The metering part of the activation record rides on the synchronous answer in this header, so a caller that
 # accounts for cost (the control plane) needs no second request per call.
 METER_HEADER = "X-Activation-Meter"
-METER_FIELDS = {"start", "end", "cold", "init_s", "wait_s", "duration_s", "instance", "resource_seconds", "cost_usd"}
+METER_FIELDS = {
+    *("start", "end", "cold", "init_s", "wait_s", "duration_s"),
+    *("instance", "container_id", "image", "resource_seconds", "cost_usd"),
+}
 
 
 class Resources(BaseModel):
@@ -94,6 +98,11 @@ class FunctionSpec(BaseModel):
             raise ValueError(f"min_warm {self.min_warm} exceeds max_instances {self.max_instances}")
         return self
 
+    def digest(self) -> str:
+        """A short fingerprint of the whole spec: an instance found again after a restart is adopted only by the
+        same function with the same spec (a container of a replaced spec is stopped, not reused)."""
+        return hashlib.sha256(self.model_dump_json().encode()).hexdigest()[:16]
+
 
 class Status(StrEnum):
     QUEUED = "queued"
@@ -118,7 +127,9 @@ class Activation(BaseModel):
     wait_s: float = 0.0
     init_s: float | None = Field(default=None, description="instance start time, cold starts only")
     duration_s: float | None = Field(default=None, description="handler time on the instance")
-    instance: str | None = None
+    instance: str | None = Field(default=None, description="the instance that ran it (its id in the pool)")
+    container_id: str | None = Field(default=None, description="the container that ran it (docker backend)")
+    image: str | None = Field(default=None, description="the image of that container (the function's spec's)")
     cold: bool | None = None
     resource_seconds: float = 0.0
     cost_usd: float = 0.0

@@ -121,7 +121,7 @@ class FunctionPool:
         self, live: Live, event: dict[str, Any], call_id: str, *, cold: bool, init_s: float | None, wait_s: float
     ) -> Outcome:
         started = time.monotonic()
-        outcome = Outcome(None, live.handle.id, cold, init_s, wait_s, 0.0)
+        outcome = Outcome(None, live.handle.id, cold, init_s, wait_s, 0.0, live.handle.container_id)
         timeout_s = self.spec.timeout_s + ANSWER_MARGIN_S
         try:
             answer = await post_event(self.http, live.handle.url, event, call_id=call_id, timeout_s=timeout_s)
@@ -220,14 +220,23 @@ class FunctionPool:
             "init_estimate_s": self.init_estimate_s,
         }
 
-    def adopt(self, handles: list[InstanceHandle]) -> None:
-        """Take over instances found again after a gateway restart."""
+    def adopt(self, handles: list[InstanceHandle]) -> list[InstanceHandle]:
+        """Take over instances found again after a gateway restart: only this function's, started on this backend
+        for this very spec, up to max_instances. Returns the ones it refused, for the caller to stop."""
+        digest = self.spec.digest()
+        refused = []
         for handle in handles:
-            if handle.id not in self.instances and len(self.instances) < self.spec.max_instances:
-                live = Live(handle)
-                self.instances[handle.id] = live
-                self._schedule_expiry(live)
+            if handle.id in self.instances:
+                continue
+            ours = (handle.function, handle.backend, handle.spec_digest) == (self.spec.name, self.backend.name, digest)
+            if not ours or len(self.instances) >= self.spec.max_instances:
+                refused.append(handle)
+                continue
+            live = Live(handle)
+            self.instances[handle.id] = live
+            self._schedule_expiry(live)
         self._gauges()
+        return refused
 
     async def close(self, *, stop_instances: bool = True) -> None:
         self._closed = True

@@ -18,6 +18,7 @@ from cache.retry import AsyncReconnectRetry
 from gateway.activations import ActivationStore
 from gateway.backends.base import Backend
 from gateway.backends.process import ProcessBackend
+from gateway.discovery import Survivors, discover, sort_survivors
 from gateway.invocation import InvocationFailed, Outcome
 from gateway.limits import check_registration
 from gateway.metering import Metrics, charge
@@ -57,9 +58,25 @@ class Gateway:
         self.http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=None))
         self._backends.setdefault("process", ProcessBackend(redis_url=self.cache.url))
         for spec in await self.registry.all():
-            pool = self._new_pool(spec)
-            pool.adopt(await asyncio.to_thread(pool.backend.discover))
+            self._new_pool(spec)
+        await self.adopt_survivors()
+        for pool in list(self.pools.values()):
             self.spawn(pool.ensure_min_warm())
+
+    async def adopt_survivors(self) -> Survivors:
+        """Each instance that outlived the last gateway run goes to its own function's pool (gateway/discovery.py),
+        on the backends that registered functions use; the ones no pool takes are stopped in the background."""
+        used = {pool.backend.name for pool in self.pools.values()}
+        backends = {name: b for name, b in self._backends.items() if name in used}
+        found = await discover(backends)
+        if not found:
+            return Survivors()
+        registered = {spec.name for spec in await self.registry.all()}  # read after discovery: see sort_survivors
+        survivors = sort_survivors(found, self.pools, registered)
+        for handle in survivors.stopped:
+            backend = self._backends[handle.backend]
+            self.spawn(asyncio.to_thread(backend.stop, handle, timeout_s=self.settings.stop_timeout_s))
+        return survivors
 
     async def stop(self) -> None:
         await self.activations.drain()
@@ -81,6 +98,7 @@ class Gateway:
 
             st = self.settings
             self._backends[name] = DockerBackend(
+                namespace=st.namespace,
                 redis_url=self.cache.url if self.cache else None,
                 python=st.docker_python,
                 volumes=st.docker_volumes or None,
@@ -180,6 +198,8 @@ class Gateway:
         act.end, act.status_code = time.time(), code
         if outcome is not None:
             act.instance, act.cold, act.init_s = outcome.instance, outcome.cold, outcome.init_s
+            if outcome.container_id is not None:
+                act.container_id, act.image = outcome.container_id, pool.spec.image
             act.wait_s, act.duration_s = outcome.wait_s, outcome.duration_s
             act.resource_seconds, act.cost_usd = charge(outcome.duration_s, pool.spec.pricing)
             self.metrics.wait_seconds.labels(name).observe(outcome.wait_s)

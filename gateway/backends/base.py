@@ -10,6 +10,8 @@ from gateway.models import FunctionSpec
 LABEL_APP = "io.stellaris.app"
 LABEL_FUNCTION = "io.stellaris.function"
 LABEL_GATEWAY = "io.stellaris.gateway"
+LABEL_NAMESPACE = "io.stellaris.namespace"  # the gateway's registry namespace
+LABEL_SPEC = "io.stellaris.spec"  # FunctionSpec.digest() of the spec the instance was started for
 
 
 class BackendError(RuntimeError):
@@ -27,6 +29,7 @@ class InstanceHandle:
     pid: int | None = None  # process backend
     container_id: str | None = None  # docker backend
     init_s: float = 0.0  # time from start request to READY
+    spec_digest: str | None = None  # FunctionSpec.digest() of the spec it was started for
     labels: dict[str, str] = field(default_factory=dict)
 
 
@@ -50,5 +53,6 @@ class Backend(Protocol):
         ...
 
     def discover(self) -> list[InstanceHandle]:
-        """Instances of this gateway that survived a gateway restart (docker: by label; process: none)."""
+        """Instances of this gateway that survived a gateway restart (docker: by label; process: none), of every
+        function: the gateway hands each to its own function's pool (gateway/discovery.py)."""
         ...

@@ -36,9 +36,8 @@ from docker.client import DockerClient
 from docker.errors import APIError, DockerException, ImageNotFound, NotFound
 from docker.models.containers import Container
 
-from gateway.backends.base import LABEL_APP, LABEL_FUNCTION, LABEL_GATEWAY, BackendError, InstanceHandle
+from gateway.backends.base import LABEL_FUNCTION, LABEL_SPEC, BackendError, InstanceHandle
 from gateway.backends.docker_config import (
-    APP,
     CONTAINER_PORT,
     LABEL_INSTANCE,
     LABEL_PORT,
@@ -61,8 +60,10 @@ class DockerBackend:
     """Instances as containers. Only `start` waits; every wait is bounded by `ready_timeout_s`.
 
     gateway_id labels this gateway's containers so that a restarted gateway finds them again (discover); default
-    $STELLARIS_GATEWAY_ID, else the host name. base_url is the engine (default $DOCKER_HOST, else the local
-    socket); client replaces both. redis_url is passed to every instance as REDIS_URL (a spec's own env wins).
+    $STELLARIS_GATEWAY_ID, else the host name; namespace (the gateway's registry namespace) narrows that to one
+    namespace's containers, so that gateways of several namespaces on one host never take each other's. base_url
+    is the engine (default $DOCKER_HOST, else the local socket); client replaces both. redis_url is passed to
+    every instance as REDIS_URL (a spec's own env wins).
     network: None (bridge, published on publish_ip), "host", or a network name (default $STELLARIS_DOCKER_NETWORK).
     python, volumes (host path -> container path, mounted read-only) and working_dir run a bare image on the
     host's interpreter (entrypoint `<python> -m functions.runtime`, healthcheck with that python); entrypoint
@@ -75,6 +76,7 @@ class DockerBackend:
         self,
         *,
         gateway_id: str | None = None,
+        namespace: str | None = None,
         redis_url: str | None = None,
         base_url: str | None = None,
         client: DockerClient | None = None,
@@ -91,6 +93,7 @@ class DockerBackend:
     ) -> None:
         self.template = ContainerTemplate(
             gateway_id=gateway_id or os.environ.get(GATEWAY_ID_ENV) or socket.gethostname(),
+            namespace=namespace,
             network=network if network is not None else os.environ.get(NETWORK_ENV) or None,
             publish_ip=publish_ip,
             redis_url=redis_url,
@@ -222,8 +225,9 @@ class DockerBackend:
                     raise
 
     def discover(self) -> list[InstanceHandle]:
-        """Running containers of this gateway, as handles; exited ones are removed."""
-        filters = {"label": [f"{LABEL_APP}={APP}", f"{LABEL_GATEWAY}={self.gateway_id}"]}
+        """Running containers of this gateway (and namespace), of every function, as handles; exited ones are
+        removed. Each handle names its function and spec digest, from the container's labels."""
+        filters = self.template.discovery_filters()
         handles = []
         with self._engine_errors(f"discover the instances of gateway {self.gateway_id!r}"):
             for container in self.client.containers.list(all=True, filters=filters):
@@ -249,6 +253,7 @@ class DockerBackend:
             backend=self.name,
             container_id=container.id,
             init_s=init_s,
+            spec_digest=labels.get(LABEL_SPEC),
             labels={k: v for k, v in labels.items() if k in OWN_LABELS},
         )
 

@@ -13,12 +13,13 @@ from typing import Any
 from docker.types import DeviceRequest
 
 from cache.contract.runtime_http import HEALTH_PATH, RUNTIME_MODULE, runtime_argv
-from gateway.backends.base import LABEL_APP, LABEL_FUNCTION, LABEL_GATEWAY, BackendError
+from gateway.backends.base import LABEL_APP, LABEL_FUNCTION, LABEL_GATEWAY, LABEL_NAMESPACE, LABEL_SPEC, BackendError
 from gateway.models import FunctionSpec
 
 LABEL_INSTANCE = "io.stellaris.instance"
 LABEL_PORT = "io.stellaris.port"  # the port the runtime listens on inside the container
-OWN_LABELS = (LABEL_APP, LABEL_FUNCTION, LABEL_GATEWAY, LABEL_INSTANCE, LABEL_PORT)
+OWN_LABELS = (LABEL_APP, LABEL_FUNCTION, LABEL_GATEWAY, LABEL_NAMESPACE, LABEL_INSTANCE, LABEL_PORT, LABEL_SPEC)
+INSTANCE_ENV = "STELLARIS_INSTANCE_ID"  # the instance's id, as the process backend sets it
 APP = "stellaris"
 CONTAINER_PORT = 8080  # docker/entrypoint-function.sh's default $STELLARIS_PORT
 ALL_INTERFACES = "0.0.0.0"  # inside a container: reached through the container's own network
@@ -36,6 +37,7 @@ class ContainerTemplate:
     image on the host's interpreter; entrypoint overrides the image's otherwise; extra_env goes to every instance."""
 
     gateway_id: str
+    namespace: str | None
     network: str | None
     publish_ip: str
     redis_url: str | None
@@ -58,9 +60,18 @@ class ContainerTemplate:
             LABEL_APP: APP,
             LABEL_FUNCTION: spec.name,
             LABEL_GATEWAY: self.gateway_id,
+            **({LABEL_NAMESPACE: self.namespace} if self.namespace is not None else {}),
             LABEL_INSTANCE: instance_id,
             LABEL_PORT: str(port),
+            LABEL_SPEC: spec.digest(),
         }
+
+    def discovery_filters(self) -> dict[str, list[str]]:
+        """The engine's filter for this gateway's containers (and namespace's, when it has one)."""
+        labels = [f"{LABEL_APP}={APP}", f"{LABEL_GATEWAY}={self.gateway_id}"]
+        if self.namespace is not None:
+            labels.append(f"{LABEL_NAMESPACE}={self.namespace}")
+        return {"label": labels}
 
     def config(self, spec: FunctionSpec, *, instance_id: str, port: int = CONTAINER_PORT) -> dict[str, Any]:
         """The keyword arguments of `containers.create` for one instance."""
@@ -76,6 +87,7 @@ class ContainerTemplate:
             timeout_s=spec.timeout_s,
         )
         env = {**self.extra_env, **({"REDIS_URL": self.redis_url} if self.redis_url else {}), **spec.env}
+        env[INSTANCE_ENV] = instance_id
         env.setdefault("PYTHONUNBUFFERED", "1")
         probe_timeout_s = max(1, math.ceil(self.health_interval_s / 2))
         probe = HEALTH_PROBE.format(port=port, timeout=probe_timeout_s)

@@ -94,6 +94,7 @@ class ProcessBackend:
             backend=self.name,
             pid=proc.pid,
             init_s=time.monotonic() - started,
+            spec_digest=spec.digest(),
         )
 
     def _wait_ready(self, proc: subprocess.Popen[bytes], spec: FunctionSpec) -> int:

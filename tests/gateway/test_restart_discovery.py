@@ -1,0 +1,199 @@
+"""A gateway killed with SIGKILL (a real process, by its PID) and started again: every function's calls are
+answered by that function's own instances. Three functions whose handlers answer differently
+(tests/gateway/identity_handlers.py), with different numbers of warm instances.
+
+- process backend: the instances die with the gateway (PR_SET_PDEATHSIG); the new gateway starts each function's
+  own instances again.
+- docker backend: the containers outlive it; the new gateway adopts each into its own function's pool (same
+  container ids, warm state intact, nothing started again), stops the containers of a function no longer
+  registered and of a replaced spec, and leaves another namespace's containers alone. Skips (saying why) without
+  an engine unless STELLARIS_REQUIRE_DOCKER=1, as the other docker tests.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import sys
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from docker.client import DockerClient
+from docker.errors import NotFound
+
+from cache import Cache
+from cache.keys import GatewayKeys
+from gateway.backends.base import LABEL_GATEWAY
+from gateway.client import GatewayClient
+from gateway.models import FunctionSpec
+from tests.gateway.conftest import RunningGateway, start_gateway, stop_gateway
+from tests.gateway.test_docker_backend import IMAGE, REPO, engine, host_python_mounts  # noqa: F401 (fixture)
+from tests.procs import pid_alive, wait_pid_gone
+
+H = "tests.gateway.identity_handlers"
+PREFIXES = json.dumps(["functions.handlers.", "tests.functions.", "tests.gateway."])
+WARM = {"red": 1, "green": 2, "blue": 1}  # function (and handler) name -> min_warm
+
+
+def kill_gateway(gw: RunningGateway) -> None:
+    """SIGKILL: no lifespan shutdown, no draining; the instances are left as a crash leaves them."""
+    os.kill(gw.proc.pid, signal.SIGKILL)
+    gw.proc.wait(timeout=30)
+    assert wait_pid_gone(gw.proc.pid, 5)
+
+
+def instances(c: GatewayClient, name: str) -> list[dict[str, Any]]:
+    return list(c.function(name)["status"]["instances"])
+
+
+def answers(c: GatewayClient, name: str, calls: int = 3) -> list[dict[str, Any]]:
+    """`calls` answers of `name`, each checked to come from its own handler."""
+    out = [c.invoke(name, {}) for _ in range(calls)]
+    assert [a["kind"] for a in out] == [name] * calls, f"calls to {name!r} answered by {out}"
+    return out
+
+
+# -- process backend -------------------------------------------------------------------------------------------
+
+
+def test_process_instances_die_with_a_killed_gateway_and_each_function_gets_its_own_again(redis_server) -> None:
+    first = start_gateway(redis_server.url, STELLARIS_GATEWAY_TARGET_PREFIXES=PREFIXES)
+    with first.client() as c:
+        for name, warm in WARM.items():
+            c.register(FunctionSpec(name=name, backend="process", target=f"{H}:{name}", min_warm=warm))
+        for name in WARM:
+            answers(c, name, 1)
+        old = {name: {i["pid"] for i in instances(c, name)} for name in WARM}
+    assert [len(pids) for pids in old.values()] == list(WARM.values())
+    kill_gateway(first)
+    for pid in set().union(*old.values()):
+        assert wait_pid_gone(pid, 30), f"instance pid {pid} outlived its SIGKILLed gateway"
+
+    second = start_gateway(redis_server.url, first.namespace, STELLARIS_GATEWAY_TARGET_PREFIXES=PREFIXES)
+    try:
+        with second.client() as c:
+            for name in WARM:
+                got = answers(c, name)
+                now = instances(c, name)
+                assert all(i["id"].startswith(f"{name}-") for i in now)
+                assert {a["instance"] for a in got} <= {i["id"] for i in now}
+                assert {a["pid"] for a in got} <= {i["pid"] for i in now}
+                assert not {i["pid"] for i in now} & set().union(*old.values())
+            for name in WARM:
+                c.delete(name)
+    finally:
+        stop_gateway(second)
+
+
+# -- docker backend --------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def gateway_id(engine: DockerClient) -> Iterator[str]:  # noqa: F811
+    gid = f"test-{uuid.uuid4().hex[:10]}"
+    yield gid
+    for container in engine.containers.list(all=True, filters={"label": f"{LABEL_GATEWAY}={gid}"}):
+        container.remove(force=True)
+
+
+def docker_gateway(redis_url: str, gateway_id: str, namespace: str | None = None) -> RunningGateway:
+    return start_gateway(
+        redis_url,
+        namespace,
+        STELLARIS_GATEWAY_ID=gateway_id,
+        STELLARIS_DOCKER_NETWORK="host",  # containers reach the test's loopback Redis
+        STELLARIS_GATEWAY_DOCKER_PYTHON=sys.executable,
+        STELLARIS_GATEWAY_DOCKER_VOLUMES=json.dumps(host_python_mounts()),
+        STELLARIS_GATEWAY_DOCKER_WORKDIR=str(REPO),
+        STELLARIS_GATEWAY_TARGET_PREFIXES=PREFIXES,
+        STELLARIS_GATEWAY_STOP_TIMEOUT_S="5",
+    )
+
+
+def dspec(name: str, handler: str, min_warm: int) -> FunctionSpec:
+    return FunctionSpec(name=name, backend="docker", image=IMAGE, target=f"{H}:{handler}", min_warm=min_warm)
+
+
+def container_ids(c: GatewayClient, name: str) -> set[str]:
+    return {i["container_id"] for i in instances(c, name)}
+
+
+def wait_stopped(engine: DockerClient, cid: str) -> None:  # noqa: F811
+    with contextlib.suppress(NotFound):  # NotFound: already stopped and removed
+        engine.containers.get(cid).wait(timeout=60)  # blocks until the container stops
+    with contextlib.suppress(NotFound):
+        assert engine.containers.get(cid).status != "running"
+
+
+def test_a_restarted_gateway_adopts_each_container_into_its_own_function(
+    redis_server,
+    cache_conn: Cache,
+    engine: DockerClient,  # noqa: F811
+    gateway_id: str,
+) -> None:
+    # Another namespace's gateway with the same gateway id (two gateways on one host) and a function also named
+    # "red": its container must be neither adopted nor stopped by the restarted gateway.
+    other = docker_gateway(redis_server.url, gateway_id)
+    first = docker_gateway(redis_server.url, gateway_id)
+    second: RunningGateway | None = None
+    try:
+        with other.client() as c:
+            c.register(dspec("red", "red", 1))
+            [other_red] = container_ids(c, "red")
+        with first.client() as c:
+            for name, warm in WARM.items():
+                c.register(dspec(name, name, warm))
+            c.register(dspec("gone", "red", 1))  # deleted from the registry while the gateway is down
+            c.register(dspec("stale", "blue", 1))  # its spec replaced while the gateway is down
+            warm_state = {name: answers(c, name, 1)[0] for name in WARM}  # one call each: calls == 1
+            before = {name: container_ids(c, name) for name in [*WARM, "gone", "stale"]}
+            ids_before = {name: {i["id"] for i in instances(c, name)} for name in WARM}
+        assert [len(before[name]) for name in WARM] == list(WARM.values())
+
+        kill_gateway(first)
+        ours = set().union(*before.values())
+        assert {ct.id for ct in engine.containers.list()} >= ours | {other_red}  # containers outlive the gateway
+        keys = GatewayKeys(first.namespace)
+        cache_conn.client.hdel(keys.functions, "gone")
+        stale = FunctionSpec.model_validate_json(cache_conn.client.hget(keys.functions, "stale"))
+        cache_conn.client.hset(keys.functions, "stale", stale.model_copy(update={"env": {"V": "2"}}).model_dump_json())
+
+        second = docker_gateway(redis_server.url, gateway_id, namespace=first.namespace)
+        with second.client() as c:
+            for name in WARM:
+                assert container_ids(c, name) == before[name], f"{name!r} adopted the wrong containers"
+                assert {i["id"] for i in instances(c, name)} == ids_before[name]
+                got = answers(c, name)
+                assert {a["instance"] for a in got} <= ids_before[name]
+                if WARM[name] == 1:  # its one instance, warm state intact: adopted, not started again
+                    assert [a["calls"] for a in got] == [2, 3, 4] and got[0]["pid"] == warm_state[name]["pid"]
+                result, act = c.invoke_metered(name, {})
+                assert result["kind"] == name and act.cold is False
+                assert act.container_id in before[name] and act.image == IMAGE
+                call_id, _ = c.invoke_with_id(name, {})
+                record = c.activation(call_id, wait_s=5)
+                assert record.container_id in before[name] and record.image == IMAGE
+                assert record.instance in ids_before[name]
+            for cid in before["gone"] | before["stale"]:
+                wait_stopped(engine, cid)
+            assert answers(c, "stale", 1)[0]["kind"] == "blue"
+            assert not container_ids(c, "stale") & before["stale"]  # a new container, for the new spec
+            assert engine.containers.get(other_red).status == "running"
+            assert other_red not in container_ids(c, "red")
+            # Nothing of red, green or blue was started again: their containers are the ones from before.
+            running = {ct.id for ct in engine.containers.list(filters={"label": f"{LABEL_GATEWAY}={gateway_id}"})}
+            assert running - container_ids(c, "stale") - {other_red} == set().union(*(before[n] for n in WARM))
+            for name in [*WARM, "stale"]:
+                c.delete(name)
+        with other.client() as c:
+            c.delete("red")
+    finally:
+        for gw in (other, first, second):
+            if gw is not None and gw.proc.poll() is None:
+                stop_gateway(gw)
+    for pid in (other.proc.pid, first.proc.pid):
+        assert not pid_alive(pid)
