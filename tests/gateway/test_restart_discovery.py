@@ -8,10 +8,14 @@ answered by that function's own instances. Three functions whose handlers answer
   container ids, warm state intact, nothing started again), stops the containers of a function no longer
   registered and of a replaced spec, and leaves another namespace's containers alone. Skips (saying why) without
   an engine unless STELLARIS_REQUIRE_DOCKER=1, as the other docker tests.
+
+Two tests need neither: which pool takes which found instance (gateway/discovery.py), and the labels that let it
+decide (function, spec digest, namespace).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -21,15 +25,21 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
+import aiohttp
 import pytest
 from docker.client import DockerClient
-from docker.errors import NotFound
+from docker.errors import APIError, NotFound
 
 from cache import Cache
 from cache.keys import GatewayKeys
-from gateway.backends.base import LABEL_GATEWAY
+from gateway.backends.base import LABEL_FUNCTION, LABEL_GATEWAY, LABEL_NAMESPACE, LABEL_SPEC, InstanceHandle
+from gateway.backends.docker import DockerBackend
+from gateway.backends.process import ProcessBackend
 from gateway.client import GatewayClient
+from gateway.discovery import sort_survivors
+from gateway.metering import Metrics
 from gateway.models import FunctionSpec
+from gateway.pool import FunctionPool
 from tests.gateway.conftest import RunningGateway, start_gateway, stop_gateway
 from tests.gateway.test_docker_backend import IMAGE, REPO, engine, host_python_mounts  # noqa: F401 (fixture)
 from tests.procs import pid_alive, wait_pid_gone
@@ -55,6 +65,60 @@ def answers(c: GatewayClient, name: str, calls: int = 3) -> list[dict[str, Any]]
     out = [c.invoke(name, {}) for _ in range(calls)]
     assert [a["kind"] for a in out] == [name] * calls, f"calls to {name!r} answered by {out}"
     return out
+
+
+# -- no engine, no gateway process: who takes what --------------------------------------------------------------
+
+
+def test_each_found_instance_goes_to_its_own_functions_pool_and_the_rest_is_stopped_or_left() -> None:
+    specs = {n: FunctionSpec(name=n, backend="process", target=f"{H}:{n}", max_instances=2) for n in WARM}
+
+    def found(instance: str, function: str, *, digest: str | None = None, backend: str = "process") -> InstanceHandle:
+        own = specs[function].digest() if function in specs else "0" * 16
+        return InstanceHandle(instance, function, "http://127.0.0.1:9", backend, spec_digest=digest or own)
+
+    survivors = [
+        found("red-1", "red"),
+        found("green-1", "green"),
+        found("blue-1", "blue"),
+        found("green-2", "green"),
+        found("green-3", "green"),  # beyond green's max_instances
+        found("blue-old", "blue", digest="f" * 16),  # started for an earlier spec of blue
+        found("red-docker", "red", backend="docker"),  # red runs on the process backend now
+        found("gone-1", "gone"),  # no longer registered
+        found("new-1", "new"),  # registered after this gateway read its registry: another gateway process's
+    ]
+
+    async def sort() -> tuple[dict[str, set[str]], set[str], set[str]]:
+        async with aiohttp.ClientSession() as http:
+            backend, metrics = ProcessBackend(), Metrics()
+            pools = {n: FunctionPool(s, backend, http, metrics, stop_timeout_s=1) for n, s in specs.items()}
+            out = sort_survivors(survivors, pools, registered={*specs, "new"})
+            taken = {n: set(p.instances) for n, p in pools.items()}
+            assert {n: {h.id for h in hs} for n, hs in out.adopted.items()} == taken
+            for pool in pools.values():
+                await pool.close(stop_instances=False)
+            return taken, {h.id for h in out.stopped}, {h.id for h in out.left}
+
+    taken, stopped, left = asyncio.run(sort())
+    assert taken == {"red": {"red-1"}, "green": {"green-1", "green-2"}, "blue": {"blue-1"}}
+    assert stopped == {"green-3", "blue-old", "red-docker", "gone-1"}
+    assert left == {"new-1"}
+
+
+def test_a_container_names_its_function_spec_namespace_and_instance() -> None:
+    spec = FunctionSpec(name="red", backend="docker", image=IMAGE, target=f"{H}:red")
+    config = DockerBackend(gateway_id="gw", namespace="ns").container_config(spec, instance_id="red-1")
+    labels = config["labels"]
+    assert labels[LABEL_FUNCTION] == "red" and labels[LABEL_NAMESPACE] == "ns"
+    assert labels[LABEL_SPEC] == spec.digest() != spec.model_copy(update={"env": {"V": "2"}}).digest()
+    assert config["environment"]["STELLARIS_INSTANCE_ID"] == "red-1"
+    assert (
+        f"{LABEL_NAMESPACE}=ns" in DockerBackend(gateway_id="gw", namespace="ns").template.discovery_filters()["label"]
+    )
+    bare = DockerBackend(gateway_id="gw")  # no namespace: every namespace's containers of this gateway id
+    assert LABEL_NAMESPACE not in bare.container_config(spec, instance_id="red-1")["labels"]
+    assert not any(LABEL_NAMESPACE in f for f in bare.template.discovery_filters()["label"])
 
 
 # -- process backend -------------------------------------------------------------------------------------------
@@ -123,10 +187,10 @@ def container_ids(c: GatewayClient, name: str) -> set[str]:
 
 
 def wait_stopped(engine: DockerClient, cid: str) -> None:  # noqa: F811
-    with contextlib.suppress(NotFound):  # NotFound: already stopped and removed
+    # Gone already: NotFound, or (podman, removed while asked) a 500 "no such container".
+    with contextlib.suppress(NotFound, APIError):
         engine.containers.get(cid).wait(timeout=60)  # blocks until the container stops
-    with contextlib.suppress(NotFound):
-        assert engine.containers.get(cid).status != "running"
+    assert "running" not in [ct.status for ct in engine.containers.list(all=True, filters={"id": cid})]
 
 
 def test_a_restarted_gateway_adopts_each_container_into_its_own_function(
@@ -180,7 +244,7 @@ def test_a_restarted_gateway_adopts_each_container_into_its_own_function(
                 assert record.instance in ids_before[name]
             for cid in before["gone"] | before["stale"]:
                 wait_stopped(engine, cid)
-            assert answers(c, "stale", 1)[0]["kind"] == "blue"
+            assert c.invoke("stale", {})["kind"] == "blue"
             assert not container_ids(c, "stale") & before["stale"]  # a new container, for the new spec
             assert engine.containers.get(other_red).status == "running"
             assert other_red not in container_ids(c, "red")
