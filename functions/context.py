@@ -75,6 +75,18 @@ class Instance:
         self.memo = WarmState() if memo is None else memo
         self.invocations = 0
         self.jobs: dict[str, JobCache] = {} if jobs is None else jobs
+        self._device: torch.device | None = None
+
+    @property
+    def device(self) -> torch.device:
+        """Where this instance's learner or parameter handlers compute: `$STELLARIS_DEVICE`, read on first use
+        (`functions.device`; a bad value raises `DeviceError` each time it is asked for). Actors never ask."""
+        from functions.device import choose_device
+
+        with self._lock:
+            if self._device is None:
+                self._device = choose_device()
+            return self._device
 
     @property
     def cache(self) -> Cache:
@@ -125,3 +137,7 @@ class Context:
     @property
     def memo(self) -> WarmState:
         return self.instance.memo
+
+    @property
+    def device(self) -> torch.device:
+        return self.instance.device

@@ -14,14 +14,17 @@ from torch import Tensor
 from cache.records import LearnerTask as Task
 from cache.records import ObsMoments
 from functions.algos.truncation import truncated_is_weight, truncation_stats
+from functions.device import module_device
 from functions.normalizers import batch_moments
 from functions.policies import ActorCritic
 
 Batch = Mapping[str, np.ndarray]
 
 
-def as_tensor(a: np.ndarray) -> Tensor:
-    return torch.as_tensor(np.asarray(a))
+def as_tensor(a: np.ndarray | Tensor) -> Tensor:
+    """A batch array as a tensor: a numpy array shared on the CPU, a tensor (already on the learner's device) as it
+    is."""
+    return a if isinstance(a, Tensor) else torch.as_tensor(np.asarray(a))
 
 
 def flat(x: Tensor) -> Tensor:
@@ -137,9 +140,11 @@ def time_chunk(batches: Sequence[Batch], task: Task, *, gamma: float) -> TimeChu
 
 
 def obs_moments(policy: ActorCritic, batches: Sequence[Batch]) -> ObsMoments:
-    """Mean, variance and count of the encoded observations of all `batches` (for the running normaliser)."""
+    """Mean, variance and count of the encoded observations of all `batches` (for the running normaliser), on the
+    policy's device."""
     assert policy.obs_normalizer is not None
+    device = module_device(policy)
     with torch.no_grad():
-        feats = torch.cat([policy.encoder(flat(as_tensor(b["observations"]))) for b in batches])
+        feats = torch.cat([policy.encoder(flat(as_tensor(b["observations"]).to(device))) for b in batches])
     mean, var, count = batch_moments(feats, policy.obs_normalizer.mean.shape)
     return ObsMoments(mean, var, count)

@@ -40,7 +40,7 @@ class RunningNormalizer(nn.Module):
     @torch.no_grad()
     def update_from_moments(self, batch_mean: Tensor, batch_var: Tensor, batch_count: float) -> None:
         """Fold in a batch summarised elsewhere (a learner's minibatch), so stats travel without the batch."""
-        batch_mean, batch_var = batch_mean.to(torch.float64), batch_var.to(torch.float64)
+        batch_mean, batch_var = (m.to(self.mean.device, torch.float64) for m in (batch_mean, batch_var))
         delta = batch_mean - self.mean
         total = self.count + batch_count
         m2 = self.var * self.count + batch_var * batch_count + delta**2 * self.count * batch_count / total

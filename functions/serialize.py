@@ -9,27 +9,31 @@ from cache.codec import decode, encode
 
 
 def policy_to_bytes(policy: nn.Module, *, version: int) -> bytes:
-    return encode({k: v.detach() for k, v in policy.state_dict().items()}, {"kind": "policy", "version": version})
+    """The weights, copied to the CPU (the wire names no device: they load onto any device)."""
+    return encode({k: v.detach().cpu() for k, v in policy.state_dict().items()}, {"kind": "policy", "version": version})
 
 
 def load_policy_bytes(policy: nn.Module, blob: bytes) -> int:
-    """Load weights into `policy` (copies out of the buffer); returns the version stored with them."""
+    """Load weights into `policy` (copies out of the buffer, onto the policy's device); returns the version stored
+    with them."""
     frame = decode(blob)
     policy.load_state_dict(frame.tensors(), strict=True)
     return int(frame.meta.get("version", -1))
 
 
 def optimizer_to_bytes(optimizer: torch.optim.Optimizer) -> bytes:
+    """Per-parameter state, copied to the CPU."""
     arrays: dict[str, torch.Tensor] = {}
     for index, state in optimizer.state_dict()["state"].items():
         for name, value in state.items():
             tensor = value if isinstance(value, torch.Tensor) else torch.tensor(value)
-            arrays[f"{index}.{name}"] = tensor
+            arrays[f"{index}.{name}"] = tensor.detach().cpu()
     return encode(arrays, {"kind": "optimizer"})
 
 
 def load_optimizer_bytes(optimizer: torch.optim.Optimizer, blob: bytes) -> None:
-    """Restore per-parameter state; hyperparameters stay those the optimizer was built with."""
+    """Restore per-parameter state (moved onto its parameter's device by torch, as `load_state_dict` does);
+    hyperparameters stay those the optimizer was built with."""
     if not blob:
         return
     state: dict[int, dict[str, torch.Tensor]] = {}

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import OrderedDict
 
 import gymnasium as gym
+import torch
 
 from cache import JobCache
 from functions.context import Context
@@ -32,7 +33,8 @@ def spaces_of(ctx: Context, spec: JobSpec) -> tuple[gym.Space, gym.Space]:
     return spaces[spec.env_id]
 
 
-def new_policy(ctx: Context, spec: JobSpec) -> ActorCritic:
+def new_policy(ctx: Context, spec: JobSpec, *, device: torch.device | str = "cpu") -> ActorCritic:
+    """A fresh policy for the job's spaces on `device` (actors: always the CPU)."""
     obs_space, act_space = spaces_of(ctx, spec)
     net = spec.algo.network
     return build_policy(
@@ -42,12 +44,12 @@ def new_policy(ctx: Context, spec: JobSpec) -> ActorCritic:
         kind=net.kind,
         activation=net.activation,
         normalize_obs=spec.algo.normalize_obs,
-    )
+    ).to(device)
 
 
 def policy_at(ctx: Context, job: JobCache, spec: JobSpec, version: int, blob: bytes | None = None) -> ActorCritic:
-    """The policy of `version`, from a small per-instance LRU before the store (or from `blob`, its weights when
-    the caller already has them)."""
+    """The policy of `version` on the instance's device (learners), from a small per-instance LRU before the store
+    (or from `blob`, its weights when the caller already has them): weights load from the wire onto the device."""
     lru = ctx.memo.policies.setdefault(job.keys.job, OrderedDict())
     if version in lru:
         lru.move_to_end(version)
@@ -55,7 +57,7 @@ def policy_at(ctx: Context, job: JobCache, spec: JobSpec, version: int, blob: by
     if blob is None:
         blob = job.policies.get(version)
     # Reuse the least recently used module once the cache is full: building one costs more than loading weights.
-    policy = lru.popitem(last=False)[1] if len(lru) >= MAX_CACHED_POLICIES else new_policy(ctx, spec)
+    policy = lru.popitem(last=False)[1] if len(lru) >= MAX_CACHED_POLICIES else new_policy(ctx, spec, device=ctx.device)
     load_policy_bytes(policy, blob)
     lru[version] = policy
     return policy

@@ -50,10 +50,21 @@ class _Timed(_Result):
     redis_round_trips: int = 0
 
 
+def device_of(result: Mapping[str, Any] | None) -> str:
+    """The device a handler's result says it computed on (`device` of LearnerResult, ParameterResult and
+    InitResult, as torch names it: ``cpu``, ``cuda:0``); ``cpu`` for a result without one (actors compute on the
+    CPU), '' for a call that returned no result."""
+    if result is None:
+        return ""
+    device = result.get("device", "cpu")
+    return device if isinstance(device, str) else ""
+
+
 @dataclass(frozen=True)
 class LearnerResult(_Timed):
     """One learner invocation: the gradients it stored, the tasks it lost to a takeover or dead-lettered, and the
-    sums the control plane averages per round (loss; truncated fraction over the gradients that report one)."""
+    sums the control plane averages per round (loss; truncated fraction over the gradients that report one), and
+    the device it computed on."""
 
     status: Literal["done", "timeout"] = "done"
     gradients: int = 0
@@ -62,8 +73,9 @@ class LearnerResult(_Timed):
     loss_sum: float = 0.0
     truncated_sum: float = 0.0
     truncated_n: int = 0
+    device: str = "cpu"
 
-    def with_gradient(self, stats: Mapping[str, float]) -> LearnerResult:
+    def with_gradient(self, stats: Mapping[str, Any]) -> LearnerResult:
         """Counted: one stored gradient with its statistics (`loss`; `truncated_fraction` where it has one)."""
         truncated = "truncated_fraction" in stats
         return replace(
@@ -87,20 +99,24 @@ class DecisionRow:
 @dataclass(frozen=True)
 class ParameterResult(_Timed):
     """One serving parameter invocation: how it ended, the newest version, and its newest applied decisions.
-    `busy`: another invocation holds the update lease; `fenced`: its lease was lost to a replacement."""
+    `busy`: another invocation holds the update lease; `fenced`: its lease was lost to a replacement. `device`:
+    where it held the policy and optimizer."""
 
     status: Literal["ok", "busy", "fenced", "expired"] = "ok"
     version: int | None = None
     decisions: list[DecisionRow] = field(default_factory=list)
+    device: str = "cpu"
 
 
 @dataclass(frozen=True)
 class InitResult(_Result):
-    """The parameter function's `init` call: version 0 published and the job's resolved spec (JSON)."""
+    """The parameter function's `init` call: version 0 published, the job's resolved spec (JSON), and the device
+    its warm policy and optimizer are on."""
 
     version: int
     spec: dict[str, Any]
     status: Literal["ok"] = "ok"
+    device: str = "cpu"
 
 
 @dataclass(frozen=True)

@@ -12,9 +12,11 @@ from typing import Any
 
 from cache import Claim, CodecError, GradientMeta, GradientRecord, JobCache, LearnerTask, RecordError, VersionNotFound
 from cache.contract import LearnerResult
+from cache.records import ObsMoments
 from functions.algos.algorithm import LearnInputs
 from functions.algos.registry import algorithm_of
 from functions.context import Context, PreparedRound
+from functions.device import to_cpu, to_device
 from functions.faults import fault_point
 from functions.handlers import EventError, Stopwatch, job_id_of
 from functions.jobspec import JobSpec
@@ -48,13 +50,14 @@ def _policy_or_none(ctx: Context, job: JobCache, spec: JobSpec, version: int) ->
 
 
 def _prepared(ctx: Context, job: JobCache, spec: JobSpec, task: LearnerTask, compute: Stopwatch) -> PreparedRound:
-    """The round's data, prepared by the first task of the round on this instance; only the newest round is kept."""
+    """The round's data, prepared by the first task of the round on this instance (on the CPU: GAE runs in time
+    order) and then moved to the instance's device; only the newest round is kept."""
     rounds = ctx.memo.rounds
     prepared = rounds.get(job.keys.job)
     if prepared is None or prepared.batch_ids != task.batch_ids:
         batches = _batches(job, task)
         with compute:
-            data = algorithm_of(spec.algo).prepare(batches, spec.algo)
+            data = to_device(algorithm_of(spec.algo).prepare(batches, spec.algo), ctx.device)
         prepared = rounds[job.keys.job] = PreparedRound(task.batch_ids, batches, data)
     return prepared
 
@@ -63,7 +66,8 @@ def task_gradient(
     ctx: Context, job: JobCache, spec: JobSpec, task_id: str, task: LearnerTask, claim: Claim, learner_id: str,
     compute: Stopwatch,
 ) -> GradientRecord:  # fmt: skip
-    """One task's gradient record at the claim's version, truncating against the other held versions."""
+    """One task's gradient record at the claim's version, truncating against the other held versions, computed on
+    the instance's device; its tensors come back to the CPU for the wire, and its stats name the device."""
     algo = algorithm_of(spec.algo)
     version = claim.version
     policy = policy_at(ctx, job, spec, version, claim.weights)
@@ -82,14 +86,18 @@ def task_gradient(
         # Once per round: the round's observation moments, folded into the normaliser by the parameter
         # function, so actors and learners of one version always share its statistics.
         with compute:
-            moments = obs_moments(policy, prepared.batches)
-    stats |= {"epoch": task.epoch, "minibatch": task.minibatch}
-    meta = GradientMeta(learner_id, version, task_id, task.round, stats)
+            m = obs_moments(policy, prepared.batches)
+            moments = ObsMoments(m.mean.cpu(), m.var.cpu(), m.count)
+    with compute:
+        grads = to_cpu(grads)
+    meta_stats = {**stats, "epoch": task.epoch, "minibatch": task.minibatch, "device": str(ctx.device)}
+    meta = GradientMeta(learner_id, version, task_id, task.round, meta_stats)
     return GradientRecord(meta, grads, moments)
 
 
 def handle(event: dict[str, Any], ctx: Context) -> dict[str, Any]:
     job = ctx.job(job_id_of(event))
+    device = ctx.device  # a bad STELLARIS_DEVICE fails the call here, before it takes any task
     spec = spec_of(ctx, job)
     round_k = event.get("round")
     if not isinstance(round_k, int) or isinstance(round_k, bool) or round_k < 1:
@@ -142,4 +150,5 @@ def handle(event: dict[str, Any], ctx: Context) -> dict[str, Any]:
         compute_s=compute.seconds,
         wait_s=waited.seconds,
         redis_round_trips=ctx.instance.cache.round_trips - trips0,
+        device=str(device),
     ).to_dict()

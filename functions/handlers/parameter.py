@@ -32,6 +32,7 @@ from functions.algos.staleness import (
 )
 from functions.algos.staleness_equations import optimizer_step_gradients
 from functions.context import Context, WarmModel
+from functions.device import to_device
 from functions.faults import fault_point
 from functions.handlers import Stopwatch, job_id_of
 from functions.handlers.parameter_setup import initialise, keep_warm, kept, warm_model
@@ -169,7 +170,7 @@ class _Server:
         model = self.model
         with self.compute:
             scales = gradient_scales(self.rule, record.stalenesses[: record.count])
-            parts = [r.tensors for r in records]
+            parts = [to_device(r.tensors, self.ctx.device) for r in records]
             for grads in optimizer_step_gradients(parts, scales, self.spec.algo.stellaris.optimizer_steps):
                 for name, p in model.policy.named_parameters():
                     p.grad = grads[name].clone()
@@ -223,6 +224,7 @@ def handle(event: dict[str, Any], ctx: Context) -> dict[str, Any]:
     """Apply the job's gradients as they land until nothing is queued or in flight and round `round` (when given)
     is closed, or until a stop event or `max_s`. `init` creates the job instead."""
     job = ctx.job(job_id_of(event))
+    device = ctx.device  # a bad STELLARIS_DEVICE fails the call here
     if event.get("init"):
         return initialise(job, event["init"], ctx).to_dict()
     spec = spec_of(ctx, job)
@@ -237,7 +239,7 @@ def handle(event: dict[str, Any], ctx: Context) -> dict[str, Any]:
             f"param-{ctx.call_id}", lease_s=lease_s, wait_s=float(event.get("wait_s", 2 * lease_s + 1))
         )
     except LeaseUnavailable:
-        return ParameterResult(status="busy").to_dict()
+        return ParameterResult(status="busy", device=str(device)).to_dict()
     status: Literal["ok", "fenced", "expired"] = "ok"
     with kept(job, lease, lease_s) as lost:
         optimizer_name = str(event.get("optimizer", "adam"))
@@ -277,4 +279,5 @@ def handle(event: dict[str, Any], ctx: Context) -> dict[str, Any]:
         compute_s=server.compute.seconds,
         wait_s=server.waited.seconds,
         redis_round_trips=ctx.instance.cache.round_trips - trips0,
+        device=str(device),
     ).to_dict()

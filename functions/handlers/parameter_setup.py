@@ -20,15 +20,16 @@ from functions.warm import new_policy, spec_of
 
 
 def warm_model(ctx: Context, job: JobCache, spec: JobSpec, optimizer_name: str) -> WarmModel:
-    """(version, policy, optimizer) as the store has them: this instance's own from its last invocation when the
-    store's version is still the one it published (one update lease at a time, so usually), else loaded. The warm
-    entry is taken out while an invocation mutates it and put back (`keep_warm`) when it ends."""
+    """(version, policy, optimizer) on the instance's device, as the store has them: this instance's own from its
+    last invocation when the store's version is still the one it published (one update lease at a time, so
+    usually), else loaded (weights and optimizer state from the wire onto the device). The warm entry is taken out
+    while an invocation mutates it and put back (`keep_warm`) when it ends."""
     warm = ctx.memo.models.pop((job.keys.job, optimizer_name), None)
     current = job.policies.version()
     if warm is not None and warm.version == current:
         return warm
     version, blob = job.policies.latest()
-    policy = warm.policy if warm is not None else new_policy(ctx, spec)
+    policy = warm.policy if warm is not None else new_policy(ctx, spec, device=ctx.device)
     load_policy_bytes(policy, blob)
     optimizer = build_optimizer(optimizer_name, list(policy.parameters()), lr=spec.algo.lr)
     load_optimizer_bytes(optimizer, job.policies.optimizer_state() or b"")
@@ -51,11 +52,11 @@ def initialise(job: JobCache, request: Any, ctx: Context) -> InitResult:
         ctx.memo.specs.pop(job.keys.job, None)
     spec = spec_of(ctx, job)
     torch.manual_seed(spec.seed)
-    policy = new_policy(ctx, spec)
+    policy = new_policy(ctx, spec)  # on the CPU: the seed gives the same initial weights whatever the device
     version = job.policies.initialise(policy_to_bytes(policy, version=0))
     # Warm now, not in round 1: the first optimizer a process builds imports torch's compiler stack (~2 s here).
     keep_warm(ctx, job, "adam", warm_model(ctx, job, spec, "adam"))
-    return InitResult(version=version, spec=spec.model_dump(mode="json"))
+    return InitResult(version=version, spec=spec.model_dump(mode="json"), device=str(ctx.device))
 
 
 @contextlib.contextmanager

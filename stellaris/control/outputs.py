@@ -15,6 +15,7 @@ import yaml
 from safetensors.numpy import save_file
 
 from cache.codec import decode
+from cache.contract.results import device_of
 from gateway.models import Activation
 
 INFO_COLUMNS = [
@@ -30,6 +31,7 @@ GRADIENT_COLUMNS = ["gradient_id", "task_id", "round", "base_version", "applied_
 TIMELINE_COLUMNS = ["wall_clock_s", "episodic_reward"]
 INVOCATION_COLUMNS = [
     "function", "activation_id", "start", "end", "cold", "init_time", "duration", "resource_seconds", "cost",
+    "device",
 ]  # fmt: skip
 
 
@@ -112,6 +114,7 @@ class RunDir:
                     "duration": a.duration_s,
                     "resource_seconds": a.resource_seconds,
                     "cost": a.cost_usd,
+                    "device": device_of(a.result),  # where the handler computed, as its result record says
                 }
                 for a in acts
             ]

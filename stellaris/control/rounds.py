@@ -18,6 +18,7 @@ from typing import Any, Literal, Protocol
 from cache import JobCache, LearnerTask
 from cache.contract import ActorResult, LearnerResult, ParameterResult
 from cache.contract.knobs import RuleName
+from cache.contract.results import device_of
 from gateway.models import Activation
 
 Role = Literal["actor", "learner", "parameter"]
@@ -45,6 +46,14 @@ class Call:
         if self.activation is None:
             return self.latency_s
         return self.activation.duration_s or 0.0
+
+    @property
+    def metered(self) -> Activation | None:
+        """The gateway's activation record, with the part of the handler's result that invocations.csv reports
+        (its `device`) where the record carries no copy of the result."""
+        if self.activation is None or self.activation.result is not None:
+            return self.activation
+        return self.activation.model_copy(update={"result": {"device": device_of(self.result)}})
 
 
 class Functions(Protocol):
@@ -77,8 +86,9 @@ class RoundStats:
     invocation_s: float = 0.0
 
     def add(self, call: Call, role: Role) -> None:
-        if call.activation is not None:
-            self.activations.append(call.activation)
+        metered = call.metered
+        if metered is not None:
+            self.activations.append(metered)
         handler = call.handler_s
         self.invocation_s += max(0.0, call.latency_s - handler)
         if role == "actor":

@@ -93,6 +93,10 @@ def check_outputs(out: Path, *, serverless: bool) -> list[dict[str, str]]:
     costs = [float(r["cost"]) for r in info]
     assert costs == sorted(costs)  # cumulative
     assert {r["function"].rsplit("-", 1)[1] for r in invocations} >= {"learner", "parameter"}
+    # Each row names where its handler computed ('' for a call without a result); actors always on the CPU.
+    assert all(r["device"] in ("cpu", "") or r["device"].startswith("cuda:") for r in invocations)
+    assert {r["device"] for r in invocations if r["function"].endswith("-actor")} <= {"cpu", ""}
+    assert any(r["device"] for r in invocations if r["function"].endswith("-learner"))
     assert (out / "policy.safetensors").exists() and (out / "config.yaml").exists()
     return info
 
