@@ -10,6 +10,7 @@ STELLARIS_REQUIRE_DOCKER=1, as in CI."""
 from __future__ import annotations
 
 import csv
+import json
 import os
 import subprocess
 import sys
@@ -22,11 +23,26 @@ from docker.client import DockerClient
 from gateway.backends.base import LABEL_FUNCTION, LABEL_GATEWAY
 from gateway.backends.docker_config import LABEL_INSTANCE
 from tests.gateway.conftest import TOKEN, stop_gateway
-from tests.gateway.test_docker_backend import IMAGE, engine  # noqa: F401 (fixture)
+from tests.gateway.test_docker_backend import IMAGE, REPO, engine, host_python_mounts  # noqa: F401 (fixture)
 from tests.gateway.test_docker_gateway import containers, docker_gateway, gateway_id  # noqa: F401 (fixture)
 from tests.stellaris.test_train import FAST_CARTPOLE, ROOT
 
 ROUNDS = 2
+
+
+def train(tmp_path: Path, *args: str, **env: str) -> tuple[subprocess.CompletedProcess[str], Path]:
+    """`stellaris train --backend docker` of a short CartPole job with serverless actors, all on the test image."""
+    out = tmp_path / "run"
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump({**FAST_CARTPOLE, "actors": 1}))
+    cmd = [
+        sys.executable, "-m", "stellaris.cli", "train", "--config", str(config), "--env", "CartPole-v1",
+        "--backend", "docker", "--image", IMAGE, "--actor-kind", "serverless", "--out", str(out), *args,
+    ]  # fmt: skip
+    base = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "STELLARIS_GATEWAY_URL")}
+    proc = subprocess.run(cmd, cwd=ROOT, env={**base, **env}, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc, out
 
 
 def started_containers(engine: DockerClient, gateway_id: str, since: float) -> dict[str, dict[str, str]]:  # noqa: F811
@@ -53,20 +69,12 @@ def test_every_function_of_a_docker_job_runs_in_a_container_of_its_image(
     gateway_id: str,  # noqa: F811
 ) -> None:
     gw = docker_gateway(redis_server.url, gateway_id)
-    out = tmp_path / "run"
-    config = tmp_path / "config.yaml"
-    config.write_text(yaml.safe_dump({**FAST_CARTPOLE, "actors": 1}))
-    cmd = [
-        sys.executable, "-m", "stellaris.cli", "train", "--config", str(config), "--env", "CartPole-v1",
-        "--gateway-url", gw.url, "--gateway-token", TOKEN, "--redis-url", redis_server.url,
-        "--backend", "docker", "--image", IMAGE, "--actor-kind", "serverless", "--rounds", str(ROUNDS),
-        "--out", str(out),
-    ]  # fmt: skip
-    env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "STELLARIS_GATEWAY_URL")}
     since = time.time()
     try:
-        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-        assert proc.returncode == 0, proc.stderr[-3000:]
+        proc, out = train(
+            tmp_path, "--gateway-url", gw.url, "--gateway-token", TOKEN, "--redis-url", redis_server.url,
+            "--rounds", str(ROUNDS),
+        )  # fmt: skip
         assert f"functions in containers: learner {IMAGE} (0 GPU)" in proc.stderr
         with (out / "invocations.csv").open() as f:
             invocations = list(csv.DictReader(f))
@@ -83,3 +91,24 @@ def test_every_function_of_a_docker_job_runs_in_a_container_of_its_image(
         assert (container["image"], container["function"]) == (IMAGE, act.function), act
     served = {started[a.instance]["id"] for a in activations if a.instance is not None}
     print(f"{len(activations)} invocations over {ROUNDS} rounds served by {len(served)} containers of {IMAGE}")
+
+
+def test_a_docker_job_on_the_local_gateway_runs_its_functions_in_containers_on_the_hosts_network(
+    tmp_path: Path,
+    engine: DockerClient,  # noqa: F811
+    gateway_id: str,  # noqa: F811
+) -> None:
+    """No --gateway-url: the gateway `stellaris train` starts itself puts the containers on the host's network, so
+    that they reach the embedded Redis on loopback."""
+    since = time.time()
+    host_python = {
+        "STELLARIS_GATEWAY_ID": gateway_id,
+        "STELLARIS_GATEWAY_DOCKER_PYTHON": sys.executable,
+        "STELLARIS_GATEWAY_DOCKER_VOLUMES": json.dumps(host_python_mounts()),
+        "STELLARIS_GATEWAY_DOCKER_WORKDIR": str(REPO),
+    }
+    train(tmp_path, "--rounds", "1", **host_python)
+    started = started_containers(engine, gateway_id, since)
+    assert {c["function"].rsplit("-", 1)[1] for c in started.values()} == {"actor", "learner", "parameter"}
+    assert {c["image"] for c in started.values()} == {IMAGE}
+    assert containers(engine, gateway_id) == []
