@@ -21,8 +21,7 @@ from cache.contract.knobs import KNOB_NAMES, RuleName, StellarisKnobs, rule_fiel
 Mode = RuleName
 Backend = Literal["process", "docker"]
 Device = Literal["auto", "cpu", "cuda"]
-ImageRole = Literal["actor", "learner", "parameter"]
-IMAGE_ROLES: tuple[ImageRole, ...] = ("actor", "learner", "parameter")
+FunctionRole = Literal["actor", "learner", "parameter"]
 GPU_IMAGE = "stellaris/function"  # docker/Dockerfile.function: CUDA base (GPU learners and the parameter function)
 CPU_IMAGE = "stellaris/function-cpu"  # docker/Dockerfile.function-cpu: CPU torch (actors, CPU-only functions)
 
@@ -147,7 +146,7 @@ class TrainConfig(StellarisKnobs):
                     )
         return self
 
-    def role_image(self, role: ImageRole) -> str | None:
+    def role_image(self, role: FunctionRole) -> str | None:
         """The image a role's functions run (docker backend; None for the process backend): the role's own, else
         `image`, else the project's (the CUDA image where the role asks for GPUs; actors never do)."""
         if self.backend != "docker":
@@ -155,10 +154,10 @@ class TrainConfig(StellarisKnobs):
         own: str | None = getattr(self, f"{role}_image")
         return own or self.image or default_image(self.role_gpus(role))
 
-    def role_gpus(self, role: ImageRole) -> int:
+    def role_gpus(self, role: FunctionRole) -> int:
         return 0 if role == "actor" else int(getattr(self, f"{role}_gpus"))
 
-    def role_device(self, role: ImageRole) -> str:
+    def role_device(self, role: FunctionRole) -> str:
         """STELLARIS_DEVICE of a role's functions: actors always compute on the CPU."""
         return "cpu" if role == "actor" else self.device
 
