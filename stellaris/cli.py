@@ -112,6 +112,14 @@ def train(
     gateway_url: str | None = typer.Option(None, "--gateway-url", envvar="STELLARIS_GATEWAY_URL"),
     gateway_token: str | None = typer.Option(None, "--gateway-token", envvar="STELLARIS_GATEWAY_TOKEN"),
     resume: Path | None = typer.Option(None, help="continue the run in this directory"),
+    backend: str | None = typer.Option(None, help="process (beside the gateway, the default) or docker (containers)"),
+    image: str | None = typer.Option(None, help="docker: the image of every role without its own flag"),
+    learner_image: str | None = typer.Option(None, "--learner-image", help="docker: the learners' image"),
+    parameter_image: str | None = typer.Option(None, "--parameter-image", help="docker: the parameter image"),
+    actor_image: str | None = typer.Option(None, "--actor-image", help="docker: the serverless actors' image"),
+    learner_gpus: int | None = typer.Option(None, "--learner-gpus", help="docker: GPUs per learner (default 0)"),
+    parameter_gpus: int | None = typer.Option(None, "--parameter-gpus", help="docker: GPUs of the parameter function"),
+    device: str | None = typer.Option(None, help="auto, cpu or cuda: the learners' and parameter function's device"),
 ) -> None:
     """Train with the Stellaris workflow through the gateway and the cache. A flag given beats the --config file,
     a knob's `overrides.stellaris` entry there included."""
@@ -124,7 +132,9 @@ def train(
         "max_minutes": max_minutes, "actors": actors, "actor_kind": actor_kind, "envs_per_actor": envs_per_actor,
         "learners": learners, "d": d, "v": v, "rho": rho, "truncation": truncation, "softsync_k": softsync_k,
         "ssp_bound": ssp_bound, "billing": billing, "seed": seed, "out": out, "redis_url": redis_url,
-        "gateway_url": gateway_url, "gateway_token": gateway_token,
+        "gateway_url": gateway_url, "gateway_token": gateway_token, "backend": backend, "image": image,
+        "learner_image": learner_image, "parameter_image": parameter_image, "actor_image": actor_image,
+        "learner_gpus": learner_gpus, "parameter_gpus": parameter_gpus, "device": device,
     }  # fmt: skip
     try:
         if resume is not None:

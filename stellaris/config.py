@@ -9,6 +9,7 @@ is an error naming both. An explicit flag beats the YAML file, either spelling (
 from __future__ import annotations
 
 import time
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any, Literal
 
@@ -18,6 +19,17 @@ from pydantic import ConfigDict, Field, ValidationError, field_validator, model_
 from cache.contract.knobs import KNOB_NAMES, RuleName, StellarisKnobs, rule_field, train_name
 
 Mode = RuleName
+Backend = Literal["process", "docker"]
+Device = Literal["auto", "cpu", "cuda"]
+FunctionRole = Literal["actor", "learner", "parameter"]
+GPU_IMAGE = "stellaris/function"  # docker/Dockerfile.function: CUDA base (GPU learners and the parameter function)
+CPU_IMAGE = "stellaris/function-cpu"  # docker/Dockerfile.function-cpu: CPU torch (actors, CPU-only functions)
+
+
+def default_image(gpus: int) -> str:
+    """The project's function image, as docker/ tags it (the package's version): the CUDA one where GPUs are asked
+    for, else the CPU one."""
+    return f"{GPU_IMAGE if gpus > 0 else CPU_IMAGE}:{version('stellaris')}"
 
 
 class ConfigError(ValueError):
@@ -60,6 +72,15 @@ class TrainConfig(StellarisKnobs):
         "parameter server charged for the whole wall-clock time (SPEC §7)",
     )
     torch_threads: int = Field(default=1, ge=1, le=64, description="torch threads per function instance")
+    # Where the job's functions run (README, "Training on containers"). Serverful actors are always processes.
+    backend: Backend = Field(default="process", description="the gateway backend of the job's functions")
+    image: str | None = Field(default=None, description="docker: the image of every role without its own")
+    learner_image: str | None = Field(default=None, description="docker: the learners' image")
+    parameter_image: str | None = Field(default=None, description="docker: the parameter function's image")
+    actor_image: str | None = Field(default=None, description="docker: the serverless actors' image")
+    learner_gpus: int = Field(default=0, ge=0, le=64, description="docker: GPUs per learner instance")
+    parameter_gpus: int = Field(default=0, ge=0, le=64, description="docker: GPUs of the parameter function")
+    device: Device = Field(default="auto", description="learners' and parameter function's torch device")
 
     @model_validator(mode="before")
     @classmethod
@@ -104,6 +125,41 @@ class TrainConfig(StellarisKnobs):
         if self.rounds is None and self.total_steps is None and self.max_minutes is None:
             raise ValueError("give rounds, total_steps or max_minutes")
         return self
+
+    @model_validator(mode="after")
+    def _placement(self) -> TrainConfig:
+        """Images and GPUs are the docker backend's; `device: cuda` in containers needs the GPUs requested."""
+        if self.backend == "process":
+            docker_only = ("image", "learner_image", "parameter_image", "actor_image", "learner_gpus", "parameter_gpus")
+            given = [f"{field}: {getattr(self, field)!r}" for field in docker_only if getattr(self, field)]
+            if given:
+                raise ValueError(
+                    f"{', '.join(given)} needs backend: docker, but backend is 'process' (process functions run "
+                    "beside the gateway with no image, and reserve no GPU; give --backend docker, or drop them)"
+                )
+        elif self.device == "cuda":
+            for role in ("learner", "parameter"):
+                if getattr(self, f"{role}_gpus") == 0:
+                    raise ValueError(
+                        f"device: 'cuda' with backend 'docker' needs {role}_gpus >= 1 (a container sees no GPU it "
+                        f"did not request), but {role}_gpus is 0"
+                    )
+        return self
+
+    def role_image(self, role: FunctionRole) -> str | None:
+        """The image a role's functions run (docker backend; None for the process backend): the role's own, else
+        `image`, else the project's (the CUDA image where the role asks for GPUs; actors never do)."""
+        if self.backend != "docker":
+            return None
+        own: str | None = getattr(self, f"{role}_image")
+        return own or self.image or default_image(self.role_gpus(role))
+
+    def role_gpus(self, role: FunctionRole) -> int:
+        return 0 if role == "actor" else int(getattr(self, f"{role}_gpus"))
+
+    def role_device(self, role: FunctionRole) -> str:
+        """STELLARIS_DEVICE of a role's functions: actors always compute on the CPU."""
+        return "cpu" if role == "actor" else self.device
 
     def run_dir(self) -> Path:
         if self.out is None:

@@ -9,7 +9,8 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import redis
@@ -19,14 +20,44 @@ from cache.acl import JOB_ENV
 from cache.connection import REDIS_PASSWORD_ENV, REDIS_USER_ENV
 from cache.lifetime import die_with_parent
 from gateway.client import GatewayClient, GatewayError
-from gateway.models import ACTOR_PRICING, LEARNER_PRICING, FunctionSpec, Pricing
+from gateway.models import ACTOR_PRICING, LEARNER_PRICING, BackendName, FunctionSpec, Resources
+from stellaris.config import TrainConfig
 from stellaris.control.rounds import Call, Role
 
 PREWARM_WAIT_S = 120.0
 REDIS_WATCH_S = 1.0  # how often the control plane pings Redis, so that it sees a restart (and re-grants) at once
-# The job's functions run as processes beside the gateway whatever its default backend (containers: issue 13).
-BACKEND = "process"
 ROLES: tuple[Role, ...] = ("actor", "learner", "parameter")
+DEVICE_ENV = "STELLARIS_DEVICE"  # the torch device a function computes on: auto, cpu or cuda
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where one role's instances run: the gateway backend, always named (whatever the gateway's default), the
+    image (docker), GPUs per instance (docker: a DeviceRequest) and the torch device the handler uses."""
+
+    backend: BackendName
+    image: str | None
+    gpus: int
+    device: str
+
+    @classmethod
+    def of(cls, cfg: TrainConfig, role: Role) -> Placement:
+        return cls(cfg.backend, cfg.role_image(role), cfg.role_gpus(role), cfg.role_device(role))
+
+
+def placements(cfg: TrainConfig) -> dict[Role, Placement]:
+    return {role: Placement.of(cfg, role) for role in ROLES}
+
+
+def function_spec(name: str, role: Role, place: Placement, env: dict[str, str], **limits: Any) -> FunctionSpec:
+    """A role's function: its handler (a container's too: the docker backend passes the target as --handler), where
+    it runs, and the device its handler computes on (in its environment, beside `env`)."""
+    return FunctionSpec(
+        name=name, target=f"functions.handlers.{role}:handle", backend=place.backend,
+        image=place.image if place.backend == "docker" else None, resources=Resources(gpus=place.gpus),
+        timeout_s=3600, env={**env, DEVICE_ENV: place.device},
+        pricing=ACTOR_PRICING if role == "actor" else LEARNER_PRICING, **limits,
+    )  # fmt: skip
 
 
 def function_names(job_id: str) -> dict[Role, str]:
@@ -51,10 +82,20 @@ class GatewayFunctions:
 
 class Deployment:
     """One epoch of a job on the platform. `env` is what every instance of the job gets (threads, log level, the
-    job's stream bounds and, where Redis has ACLs, the job's own credentials)."""
+    job's stream bounds and, where Redis has ACLs, the job's own credentials); `placement` says where each role's
+    functions run. Serverful actors are the control plane's own processes whatever the backend."""
 
-    def __init__(self, gateway: GatewayClient, cache: Cache, job: JobCache, *, queue_bound: int) -> None:
+    def __init__(
+        self,
+        gateway: GatewayClient,
+        cache: Cache,
+        job: JobCache,
+        *,
+        queue_bound: int,
+        placement: Mapping[Role, Placement],
+    ) -> None:
         self.gateway, self.cache, self.job = gateway, cache, job
+        self.placement = dict(placement)
         self.job_id = job.keys.job
         self.names = function_names(self.job_id)
         self.functions = GatewayFunctions(gateway, self.names)
@@ -66,24 +107,15 @@ class Deployment:
         self.watch_client = cache.new_client()
 
     # -- functions --------------------------------------------------------------------------------------------
+    def spec(self, role: Role, env: dict[str, str], **limits: Any) -> FunctionSpec:
+        return function_spec(self.names[role], role, self.placement[role], env, **limits)
+
     def register_parameter(self, env: dict[str, str]) -> None:
-        self.register(
-            FunctionSpec(
-                name=self.names["parameter"], target="functions.handlers.parameter:handle", backend=BACKEND,
-                timeout_s=3600, max_concurrency=1, max_instances=1, queue_max=4, min_warm=1, env=env,
-                pricing=LEARNER_PRICING,
-            )
-        )  # fmt: skip
+        self.register(self.spec("parameter", env, max_concurrency=1, max_instances=1, queue_max=4, min_warm=1))
 
     def register_pool(self, role: Role, size: int, env: dict[str, str]) -> None:
         """Up to `size` single-call instances of a handler: the capacity the control plane fills on demand."""
-        pricing: Pricing = ACTOR_PRICING if role == "actor" else LEARNER_PRICING
-        self.register(
-            FunctionSpec(
-                name=self.names[role], target=f"functions.handlers.{role}:handle", backend=BACKEND, timeout_s=3600,
-                max_concurrency=size, max_instances=size, queue_max=size, env=env, pricing=pricing,
-            )
-        )  # fmt: skip
+        self.register(self.spec(role, env, max_concurrency=size, max_instances=size, queue_max=size))
 
     def register(self, spec: FunctionSpec) -> None:
         try:
@@ -154,6 +186,7 @@ class Deployment:
             JOB_ENV: self.job_id,
             "OMP_NUM_THREADS": "1",
             "STELLARIS_JOB_TRAJECTORY_MAXLEN": str(self.queue_bound),
+            DEVICE_ENV: "cpu",
         }
         cmd = [sys.executable, "-m", "functions.actor_loop", self.job_id, f"actor-{index}", str(index)]
         return subprocess.Popen(cmd, env=env, preexec_fn=die_with_parent)

@@ -1,4 +1,5 @@
-"""The platform a job runs on: the given Redis and gateway, or an embedded Redis and a local gateway process."""
+"""The platform a job runs on: the given Redis and gateway, or an embedded Redis and a local gateway process (whose
+docker functions, with `backend="docker"`, share the host's network to reach that Redis)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ class PlatformError(RuntimeError):
 
 GATEWAY_EXIT_S = 2.0  # how long a gateway that dropped a request is given to show that it exited
 GATEWAY_RECOVER_S = 120.0  # how long a job waits for a given gateway to come back after it went away
+DOCKER_NETWORK_ENV = "STELLARIS_DOCKER_NETWORK"  # the docker backend's network (gateway/backends/docker.py)
 
 
 class Platform:
@@ -32,8 +34,11 @@ class Platform:
     it finds the job's functions in its Redis registry and re-creates their instances); a given one is waited for,
     up to `GATEWAY_RECOVER_S`."""
 
-    def __init__(self, *, redis_url: str | None, gateway_url: str | None, gateway_token: str | None) -> None:
+    def __init__(
+        self, *, redis_url: str | None, gateway_url: str | None, gateway_token: str | None, backend: str = "process"
+    ) -> None:
         self.redis_url = redis_url
+        self.backend = backend
         self.gateway_url = gateway_url
         self.gateway_token = gateway_token
         self.gateway_proc: subprocess.Popen[str] | None = None
@@ -67,6 +72,10 @@ class Platform:
             "STELLARIS_GATEWAY_NAMESPACE": self.namespace,
             "STELLARIS_LOG_LEVEL": os.environ.get("STELLARIS_LOG_LEVEL", "WARNING"),
         }
+        if self.backend == "docker":
+            # The job's containers reach this machine's Redis (an embedded one listens on loopback only) on the
+            # host's network, unless the environment names another network for them.
+            env.setdefault(DOCKER_NETWORK_ENV, "host")
         self.gateway_proc = subprocess.Popen(
             [sys.executable, "-m", "gateway"], env=env, stdout=subprocess.PIPE, text=True, preexec_fn=die_with_parent
         )

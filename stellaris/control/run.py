@@ -56,9 +56,15 @@ def run_training(cfg: TrainConfig, *, resume: bool = False) -> int:
     if state is not None:
         run.rewind(state)  # rows the dead run wrote after its checkpoint
     console.print(f"run directory: {run.path}")
+    if cfg.backend == "docker":
+        roles = ("learner", "parameter", "actor") if cfg.actor_kind == "serverless" else ("learner", "parameter")
+        where = ", ".join(f"{r} {cfg.role_image(r)} ({cfg.role_gpus(r)} GPU)" for r in roles)
+        console.print(f"functions in containers: {where}; device {cfg.device}", highlight=False, soft_wrap=True)
     trainer: Trainer | None = None
     try:
-        with Platform(redis_url=cfg.redis_url, gateway_url=cfg.gateway_url, gateway_token=cfg.gateway_token) as p:
+        with Platform(
+            redis_url=cfg.redis_url, gateway_url=cfg.gateway_url, gateway_token=cfg.gateway_token, backend=cfg.backend
+        ) as p:
             trainer = Trainer(cfg, p, run, state=state)
             try:
                 trainer.setup()

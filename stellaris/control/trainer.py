@@ -20,7 +20,7 @@ from cache import BatchMeta, JobCache, JobLimits
 from cache.contract import AggregatorState, InitResult, RoundShape
 from stellaris.config import TrainConfig
 from stellaris.control.billing import Billing
-from stellaris.control.deployment import Deployment
+from stellaris.control.deployment import Deployment, placements
 from stellaris.control.outputs import RunDir
 from stellaris.control.platform import Platform
 from stellaris.control.report import RoundFacts, episode_returns, gradient_rows, info_row, take_applied
@@ -49,7 +49,9 @@ class Trainer:
         self.env_steps = int(self.state.get("env_steps", 0))
         self.elapsed_before = float(self.state.get("elapsed_s", 0.0))
         self.started = time.monotonic()
-        self.deployment = Deployment(platform.gateway, self.cache, self.job, queue_bound=self._queue_bound())
+        self.deployment = Deployment(
+            platform.gateway, self.cache, self.job, queue_bound=self._queue_bound(), placement=placements(cfg)
+        )
         self.names = self.deployment.names
         self.billing = Billing(
             cfg.billing, actors=cfg.actors, learners=cfg.learners, actor_function=self.names["actor"], state=self.state

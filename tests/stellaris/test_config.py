@@ -108,3 +108,79 @@ def test_a_bad_knob_value_is_named(tmp_path: Path) -> None:
         load_config(_yaml(tmp_path, "overrides: {stellaris: {d: 1.5}}\n"), {})
     with pytest.raises(ConfigError, match="softsync_k: Input should be greater than or equal to 1"):
         load_config(_yaml(tmp_path, ""), {"softsync_k": 0})
+
+
+# -- where the functions run: backend, images, GPUs, device ---------------------------------------------------------
+
+
+def test_the_process_backend_is_the_default_and_takes_no_image_or_gpus(tmp_path: Path) -> None:
+    from importlib.metadata import version
+
+    cfg = load_config(_yaml(tmp_path, ""), {})
+    assert (cfg.backend, cfg.device, cfg.learner_gpus, cfg.parameter_gpus) == ("process", "auto", 0, 0)
+    assert [cfg.role_image(r) for r in ("learner", "parameter", "actor")] == [None, None, None]
+    assert [cfg.role_device(r) for r in ("learner", "parameter", "actor")] == ["auto", "auto", "cpu"]
+    with pytest.raises(ConfigError, match=r"learner_gpus: 1 needs backend: docker, but backend is 'process'"):
+        load_config(_yaml(tmp_path, "learner_gpus: 1\n"), {})
+    with pytest.raises(ConfigError, match=r"image: 'x:1', parameter_gpus: 2 needs backend: docker"):
+        load_config(_yaml(tmp_path, "image: x:1\nparameter_gpus: 2\n"), {})
+    docker = load_config(_yaml(tmp_path, "backend: docker\n"), {})  # the project's CPU image where no GPU is asked
+    assert {docker.role_image(r) for r in ("learner", "parameter", "actor")} == {
+        f"stellaris/function-cpu:{version('stellaris')}"
+    }
+
+
+def test_images_gpus_and_device_with_the_docker_backend(tmp_path: Path) -> None:
+    from importlib.metadata import version
+
+    cfg = load_config(
+        _yaml(tmp_path, "backend: docker\nimage: mine:1\nactor_image: act:2\nlearner_gpus: 1\nparameter_gpus: 1\n"),
+        {"device": "cuda"},
+    )
+    assert [cfg.role_image(r) for r in ("learner", "parameter", "actor")] == ["mine:1", "mine:1", "act:2"]
+    assert [cfg.role_gpus(r) for r in ("learner", "parameter", "actor")] == [1, 1, 0]
+    assert [cfg.role_device(r) for r in ("learner", "parameter", "actor")] == ["cuda", "cuda", "cpu"]
+    gpu = load_config(_yaml(tmp_path, "backend: docker\nlearner_gpus: 1\n"), {})
+    assert gpu.role_image("learner") == f"stellaris/function:{version('stellaris')}"  # the CUDA image
+    assert gpu.role_image("parameter") == f"stellaris/function-cpu:{version('stellaris')}"
+    with pytest.raises(ConfigError, match=r"device: 'cuda' with backend 'docker' needs parameter_gpus >= 1"):
+        load_config(_yaml(tmp_path, "backend: docker\nlearner_gpus: 1\n"), {"device": "cuda"})
+    with pytest.raises(ConfigError, match=r"backend: Input should be 'process' or 'docker'"):
+        load_config(_yaml(tmp_path, "backend: k8s\n"), {})
+    with pytest.raises(ConfigError, match=r"device: Input should be 'auto', 'cpu' or 'cuda'"):
+        load_config(_yaml(tmp_path, "device: tpu\n"), {})
+    with pytest.raises(ConfigError, match=r"learner_gpus: Input should be greater than or equal to 0"):
+        load_config(_yaml(tmp_path, "backend: docker\nlearner_gpus: -1\n"), {})
+
+
+def test_placement_flags_beat_the_yaml_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = _yaml(tmp_path, "backend: docker\nimage: a:1\nlearner_image: l:1\nlearner_gpus: 2\ndevice: cpu\n")
+    unflagged = _train_flags(monkeypatch, "--config", str(path))
+    assert (unflagged.role_image("learner"), unflagged.role_image("actor"), unflagged.learner_gpus) == ("l:1", "a:1", 2)
+    flagged = _train_flags(
+        monkeypatch, "--config", str(path), "--learner-image", "l:2", "--image", "b:2", "--actor-image", "c:3",
+        "--parameter-image", "p:4", "--learner-gpus", "1", "--parameter-gpus", "1", "--device", "cuda",
+    )  # fmt: skip
+    assert [flagged.role_image(r) for r in ("learner", "parameter", "actor")] == ["l:2", "p:4", "c:3"]
+    assert (flagged.learner_gpus, flagged.parameter_gpus, flagged.device) == (1, 1, "cuda")
+    process = _yaml(tmp_path, "learner_gpus: 0\n")
+    assert _train_flags(monkeypatch, "--config", str(process), "--backend", "docker").backend == "docker"
+
+
+def test_the_job_registers_each_role_where_the_config_places_it(tmp_path: Path) -> None:
+    """The specs the gateway gets: backend named, image and GPUs for docker, the device in the environment."""
+    from stellaris.control.deployment import function_spec, placements
+
+    docker = placements(load_config(_yaml(tmp_path, "backend: docker\nimage: img:1\nlearner_gpus: 1\n"), {}))
+    learner = function_spec("j-learner", "learner", docker["learner"], {"A": "1"}, max_instances=2)
+    assert (learner.backend, learner.image, learner.resources.gpus, learner.target, learner.max_instances) == (
+        "docker", "img:1", 1, "functions.handlers.learner:handle", 2
+    )  # fmt: skip
+    assert learner.env == {"A": "1", "STELLARIS_DEVICE": "auto"}
+    actor = function_spec("j-actor", "actor", docker["actor"], {})
+    assert (actor.backend, actor.image, actor.resources.gpus, actor.env) == (
+        "docker", "img:1", 0, {"STELLARIS_DEVICE": "cpu"}
+    )  # fmt: skip
+    process = placements(load_config(_yaml(tmp_path, ""), {}))
+    parameter = function_spec("j-parameter", "parameter", process["parameter"], {})
+    assert (parameter.backend, parameter.image, parameter.resources.gpus) == ("process", None, 0)

@@ -1,0 +1,114 @@
+"""`stellaris train --backend docker` end to end: the real CLI against a real gateway whose docker backend starts
+every learner, parameter and (serverless) actor function as a container on a real engine (podman's Docker API in
+CI, .ci/podman-setup.sh). The image is the bare test image in host-Python mode (the checkout's interpreter and
+virtual environment bind-mounted read-only), as in tests/gateway/test_docker_gateway.py.
+
+Which container served an invocation: the activation record names the instance; the engine's events name the
+container that carried that instance's label, with its image. Skips (saying why) without an engine unless
+STELLARIS_REQUIRE_DOCKER=1, as in CI."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+from docker.client import DockerClient
+
+from gateway.backends.base import LABEL_FUNCTION, LABEL_GATEWAY
+from gateway.backends.docker_config import LABEL_INSTANCE
+from tests.gateway.conftest import TOKEN, stop_gateway
+from tests.gateway.test_docker_backend import IMAGE, REPO, engine, host_python_mounts  # noqa: F401 (fixture)
+from tests.gateway.test_docker_gateway import containers, docker_gateway, gateway_id  # noqa: F401 (fixture)
+from tests.stellaris.test_train import FAST_CARTPOLE, ROOT
+
+ROUNDS = 2
+
+
+def train(tmp_path: Path, *args: str, **env: str) -> tuple[subprocess.CompletedProcess[str], Path]:
+    """`stellaris train --backend docker` of a short CartPole job with serverless actors, all on the test image."""
+    out = tmp_path / "run"
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump({**FAST_CARTPOLE, "actors": 1}))
+    cmd = [
+        sys.executable, "-m", "stellaris.cli", "train", "--config", str(config), "--env", "CartPole-v1",
+        "--backend", "docker", "--image", IMAGE, "--actor-kind", "serverless", "--out", str(out), *args,
+    ]  # fmt: skip
+    base = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "STELLARIS_GATEWAY_URL")}
+    proc = subprocess.run(cmd, cwd=ROOT, env={**base, **env}, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc, out
+
+
+def started_containers(engine: DockerClient, gateway_id: str, since: float) -> dict[str, dict[str, str]]:  # noqa: F811
+    """instance id -> {id, image, function} of every container of this gateway started since `since`."""
+    events = engine.events(
+        since=int(since) - 1,
+        until=int(time.time()) + 1,
+        decode=True,
+        filters={"type": "container", "event": "start", "label": f"{LABEL_GATEWAY}={gateway_id}"},
+    )
+    started = {}
+    for event in events:
+        attrs = event["Actor"]["Attributes"]
+        started[attrs[LABEL_INSTANCE]] = {
+            "id": event["Actor"]["ID"], "image": attrs["image"], "function": attrs[LABEL_FUNCTION],
+        }  # fmt: skip
+    return started
+
+
+def test_every_function_of_a_docker_job_runs_in_a_container_of_its_image(
+    tmp_path: Path,
+    redis_server,
+    engine: DockerClient,  # noqa: F811
+    gateway_id: str,  # noqa: F811
+) -> None:
+    gw = docker_gateway(redis_server.url, gateway_id)
+    since = time.time()
+    try:
+        proc, out = train(
+            tmp_path, "--gateway-url", gw.url, "--gateway-token", TOKEN, "--redis-url", redis_server.url,
+            "--rounds", str(ROUNDS),
+        )  # fmt: skip
+        assert f"functions in containers: learner {IMAGE} (0 GPU)" in proc.stderr
+        with (out / "invocations.csv").open() as f:
+            invocations = list(csv.DictReader(f))
+        with gw.client() as client:
+            activations = [client.activation(row["activation_id"]) for row in invocations]
+        started = started_containers(engine, gateway_id, since)
+        assert containers(engine, gateway_id) == []  # the finished job's functions and containers are gone
+    finally:
+        stop_gateway(gw)
+    assert {a.function.rsplit("-", 1)[1] for a in activations} == {"actor", "learner", "parameter"}
+    for act in activations:
+        assert act.instance in started, f"{act.function} call {act.id} ran on {act.instance}, no container of the job"
+        container = started[act.instance]
+        assert (container["image"], container["function"]) == (IMAGE, act.function), act
+    served = {started[a.instance]["id"] for a in activations if a.instance is not None}
+    print(f"{len(activations)} invocations over {ROUNDS} rounds served by {len(served)} containers of {IMAGE}")
+
+
+def test_a_docker_job_on_the_local_gateway_runs_its_functions_in_containers_on_the_hosts_network(
+    tmp_path: Path,
+    engine: DockerClient,  # noqa: F811
+    gateway_id: str,  # noqa: F811
+) -> None:
+    """No --gateway-url: the gateway `stellaris train` starts itself puts the containers on the host's network, so
+    that they reach the embedded Redis on loopback."""
+    since = time.time()
+    host_python = {
+        "STELLARIS_GATEWAY_ID": gateway_id,
+        "STELLARIS_GATEWAY_DOCKER_PYTHON": sys.executable,
+        "STELLARIS_GATEWAY_DOCKER_VOLUMES": json.dumps(host_python_mounts()),
+        "STELLARIS_GATEWAY_DOCKER_WORKDIR": str(REPO),
+    }
+    train(tmp_path, "--rounds", "1", **host_python)
+    started = started_containers(engine, gateway_id, since)
+    assert {c["function"].rsplit("-", 1)[1] for c in started.values()} == {"actor", "learner", "parameter"}
+    assert {c["image"] for c in started.values()} == {IMAGE}
+    assert containers(engine, gateway_id) == []
