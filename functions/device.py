@@ -23,7 +23,9 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-ENV_VAR = "STELLARIS_DEVICE"
+from cache.contract.runtime_http import DEVICE_ENV
+
+ENV_VAR = DEVICE_ENV
 CHOICES = ("auto", "cpu", "cuda")
 
 

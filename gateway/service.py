@@ -4,12 +4,14 @@ routes call; created in the app's lifespan. Routes stay thin: the logic lives he
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from typing import Any
 
 import aiohttp
 import redis.asyncio as aioredis
 from pydantic import ValidationError
+from redis.exceptions import RedisError
 from starlette.exceptions import HTTPException
 
 from cache import Cache, CacheSettings
@@ -26,6 +28,8 @@ from gateway.models import Activation, FunctionSpec, Status
 from gateway.pool import FunctionPool
 from gateway.registry import Registry
 from gateway.settings import GatewaySettings
+
+log = logging.getLogger("stellaris.gateway")
 
 
 class Gateway:
@@ -79,7 +83,12 @@ class Gateway:
         return survivors
 
     async def stop(self) -> None:
-        await self.activations.drain()
+        try:
+            await self.activations.drain()
+        except (RedisError, OSError) as exc:
+            # Redis is gone (e.g. the job's embedded server died): the records in flight are lost, and shutting down
+            # says so in one line rather than failing with a traceback.
+            log.warning("gateway stopping without writing its last activation records: %s", exc)
         for task in list(self.tasks):
             task.cancel()
         await asyncio.gather(*self.tasks, return_exceptions=True)

@@ -74,3 +74,8 @@ def runtime_argv(
     if host is not None:
         argv += ["--host", host, "--allow-remote"]
     return [*argv, "--port", str(port), "--concurrency", str(concurrency), "--timeout-s", f"{timeout_s:g}"]
+
+
+# The environment a function instance reads besides its settings: the torch device its learner or parameter handler
+# computes on (auto, cpu, cuda or cuda:N; functions/device.py), set by the control plane per role.
+DEVICE_ENV = "STELLARIS_DEVICE"

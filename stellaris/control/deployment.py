@@ -18,6 +18,7 @@ import redis
 from cache import Cache, JobCache, acl
 from cache.acl import JOB_ENV
 from cache.connection import REDIS_PASSWORD_ENV, REDIS_USER_ENV
+from cache.contract.runtime_http import DEVICE_ENV
 from cache.lifetime import die_with_parent
 from gateway.client import GatewayClient, GatewayError
 from gateway.models import ACTOR_PRICING, LEARNER_PRICING, BackendName, FunctionSpec, Resources
@@ -27,7 +28,6 @@ from stellaris.control.rounds import Call, Role
 PREWARM_WAIT_S = 120.0
 REDIS_WATCH_S = 1.0  # how often the control plane pings Redis, so that it sees a restart (and re-grants) at once
 ROLES: tuple[Role, ...] = ("actor", "learner", "parameter")
-DEVICE_ENV = "STELLARIS_DEVICE"  # the torch device a function computes on: auto, cpu or cuda
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ GRADIENT_COLUMNS = ["gradient_id", "task_id", "round", "base_version", "applied_
 TIMELINE_COLUMNS = ["wall_clock_s", "episodic_reward"]
 INVOCATION_COLUMNS = [
     "function", "activation_id", "start", "end", "cold", "init_time", "duration", "resource_seconds", "cost",
-    "device",
+    "device", "instance", "container_id", "image",
 ]  # fmt: skip
 
 
@@ -115,6 +115,9 @@ class RunDir:
                     "resource_seconds": a.resource_seconds,
                     "cost": a.cost_usd,
                     "device": device_of(a.result),  # where the handler computed, as its result record says
+                    "instance": a.instance or "",
+                    "container_id": a.container_id or "",  # docker backend: the container that ran it
+                    "image": a.image or "",
                 }
                 for a in acts
             ]

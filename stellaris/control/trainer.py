@@ -87,7 +87,7 @@ class Trainer:
         init = self.deployment.functions.invoke(
             "parameter", {"job": self.job_id, "init": self.cfg.job_request(self.job_id)}
         )
-        self._charge([init.activation] if init.activation else [])
+        self._charge([init.metered] if init.metered else [])
         spec = InitResult.from_dict(init.result).spec
         self.shape = RoundShape.of_spec(spec)
         self.run.write_config(self.cfg.model_dump(mode="json"), spec)
