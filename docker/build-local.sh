@@ -2,7 +2,7 @@
 # Build the images without a container registry (no Docker Hub, no PyTorch index): only Debian's mirror and PyPI.
 #   1. base:   Debian bookworm from `debootstrap --variant=minbase` with python3, python3-venv and python3-pip,
 #              imported with `podman import` (the Dockerfiles' BASE_IMAGE; Debian's Python is 3.11, as the images').
-#   2. redis:  the base + Debian's redis-server (compose.yaml's STELLARIS_REDIS_IMAGE).
+#   2. redis:  the base + Valkey 8 from bookworm-backports as redis-server (compose.yaml's STELLARIS_REDIS_IMAGE).
 #   3. function-cpu and gateway: `podman build --pull=never --network host` from the base, torch from a local wheel
 #      folder (TORCH_WHEELS, mounted at /wheels) and pip trusting the machine's CA bundle (mounted with a pip.conf).
 # The GPU image (Dockerfile.function) needs a CUDA base: build it where one can be pulled (docker/README.md).
@@ -98,7 +98,9 @@ for step in "${steps[@]}"; do
                 say "base $BASE_IMAGE exists (--rebuild-base to make it again)"
             fi
             ;;
-        redis) timed "redis $REDIS_IMAGE" build docker/Dockerfile.redis "$REDIS_IMAGE" ;;
+        redis)
+            timed "redis $REDIS_IMAGE" build docker/Dockerfile.redis "$REDIS_IMAGE" \
+                --build-arg "DEBIAN_MIRROR=$(debian_mirror)" ;;
         function-cpu)
             timed "function-cpu" build_torch_image docker/Dockerfile.function-cpu "stellaris/function-cpu:$VERSION" ;;
         gateway) timed "gateway" build_torch_image docker/Dockerfile.gateway "stellaris/gateway:$VERSION" ;;

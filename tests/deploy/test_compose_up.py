@@ -8,6 +8,7 @@ STELLARIS_DEPLOY_E2E=1 (skipped, saying so, by `make test`).
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import os
 import secrets
@@ -23,6 +24,7 @@ from pathlib import Path
 import docker
 import httpx
 import pytest
+import requests
 import yaml
 
 from tests.gateway.test_compose import compose_binary
@@ -60,6 +62,7 @@ class Deployment:
     gateway_url: str
     redis_url: str
     token: str
+    gateway_id: str  # the label of the gateway's containers (other tests' containers share the engine)
 
     def compose(self, *args: str, timeout_s: float = 180) -> subprocess.CompletedProcess[str]:
         cmd = [str(compose_binary()), "-f", str(ROOT / "compose.yaml"), *args]
@@ -70,9 +73,19 @@ def engine() -> docker.DockerClient:
     return docker.DockerClient(base_url=os.environ["DOCKER_HOST"], timeout=60)
 
 
-def running(client: docker.DockerClient, **labels: str) -> list[str]:
+def running(client: docker.DockerClient, labels: dict[str, str]) -> list[str]:
+    """The containers with these labels, running or not."""
     filters = {"label": [f"{k}={v}" for k, v in labels.items()]}
     return [f"{c.name} ({c.status})" for c in client.containers.list(all=True, filters=filters)]
+
+
+def gone(client: docker.DockerClient, labels: dict[str, str], *, timeout_s: float) -> list[str]:
+    """Wait (bounded) until the engine has removed every container with these labels; the ones left."""
+    filters = {"label": [f"{k}={v}" for k, v in labels.items()]}
+    for container in client.containers.list(all=True, filters=filters):
+        with contextlib.suppress(docker.errors.NotFound, requests.exceptions.RequestException):
+            container.wait(condition="removed", timeout=timeout_s)
+    return running(client, labels)
 
 
 def wait_healthz(url: str, timeout_s: float) -> None:
@@ -94,14 +107,17 @@ def deployment() -> Iterator[Deployment]:
     assert host.startswith("unix://"), f"the gateway container mounts the engine socket; DOCKER_HOST is {host}"
     password, token = secrets.token_hex(16), secrets.token_hex(16)
     redis_port, api_port = free_port(), free_port()
+    gateway_id = f"deploy-e2e-{secrets.token_hex(4)}"
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("STELLARIS_", "COMPOSE_", "REDIS_URL"))}
     env = {
         **clean, "DOCKER_HOST": host, "STELLARIS_ENGINE_SOCKET": host.removeprefix("unix://"),
         "STELLARIS_REDIS_PASSWORD": password, "STELLARIS_GATEWAY_TOKEN": token,
         "STELLARIS_REDIS_PORT": str(redis_port), "STELLARIS_API_PORT": str(api_port),
+        "STELLARIS_GATEWAY_ID": gateway_id,
         "STELLARIS_REDIS_IMAGE": os.environ.get("STELLARIS_REDIS_IMAGE", "redis:7.2"),
     }  # fmt: skip
-    dep = Deployment(env, f"http://127.0.0.1:{api_port}", f"redis://:{password}@127.0.0.1:{redis_port}/0", token)
+    redis_url = f"redis://:{password}@127.0.0.1:{redis_port}/0"
+    dep = Deployment(env, f"http://127.0.0.1:{api_port}", redis_url, token, gateway_id)
     start = time.monotonic()
     up = dep.compose("up", "-d")
     print(f"compose up -d: {time.monotonic() - start:.1f} s")
@@ -122,7 +138,8 @@ class ContainerLog:
     """Every Stellaris container the engine starts while it runs, from the engine's event stream: instance id ->
     (container id, image). Instances are removed when the job ends, so their labels are read as they start."""
 
-    def __init__(self, client: docker.DockerClient) -> None:
+    def __init__(self, client: docker.DockerClient, gateway_id: str) -> None:
+        self.gateway_id = gateway_id
         self.started: dict[str, tuple[str, str]] = {}
         self._events = client.events(decode=True, filters={"type": "container", "event": "start"})
         self._thread = threading.Thread(target=self._read, daemon=True)
@@ -131,7 +148,7 @@ class ContainerLog:
     def _read(self) -> None:
         for event in self._events:
             attrs = event.get("Actor", {}).get("Attributes", {})
-            if attrs.get("io.stellaris.app") == PROJECT and "io.stellaris.instance" in attrs:
+            if attrs.get("io.stellaris.gateway") == self.gateway_id and "io.stellaris.instance" in attrs:
                 self.started[attrs["io.stellaris.instance"]] = (event["Actor"]["ID"], attrs.get("image", ""))
 
     def close(self) -> None:
@@ -146,7 +163,7 @@ def rolling_best(returns: list[float], window: int = 10) -> float:
 
 def test_compose_gateway_trains_cartpole_in_containers(deployment: Deployment, tmp_path: Path) -> None:
     client = engine()
-    log = ContainerLog(client)
+    log = ContainerLog(client, deployment.gateway_id)
     out, cfg = tmp_path / "run", tmp_path / "config.yaml"
     cfg.write_text(yaml.safe_dump(CARTPOLE))
     cmd = [
@@ -163,12 +180,6 @@ def test_compose_gateway_trains_cartpole_in_containers(deployment: Deployment, t
     elapsed = time.monotonic() - start
     assert proc.returncode == 0, proc.stderr[-3000:]
 
-    with (out / "timeline.csv").open() as f:
-        returns = [float(r["episodic_reward"]) for r in csv.DictReader(f)]
-    best = rolling_best(returns)
-    print(f"{ROUNDS} rounds in {elapsed:.0f} s, {len(returns)} episodes, best mean of 10: {best:.1f}")
-    assert best >= THRESHOLD, f"best mean of 10 episodes {best:.1f} < {THRESHOLD}; last returns {returns[-20:]}"
-
     with (out / "invocations.csv").open() as f:
         activation_ids = [r["activation_id"] for r in csv.DictReader(f)]
     assert activation_ids
@@ -184,8 +195,14 @@ def test_compose_gateway_trains_cartpole_in_containers(deployment: Deployment, t
     images = {log.started[i][1] for i in instances}
     assert images and all(image.endswith(IMAGE) for image in images), images
     print(f"{len(activation_ids)} invocations on {len(instances)} containers of {sorted(images)}")
-    # The job deleted its functions, so their containers are gone before compose down.
-    assert running(client, **{"io.stellaris.app": PROJECT}) == []
+    # The job deleted its functions: their containers drain (up to the gateway's stop timeout) and are removed.
+    assert gone(client, {"io.stellaris.gateway": deployment.gateway_id}, timeout_s=60) == []
+
+    with (out / "timeline.csv").open() as f:
+        returns = [float(r["episodic_reward"]) for r in csv.DictReader(f)]
+    best = rolling_best(returns)
+    print(f"{ROUNDS} rounds in {elapsed:.0f} s, {len(returns)} episodes, best mean of 10: {best:.1f}")
+    assert best >= THRESHOLD, f"best mean of 10 episodes {best:.1f} < {THRESHOLD}; last returns {returns[-20:]}"
 
 
 def test_compose_down_leaves_nothing_running(deployment: Deployment) -> None:
@@ -193,6 +210,6 @@ def test_compose_down_leaves_nothing_running(deployment: Deployment) -> None:
     client = engine()
     down = deployment.compose("down", "--volumes", "--timeout", "20")
     assert down.returncode == 0, down.stderr
-    assert running(client, **{"com.docker.compose.project": PROJECT}) == []
-    assert running(client, **{"io.stellaris.app": PROJECT}) == []
+    assert running(client, {"com.docker.compose.project": PROJECT}) == []
+    assert running(client, {"io.stellaris.gateway": deployment.gateway_id}) == []
     assert [n.name for n in client.networks.list(names=[PROJECT])] == []
