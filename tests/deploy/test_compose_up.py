@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PROJECT = "stellaris"  # compose.yaml's `name`
 IMAGE = os.environ.get("STELLARIS_DEPLOY_IMAGE", "stellaris/function-cpu:0.1.0")
 THRESHOLD = 400.0  # tests/functions/test_learning.py: mean of the last 10 episodes
-ROUNDS = int(os.environ.get("STELLARIS_DEPLOY_ROUNDS", "60"))
+ROUNDS = int(os.environ.get("STELLARIS_DEPLOY_ROUNDS", "80"))
 CARTPOLE = {  # tests/functions/test_learning.py's PPO settings, through `stellaris train`
     "env": "CartPole-v1", "algo": "ppo", "preset": "paper", "actors": 2, "learners": 2, "mode": "sync",
     "actor_kind": "serverless",
