@@ -181,15 +181,21 @@ def test_compose_gateway_trains_cartpole_in_containers(deployment: Deployment, t
     assert proc.returncode == 0, proc.stderr[-3000:]
 
     with (out / "invocations.csv").open() as f:
-        activation_ids = [r["activation_id"] for r in csv.DictReader(f)]
-    assert activation_ids
+        rows = list(csv.DictReader(f))
+    assert rows
     headers = {"Authorization": f"Bearer {deployment.token}"}
     instances: set[str] = set()
     with httpx.Client(base_url=deployment.gateway_url, headers=headers, timeout=30) as http:
-        for activation_id in activation_ids:
-            record = http.get(f"/activations/{activation_id}")
+        for row in rows:
+            record = http.get(f"/activations/{row['activation_id']}")
             assert record.status_code == 200, record.text
-            instances.add(record.json()["instance"])
+            act = record.json()
+            instances.add(act["instance"])
+            # The activation record names the container that ran the call: one this job's gateway started.
+            started = log.started.get(act["instance"])
+            assert started is not None and act["container_id"] == started[0], (act, started)
+            assert row["container_id"] == act["container_id"] and row["instance"] == act["instance"], row
+    activation_ids = [r["activation_id"] for r in rows]
     unknown = {i for i in instances if i not in log.started}
     assert not unknown, f"activations on instances that started no container: {sorted(unknown)}"
     images = {log.started[i][1] for i in instances}
