@@ -230,7 +230,10 @@ class DockerBackend:
         filters = self.template.discovery_filters()
         handles = []
         with self._engine_errors(f"discover the instances of gateway {self.gateway_id!r}"):
-            for container in self.client.containers.list(all=True, filters=filters):
+            for summary in self.client.api.containers(all=True, filters=filters):  # no inspect per container
+                container = self._get_unless_gone(summary["Id"])
+                if container is None:
+                    continue  # removed since the list was taken
                 if container.status != "running":
                     log.info("removing %s container %s of a previous gateway run", container.status, container.name)
                     remove(container)
@@ -242,6 +245,18 @@ class DockerBackend:
         return handles
 
     # -- helpers ---------------------------------------------------------------------------------------------
+
+    def _get_unless_gone(self, container_id: str) -> Container | None:
+        """The container, or None when it no longer exists (Docker: 404; podman answers a container removed while
+        asked for with a 500 "no such container" / "does not exist")."""
+        try:
+            return self.client.containers.get(container_id)
+        except NotFound:
+            return None
+        except APIError as exc:
+            if exc.status_code == 500 and any(s in str(exc).lower() for s in ("no such container", "does not exist")):
+                return None
+            raise
 
     def _handle(self, container: Container, *, init_s: float = 0.0) -> InstanceHandle:
         container.reload()

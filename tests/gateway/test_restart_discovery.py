@@ -190,7 +190,8 @@ def wait_stopped(engine: DockerClient, cid: str) -> None:  # noqa: F811
     # Gone already: NotFound, or (podman, removed while asked) a 500 "no such container".
     with contextlib.suppress(NotFound, APIError):
         engine.containers.get(cid).wait(timeout=60)  # blocks until the container stops
-    assert "running" not in [ct.status for ct in engine.containers.list(all=True, filters={"id": cid})]
+    # The low-level list (no inspect per container, which a container removed meanwhile would fail with a 500).
+    assert "running" not in [ct["State"] for ct in engine.api.containers(all=True, filters={"id": cid})]
 
 
 def test_a_restarted_gateway_adopts_each_container_into_its_own_function(
