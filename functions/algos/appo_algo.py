@@ -3,22 +3,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import torch
 
-from cache.contract import AggregatorState
 from cache.records import LearnerTask
-from functions.algos.algorithm import Algorithm, Gradient, LearnInputs, refresh_target, reset_round_kl
+from functions.algos import impact_algo
+from functions.algos.algorithm import Algorithm, Gradient, LearnInputs
 from functions.algos.appo import appo_loss
 from functions.algos.config import APPOConfig
 from functions.learn import Batch, flat, gradients, is_weights, loss_stats, time_chunk
 from functions.policies import ActorCritic
-
-
-def prepare(batches: Sequence[Batch], cfg: APPOConfig) -> tuple[Batch, ...]:
-    """The round's batches as they are: each task slices its own time chunk."""
-    return tuple(batches)
 
 
 def gradient(
@@ -66,14 +59,10 @@ def gradient(
     return grads, stats | loss_stats(terms, kl=terms.approx_kl, samples=t_len * n)
 
 
-def start_round(state: AggregatorState, cfg: APPOConfig, *, new_round: int, version: int) -> AggregatorState:
-    """Refresh the target network every `target_update_frequency` rounds (only read when ``kl_coef`` > 0)."""
-    state = reset_round_kl(state, new_round)
-    return refresh_target(state, new_round=new_round, version=version, every=cfg.target_update_frequency)
-
-
 def uses_target(cfg: APPOConfig) -> bool:
     return cfg.kl_coef > 0  # only the KL term reads the target network
 
 
-APPO = Algorithm("appo", APPOConfig, prepare, gradient, start_round, uses_target)
+# A round's data and its boundary are IMPACT's (the batches as they are, time chunks per task; the target network
+# refreshed every `target_update_frequency` rounds, which APPO reads only when ``kl_coef`` > 0).
+APPO = Algorithm("appo", APPOConfig, impact_algo.prepare, gradient, impact_algo.start_round, uses_target)

@@ -10,13 +10,13 @@ import torch
 from cache.contract import AggregatorState
 from cache.records import LearnerTask
 from functions.algos.algorithm import Algorithm, Gradient, LearnInputs, refresh_target, reset_round_kl
-from functions.algos.config import IMPACTConfig
+from functions.algos.config import APPOConfig, IMPACTConfig
 from functions.algos.impact import impact_loss
 from functions.learn import Batch, flat, gradients, is_weights, loss_stats, time_chunk
 from functions.policies import ActorCritic
 
 
-def prepare(batches: Sequence[Batch], cfg: IMPACTConfig) -> tuple[Batch, ...]:
+def prepare(batches: Sequence[Batch], cfg: IMPACTConfig | APPOConfig) -> tuple[Batch, ...]:
     """The round's batches as they are: each task slices its own time chunk."""
     return tuple(batches)
 
@@ -64,8 +64,10 @@ def gradient(
     return grads, stats | loss_stats(terms, kl=terms.mean_kl, samples=t_len * n)
 
 
-def start_round(state: AggregatorState, cfg: IMPACTConfig, *, new_round: int, version: int) -> AggregatorState:
-    """Refresh the target network every `target_update_frequency` rounds."""
+def start_round(
+    state: AggregatorState, cfg: IMPACTConfig | APPOConfig, *, new_round: int, version: int
+) -> AggregatorState:
+    """Refresh the target network every `target_update_frequency` rounds (IMPACT and APPO)."""
     state = reset_round_kl(state, new_round)
     return refresh_target(state, new_round=new_round, version=version, every=cfg.target_update_frequency)
 

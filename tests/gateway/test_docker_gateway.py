@@ -33,7 +33,8 @@ def gateway_id(engine: DockerClient) -> Iterator[str]:  # noqa: F811
         container.remove(force=True)
 
 
-def docker_gateway(redis_url: str, gateway_id: str, namespace: str | None = None) -> RunningGateway:
+def docker_gateway(redis_url: str, gateway_id: str, namespace: str | None = None, **env: str) -> RunningGateway:
+    """A gateway whose docker functions run the host's Python in the test image (host-Python mode)."""
     return start_gateway(
         redis_url,
         namespace,
@@ -42,6 +43,7 @@ def docker_gateway(redis_url: str, gateway_id: str, namespace: str | None = None
         STELLARIS_GATEWAY_DOCKER_PYTHON=sys.executable,
         STELLARIS_GATEWAY_DOCKER_VOLUMES=json.dumps(host_python_mounts()),
         STELLARIS_GATEWAY_DOCKER_WORKDIR=str(REPO),
+        **env,
     )
 
 

@@ -20,13 +20,9 @@ import contextlib
 import json
 import os
 import signal
-import sys
-import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import aiohttp
-import pytest
 from docker.client import DockerClient
 from docker.errors import APIError, NotFound
 
@@ -41,7 +37,8 @@ from gateway.metering import Metrics
 from gateway.models import FunctionSpec
 from gateway.pool import FunctionPool
 from tests.gateway.conftest import RunningGateway, start_gateway, stop_gateway
-from tests.gateway.test_docker_backend import IMAGE, REPO, engine, host_python_mounts  # noqa: F401 (fixture)
+from tests.gateway.test_docker_backend import IMAGE, engine  # noqa: F401 (fixture)
+from tests.gateway.test_docker_gateway import docker_gateway, gateway_id  # noqa: F401 (fixture)
 from tests.procs import pid_alive, wait_pid_gone
 
 H = "tests.gateway.identity_handlers"
@@ -156,25 +153,10 @@ def test_process_instances_die_with_a_killed_gateway_and_each_function_gets_its_
 # -- docker backend --------------------------------------------------------------------------------------------
 
 
-@pytest.fixture
-def gateway_id(engine: DockerClient) -> Iterator[str]:  # noqa: F811
-    gid = f"test-{uuid.uuid4().hex[:10]}"
-    yield gid
-    for container in engine.containers.list(all=True, filters={"label": f"{LABEL_GATEWAY}={gid}"}):
-        container.remove(force=True)
-
-
-def docker_gateway(redis_url: str, gateway_id: str, namespace: str | None = None) -> RunningGateway:
-    return start_gateway(
-        redis_url,
-        namespace,
-        STELLARIS_GATEWAY_ID=gateway_id,
-        STELLARIS_DOCKER_NETWORK="host",  # containers reach the test's loopback Redis
-        STELLARIS_GATEWAY_DOCKER_PYTHON=sys.executable,
-        STELLARIS_GATEWAY_DOCKER_VOLUMES=json.dumps(host_python_mounts()),
-        STELLARIS_GATEWAY_DOCKER_WORKDIR=str(REPO),
-        STELLARIS_GATEWAY_TARGET_PREFIXES=PREFIXES,
-        STELLARIS_GATEWAY_STOP_TIMEOUT_S="5",
+def restart_gateway(redis_url: str, gid: str, namespace: str | None = None) -> RunningGateway:
+    """test_docker_gateway's host-Python gateway, taking this module's handlers, with a short stop timeout."""
+    return docker_gateway(
+        redis_url, gid, namespace, STELLARIS_GATEWAY_TARGET_PREFIXES=PREFIXES, STELLARIS_GATEWAY_STOP_TIMEOUT_S="5"
     )
 
 
@@ -198,12 +180,12 @@ def test_a_restarted_gateway_adopts_each_container_into_its_own_function(
     redis_server,
     cache_conn: Cache,
     engine: DockerClient,  # noqa: F811
-    gateway_id: str,
+    gateway_id: str,  # noqa: F811
 ) -> None:
     # Another namespace's gateway with the same gateway id (two gateways on one host) and a function also named
     # "red": its container must be neither adopted nor stopped by the restarted gateway.
-    other = docker_gateway(redis_server.url, gateway_id)
-    first = docker_gateway(redis_server.url, gateway_id)
+    other = restart_gateway(redis_server.url, gateway_id)
+    first = restart_gateway(redis_server.url, gateway_id)
     second: RunningGateway | None = None
     try:
         with other.client() as c:
@@ -227,7 +209,7 @@ def test_a_restarted_gateway_adopts_each_container_into_its_own_function(
         stale = FunctionSpec.model_validate_json(cache_conn.client.hget(keys.functions, "stale"))
         cache_conn.client.hset(keys.functions, "stale", stale.model_copy(update={"env": {"V": "2"}}).model_dump_json())
 
-        second = docker_gateway(redis_server.url, gateway_id, namespace=first.namespace)
+        second = restart_gateway(redis_server.url, gateway_id, namespace=first.namespace)
         with second.client() as c:
             for name in WARM:
                 assert container_ids(c, name) == before[name], f"{name!r} adopted the wrong containers"
