@@ -13,6 +13,7 @@ from cache.contract.runtime_http import (
     DURATION_MS_HEADER,
     INVOKE_PATH,
     RECYCLE_FIELD,
+    SECRET_HEADER,
     RuntimeStatus,
     gateway_status,
 )
@@ -30,6 +31,7 @@ class Outcome:
     wait_s: float
     duration_s: float
     container_id: str | None = None  # the instance's container (docker backend)
+    node: str | None = None  # the node it runs on (ray backend)
 
 
 @dataclass
@@ -78,14 +80,22 @@ class Answer:
 
 
 async def post_event(
-    http: aiohttp.ClientSession, url: str, event: dict[str, Any], *, call_id: str, timeout_s: float
+    http: aiohttp.ClientSession,
+    url: str,
+    event: dict[str, Any],
+    *,
+    call_id: str,
+    timeout_s: float,
+    secret: str | None = None,
 ) -> Answer:
-    """POST the event to the instance at `url`; raises InstanceUnreachable, or TimeoutError past `timeout_s`."""
+    """POST the event to the instance at `url` (with its `secret`, if it has one); raises InstanceUnreachable, or
+    TimeoutError past `timeout_s`."""
+    headers = {CALL_ID_HEADER: call_id} if secret is None else {CALL_ID_HEADER: call_id, SECRET_HEADER: secret}
     try:
         async with http.post(
             f"{url}{INVOKE_PATH}",
             json=event,
-            headers={CALL_ID_HEADER: call_id},
+            headers=headers,
             timeout=aiohttp.ClientTimeout(total=timeout_s),
         ) as resp:
             try:

@@ -10,7 +10,7 @@ from typing import Any, Literal, get_args
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
-BackendName = Literal["process", "docker"]
+BackendName = Literal["process", "docker", "ray"]
 BACKENDS: tuple[str, ...] = get_args(BackendName)
 
 # The metering part of the activation record rides on the synchronous answer in this header, so a caller that
@@ -18,7 +18,7 @@ BACKENDS: tuple[str, ...] = get_args(BackendName)
 METER_HEADER = "X-Activation-Meter"
 METER_FIELDS = {
     *("start", "end", "cold", "init_s", "wait_s", "duration_s"),
-    *("instance", "container_id", "image", "resource_seconds", "cost_usd"),
+    *("instance", "container_id", "image", "node", "resource_seconds", "cost_usd"),
 }
 
 
@@ -27,7 +27,24 @@ class Resources(BaseModel):
 
     cpus: float = Field(default=1.0, gt=0, le=1024, description="CPU cores (process: affinity; docker: nano_cpus)")
     memory_bytes: int = Field(default=2 * 1024**3, gt=0, description="memory limit of one instance")
-    gpus: int = Field(default=0, ge=0, le=64, description="GPUs per instance (docker backend only)")
+    gpus: float = Field(
+        default=0, ge=0, le=64, description="GPUs per instance (docker: whole GPUs; ray: fractions too, e.g. 0.25)"
+    )
+    custom: dict[str, float] = Field(
+        default_factory=dict,
+        description="ray: custom resources per instance, which place it on the nodes that declare them "
+        "(e.g. {'gpu_node': 0.01})",
+    )
+
+    @field_validator("custom")
+    @classmethod
+    def _custom(cls, v: dict[str, float]) -> dict[str, float]:
+        for name, amount in v.items():
+            if not re.match(r"^[A-Za-z_][\w.-]{0,63}$", name) or name in ("CPU", "GPU", "memory"):
+                raise ValueError(f"custom resource name {name!r} must be a Ray resource name other than CPU/GPU/memory")
+            if not 0 < amount <= 1_000_000:
+                raise ValueError(f"custom resource {name!r}: amount {amount} must be > 0 and <= 1e6")
+        return v
 
 
 class Pricing(BaseModel):
@@ -57,7 +74,7 @@ class FunctionSpec(BaseModel):
     target: str | None = Field(default=None, description="module:handler (process backend)")
     image: str | None = Field(default=None, description="container image (docker backend)")
     backend: str | None = Field(
-        default=None, description="process or docker; None: the gateway's default (STELLARIS_GATEWAY_BACKEND)"
+        default=None, description="process, docker or ray; None: the gateway's default (STELLARIS_GATEWAY_BACKEND)"
     )
     resources: Resources = Resources()
     timeout_s: float = Field(default=60.0, gt=0, le=3600)
@@ -87,13 +104,19 @@ class FunctionSpec(BaseModel):
     @model_validator(mode="after")
     def _runnable(self) -> FunctionSpec:
         if self.backend is not None and self.backend not in BACKENDS:
-            raise ValueError(f"backend must be 'process' or 'docker', got {self.backend!r}")
+            raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
         if self.backend is None and not (self.target or self.image):
             raise ValueError("a function needs 'target' (module:handler, process backend) or 'image' (docker)")
         if self.backend == "process" and not self.target:
             raise ValueError("a process-backend function needs 'target' (module:handler)")
         if self.backend == "docker" and not self.image:
             raise ValueError("a docker-backend function needs 'image'")
+        if self.backend == "ray" and not self.target:
+            raise ValueError("a ray-backend function needs 'target' (module:handler; its actor runs the runtime)")
+        if self.backend != "ray" and self.resources.gpus != int(self.resources.gpus):
+            raise ValueError(f"resources.gpus {self.resources.gpus} is fractional: only the ray backend shares a GPU")
+        if self.backend != "ray" and self.resources.custom:
+            raise ValueError("resources.custom places instances on Ray nodes: it needs backend 'ray'")
         if self.min_warm > self.max_instances:
             raise ValueError(f"min_warm {self.min_warm} exceeds max_instances {self.max_instances}")
         return self
@@ -130,6 +153,7 @@ class Activation(BaseModel):
     instance: str | None = Field(default=None, description="the instance that ran it (its id in the pool)")
     container_id: str | None = Field(default=None, description="the container that ran it (docker backend)")
     image: str | None = Field(default=None, description="the image of that container (the function's spec's)")
+    node: str | None = Field(default=None, description="the node that ran it (ray backend: the Ray node's address)")
     cold: bool | None = None
     resource_seconds: float = 0.0
     cost_usd: float = 0.0

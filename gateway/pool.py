@@ -121,10 +121,13 @@ class FunctionPool:
         self, live: Live, event: dict[str, Any], call_id: str, *, cold: bool, init_s: float | None, wait_s: float
     ) -> Outcome:
         started = time.monotonic()
-        outcome = Outcome(None, live.handle.id, cold, init_s, wait_s, 0.0, live.handle.container_id)
+        handle = live.handle
+        outcome = Outcome(None, handle.id, cold, init_s, wait_s, 0.0, handle.container_id, handle.node)
         timeout_s = self.spec.timeout_s + ANSWER_MARGIN_S
         try:
-            answer = await post_event(self.http, live.handle.url, event, call_id=call_id, timeout_s=timeout_s)
+            answer = await post_event(
+                self.http, handle.url, event, call_id=call_id, timeout_s=timeout_s, secret=handle.secret
+            )
         except InstanceUnreachable as exc:
             outcome.duration_s = time.monotonic() - started
             await self._discard(live, replace=True)

@@ -206,7 +206,7 @@ class Gateway:
             act.status, act.error = failed.status, failed.error
         act.end, act.status_code = time.time(), code
         if outcome is not None:
-            act.instance, act.cold, act.init_s = outcome.instance, outcome.cold, outcome.init_s
+            act.instance, act.cold, act.init_s, act.node = outcome.instance, outcome.cold, outcome.init_s, outcome.node
             if outcome.container_id is not None:
                 act.container_id, act.image = outcome.container_id, pool.spec.image
             act.wait_s, act.duration_s = outcome.wait_s, outcome.duration_s

@@ -83,6 +83,16 @@ class GatewaySettings(BaseSettings):
     docker_python: str | None = Field(default=None, description="interpreter path inside the container")
     docker_volumes: dict[str, str] = Field(default_factory=dict, description="host path -> container path (ro)")
     docker_workdir: str | None = None
+    # Ray backend (gateway/backends/ray.py): instances are named detached actors in the Ray namespace
+    # "stellaris-<namespace>", each serving the function runtime on its node's address.
+    ray_address: str | None = Field(
+        default=None,
+        description="the Ray cluster to join (host:port of its GCS, or 'auto'); None: a private local Ray that this "
+        "gateway starts on first use and stops on exit",
+    )
+    ray_startup_timeout_s: float = Field(
+        default=120.0, gt=0, le=3600, description="wait for a ray instance to be placed and serve (then 502)"
+    )
 
     @model_validator(mode="after")
     def _token_for_remote(self) -> GatewaySettings:

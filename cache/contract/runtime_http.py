@@ -25,6 +25,10 @@ CALL_ID_HEADER = "X-Call-Id"  # sent by the caller (a uuid4 hex when missing), e
 WAIT_MS_HEADER = "X-Wait-Ms"  # how long the call waited for a handler slot
 DURATION_MS_HEADER = "X-Duration-Ms"  # how long the handler ran: what the gateway meters
 RETRY_AFTER_HEADER = "Retry-After"
+# A runtime that listens off loopback (a Ray actor on its node's address) answers only calls that carry its secret in
+# this header (401 otherwise); the secret reaches it in SECRET_ENV, never on a command line.
+SECRET_HEADER = "X-Stellaris-Secret"
+SECRET_ENV = "STELLARIS_RUNTIME_SECRET"
 
 RECYCLE_FIELD = "recycle"  # in a 504's error: true when the handler thread still runs and the instance must go
 
@@ -34,6 +38,7 @@ class RuntimeStatus(IntEnum):
 
     OK = 200
     BAD_REQUEST = 400  # InvalidJSON, InvalidEvent
+    UNAUTHORIZED = 401  # the runtime has a secret and the call did not carry it
     QUEUE_FULL = 429  # every slot busy and the queue full
     HANDLER_ERROR = 500  # the handler raised, or its result is not a JSON object
     DRAINING = 503  # shutting down: retry on another instance
@@ -45,6 +50,7 @@ class ErrorType(StrEnum):
 
     INVALID_JSON = "InvalidJSON"
     INVALID_EVENT = "InvalidEvent"
+    UNAUTHORIZED = "Unauthorized"
     INVALID_RESULT = "InvalidResult"
     QUEUE_FULL = "QueueFull"
     QUEUE_TIMEOUT = "QueueTimeout"

@@ -28,6 +28,8 @@ class InstanceHandle:
     backend: str
     pid: int | None = None  # process backend
     container_id: str | None = None  # docker backend
+    node: str | None = None  # ray backend: the address of the node the instance runs on
+    secret: str | None = None  # sent with every call (SECRET_HEADER) to a runtime off loopback, which checks it
     init_s: float = 0.0  # time from start request to READY
     spec_digest: str | None = None  # FunctionSpec.digest() of the spec it was started for
     labels: dict[str, str] = field(default_factory=dict)

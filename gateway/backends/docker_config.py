@@ -115,7 +115,7 @@ class ContainerTemplate:
         if self.volumes:
             config["volumes"] = {host: {"bind": inside, "mode": "ro"} for host, inside in self.volumes.items()}
         if spec.resources.gpus > 0:
-            config["device_requests"] = [DeviceRequest(count=spec.resources.gpus, capabilities=[["gpu"]])]
+            config["device_requests"] = [DeviceRequest(count=int(spec.resources.gpus), capabilities=[["gpu"]])]
         if self.network is None:
             config["ports"] = {f"{port}/tcp": (self.publish_ip, None)}
         else:

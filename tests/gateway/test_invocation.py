@@ -51,6 +51,7 @@ def test_the_status_mapping_covers_every_runtime_status() -> None:
     assert {s: gateway_status(s) for s in RuntimeStatus} == {
         RuntimeStatus.OK: 200,
         RuntimeStatus.BAD_REQUEST: 502,
+        RuntimeStatus.UNAUTHORIZED: 502,  # the gateway sent a wrong secret: the instance is not one of ours
         RuntimeStatus.QUEUE_FULL: 502,
         RuntimeStatus.HANDLER_ERROR: 502,
         RuntimeStatus.DRAINING: 502,
