@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test lint clean
+.PHONY: setup demo test test-cluster lint clean
 
 setup: $(STAMP)
 
@@ -20,9 +20,13 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
+# The multi-node Ray cluster tests run in CI's cluster stage (`make test-cluster`, .ci/cluster-e2e.sh).
 test: $(STAMP)
 	$(BIN)/ruff check .
-	$(BIN)/pytest -n 2
+	$(BIN)/pytest -n 2 -m "not cluster"
+
+test-cluster: $(STAMP)
+	$(BIN)/pytest -n 2 -m cluster
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -112,14 +112,26 @@ def train(
     gateway_url: str | None = typer.Option(None, "--gateway-url", envvar="STELLARIS_GATEWAY_URL"),
     gateway_token: str | None = typer.Option(None, "--gateway-token", envvar="STELLARIS_GATEWAY_TOKEN"),
     resume: Path | None = typer.Option(None, help="continue the run in this directory"),
-    backend: str | None = typer.Option(None, help="process (beside the gateway, the default) or docker (containers)"),
+    backend: str | None = typer.Option(
+        None, help="process (beside the gateway, the default), docker (containers) or ray (actors on a Ray cluster)"
+    ),
     image: str | None = typer.Option(None, help="docker: the image of every role without its own flag"),
     learner_image: str | None = typer.Option(None, "--learner-image", help="docker: the learners' image"),
     parameter_image: str | None = typer.Option(None, "--parameter-image", help="docker: the parameter image"),
     actor_image: str | None = typer.Option(None, "--actor-image", help="docker: the serverless actors' image"),
-    learner_gpus: int | None = typer.Option(None, "--learner-gpus", help="docker: GPUs per learner (default 0)"),
-    parameter_gpus: int | None = typer.Option(None, "--parameter-gpus", help="docker: GPUs of the parameter function"),
+    learner_gpus: float | None = typer.Option(
+        None, "--learner-gpus", help="docker: GPUs per learner (default 0); ray: fractions too (0.25: 4 per GPU)"
+    ),
+    parameter_gpus: float | None = typer.Option(None, "--parameter-gpus", help="docker/ray: the parameter's GPUs"),
     device: str | None = typer.Option(None, help="auto, cpu or cuda: the learners' and parameter function's device"),
+    ray_address: str | None = typer.Option(
+        None, "--ray-address", help="ray: the cluster to join (host:port or auto); default a private local Ray"
+    ),
+    learner_resources: str | None = typer.Option(
+        None, "--learner-resources", help="ray: custom resources per learner, e.g. gpu_node=0.01 (comma-separated)"
+    ),
+    parameter_resources: str | None = typer.Option(None, "--parameter-resources", help="ray: the parameter's"),
+    actor_resources: str | None = typer.Option(None, "--actor-resources", help="ray: serverless actors' resources"),
 ) -> None:
     """Train with the Stellaris workflow through the gateway and the cache. A flag given beats the --config file,
     a knob's `overrides.stellaris` entry there included."""
@@ -134,9 +146,12 @@ def train(
         "ssp_bound": ssp_bound, "billing": billing, "seed": seed, "out": out, "redis_url": redis_url,
         "gateway_url": gateway_url, "gateway_token": gateway_token, "backend": backend, "image": image,
         "learner_image": learner_image, "parameter_image": parameter_image, "actor_image": actor_image,
-        "learner_gpus": learner_gpus, "parameter_gpus": parameter_gpus, "device": device,
+        "learner_gpus": learner_gpus, "parameter_gpus": parameter_gpus, "device": device, "ray_address": ray_address,
     }  # fmt: skip
     try:
+        for role, given in (("learner", learner_resources), ("parameter", parameter_resources),
+                            ("actor", actor_resources)):  # fmt: skip
+            flags[f"{role}_resources"] = None if given is None else _resources(f"--{role}-resources", given)
         if resume is not None:
             cfg = load_config(resume / "config.yaml", flags, section="config")
             cfg.out = resume
@@ -146,6 +161,20 @@ def train(
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from exc
     raise typer.Exit(run_training(cfg, resume=resume is not None))
+
+
+def _resources(flag: str, text: str) -> dict[str, float]:
+    """`name=amount[,name=amount]` as a mapping; raises ConfigError naming the flag and the bad part."""
+    from stellaris.config import ConfigError
+
+    resources: dict[str, float] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        name, _, amount = part.partition("=")
+        try:
+            resources[name.strip()] = float(amount)
+        except ValueError as exc:  # no '=' leaves amount empty: an error too
+            raise ConfigError(f"{flag}: {part!r} is not name=amount (e.g. gpu_node=0.01)") from exc
+    return resources
 
 
 @app.command()

@@ -8,6 +8,7 @@ is an error naming both. An explicit flag beats the YAML file, either spelling (
 
 from __future__ import annotations
 
+import socket
 import time
 from importlib.metadata import version
 from pathlib import Path
@@ -19,14 +20,53 @@ from pydantic import ConfigDict, Field, ValidationError, field_validator, model_
 from cache.contract.knobs import KNOB_NAMES, RuleName, StellarisKnobs, rule_field, train_name
 
 Mode = RuleName
-Backend = Literal["process", "docker"]
+Backend = Literal["process", "docker", "ray"]
 Device = Literal["auto", "cpu", "cuda"]
 FunctionRole = Literal["actor", "learner", "parameter"]
 GPU_IMAGE = "stellaris/function"  # docker/Dockerfile.function: CUDA base (GPU learners and the parameter function)
 CPU_IMAGE = "stellaris/function-cpu"  # docker/Dockerfile.function-cpu: CPU torch (actors, CPU-only functions)
 
 
-def default_image(gpus: int) -> str:
+_DOCKER_FIELDS = ("image", "learner_image", "parameter_image", "actor_image")
+_RAY_FIELDS = ("ray_address", "learner_resources", "parameter_resources", "actor_resources")
+_GPU_FIELDS = ("learner_gpus", "parameter_gpus")
+_FIELD_BACKENDS = {
+    **dict.fromkeys(_DOCKER_FIELDS, "docker"), **dict.fromkeys(_RAY_FIELDS, "ray"),
+    **dict.fromkeys(_GPU_FIELDS, "docker or ray"),
+}  # fmt: skip
+
+
+def _shown(value: Any) -> Any:
+    """A whole float as an int: `learner_gpus: 1`, not 1.0, in messages."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+def _foreign_fields(backend: str) -> tuple[str, ...]:
+    """The placement fields that mean nothing on `backend` (process functions run beside the gateway)."""
+    if backend == "docker":
+        return _RAY_FIELDS
+    if backend == "ray":
+        return _DOCKER_FIELDS
+    return _DOCKER_FIELDS + _RAY_FIELDS + _GPU_FIELDS
+
+
+def _on_this_machine(host: str) -> bool:
+    """Whether `host` names one of this machine's own addresses (loopback included): binding to it succeeds."""
+    try:
+        infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except OSError:
+        return False
+    for family, kind, proto, _, addr in infos:
+        try:
+            with socket.socket(family, kind, proto) as probe:
+                probe.bind((addr[0], 0))
+            return True
+        except OSError:
+            continue
+    return False
+
+
+def default_image(gpus: float) -> str:
     """The project's function image, as docker/ tags it (the package's version): the CUDA one where GPUs are asked
     for, else the CPU one."""
     return f"{GPU_IMAGE if gpus > 0 else CPU_IMAGE}:{version('stellaris')}"
@@ -78,9 +118,15 @@ class TrainConfig(StellarisKnobs):
     learner_image: str | None = Field(default=None, description="docker: the learners' image")
     parameter_image: str | None = Field(default=None, description="docker: the parameter function's image")
     actor_image: str | None = Field(default=None, description="docker: the serverless actors' image")
-    learner_gpus: int = Field(default=0, ge=0, le=64, description="docker: GPUs per learner instance")
-    parameter_gpus: int = Field(default=0, ge=0, le=64, description="docker: GPUs of the parameter function")
+    learner_gpus: float = Field(default=0, ge=0, le=64, description="docker/ray: GPUs per learner (ray: 0.25 shares)")
+    parameter_gpus: float = Field(default=0, ge=0, le=64, description="docker/ray: GPUs of the parameter function")
     device: Device = Field(default="auto", description="learners' and parameter function's torch device")
+    # Ray backend: the cluster, and the custom resources that place each role's instances on the nodes declaring them
+    # (deploy/: GPU nodes declare gpu_node, CPU nodes cpu_node).
+    ray_address: str | None = Field(default=None, description="ray: the cluster to join; None: a private local Ray")
+    learner_resources: dict[str, float] = Field(default_factory=dict, description="ray: learners' custom resources")
+    parameter_resources: dict[str, float] = Field(default_factory=dict, description="ray: the parameter function's")
+    actor_resources: dict[str, float] = Field(default_factory=dict, description="ray: serverless actors' resources")
 
     @model_validator(mode="before")
     @classmethod
@@ -128,22 +174,29 @@ class TrainConfig(StellarisKnobs):
 
     @model_validator(mode="after")
     def _placement(self) -> TrainConfig:
-        """Images and GPUs are the docker backend's; `device: cuda` in containers needs the GPUs requested."""
-        if self.backend == "process":
-            docker_only = ("image", "learner_image", "parameter_image", "actor_image", "learner_gpus", "parameter_gpus")
-            given = [f"{field}: {getattr(self, field)!r}" for field in docker_only if getattr(self, field)]
-            if given:
+        """Images are the docker backend's, custom resources and the Ray address the ray backend's, GPUs either's;
+        `device: cuda` in a container or a Ray actor needs the GPUs requested."""
+        foreign = [field for field in _foreign_fields(self.backend) if getattr(self, field)]
+        if foreign:
+            given = ", ".join(f"{f}: {_shown(getattr(self, f))!r} needs backend {_FIELD_BACKENDS[f]}" for f in foreign)
+            raise ValueError(f"{given}, but backend is {self.backend!r} (give that backend, or drop them)")
+        if self.backend == "ray" and self.ray_address and self.redis_url is None:
+            host = self.ray_address.removeprefix("ray://").rsplit(":", 1)[0]
+            if host != "auto" and not _on_this_machine(host):
                 raise ValueError(
-                    f"{', '.join(given)} needs backend: docker, but backend is 'process' (process functions run "
-                    "beside the gateway with no image, and reserve no GPU; give --backend docker, or drop them)"
+                    f"ray_address {self.ray_address!r} is a cluster on other machines, but no redis_url is given: an "
+                    "embedded Redis listens on this machine's loopback only, which the cluster's nodes cannot reach; "
+                    "give --redis-url (or REDIS_URL) a Redis every node can reach (deploy/README.md)"
                 )
-        elif self.device == "cuda":
-            for role in ("learner", "parameter"):
-                if getattr(self, f"{role}_gpus") == 0:
-                    raise ValueError(
-                        f"device: 'cuda' with backend 'docker' needs {role}_gpus >= 1 (a container sees no GPU it "
-                        f"did not request), but {role}_gpus is 0"
-                    )
+        for role in ("learner", "parameter"):
+            gpus = getattr(self, f"{role}_gpus")
+            if self.backend == "docker" and gpus != int(gpus):
+                raise ValueError(f"{role}_gpus {gpus} is fractional: a container takes whole GPUs (ray shares them)")
+            if self.device == "cuda" and self.backend != "process" and gpus == 0:
+                raise ValueError(
+                    f"device: 'cuda' with backend {self.backend!r} needs {role}_gpus > 0 (an instance sees no GPU it "
+                    f"did not request), but {role}_gpus is 0"
+                )
         return self
 
     def role_image(self, role: FunctionRole) -> str | None:
@@ -154,8 +207,13 @@ class TrainConfig(StellarisKnobs):
         own: str | None = getattr(self, f"{role}_image")
         return own or self.image or default_image(self.role_gpus(role))
 
-    def role_gpus(self, role: FunctionRole) -> int:
-        return 0 if role == "actor" else int(getattr(self, f"{role}_gpus"))
+    def role_gpus(self, role: FunctionRole) -> float:
+        gpus = 0.0 if role == "actor" else float(getattr(self, f"{role}_gpus"))
+        return int(gpus) if gpus == int(gpus) else gpus  # whole GPUs print as such
+
+    def role_resources(self, role: FunctionRole) -> dict[str, float]:
+        """The Ray custom resources a role's instances ask for (ray backend; empty elsewhere)."""
+        return dict(getattr(self, f"{role}_resources"))
 
     def role_device(self, role: FunctionRole) -> str:
         """STELLARIS_DEVICE of a role's functions: actors always compute on the CPU."""

@@ -10,7 +10,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import redis
@@ -33,16 +33,19 @@ ROLES: tuple[Role, ...] = ("actor", "learner", "parameter")
 @dataclass(frozen=True)
 class Placement:
     """Where one role's instances run: the gateway backend, always named (whatever the gateway's default), the
-    image (docker), GPUs per instance (docker: a DeviceRequest) and the torch device the handler uses."""
+    image (docker), GPUs per instance (docker: a DeviceRequest; ray: a share of one), the Ray custom resources that
+    pick its nodes, and the torch device the handler uses."""
 
     backend: BackendName
     image: str | None
-    gpus: int
+    gpus: float
     device: str
+    resources: Mapping[str, float] = field(default_factory=dict)
 
     @classmethod
     def of(cls, cfg: TrainConfig, role: Role) -> Placement:
-        return cls(cfg.backend, cfg.role_image(role), cfg.role_gpus(role), cfg.role_device(role))
+        resources = cfg.role_resources(role)
+        return cls(cfg.backend, cfg.role_image(role), cfg.role_gpus(role), cfg.role_device(role), resources)
 
 
 def placements(cfg: TrainConfig) -> dict[Role, Placement]:
@@ -54,7 +57,8 @@ def function_spec(name: str, role: Role, place: Placement, env: dict[str, str], 
     it runs, and the device its handler computes on (in its environment, beside `env`)."""
     return FunctionSpec(
         name=name, target=f"functions.handlers.{role}:handle", backend=place.backend,
-        image=place.image if place.backend == "docker" else None, resources=Resources(gpus=place.gpus),
+        image=place.image if place.backend == "docker" else None,
+        resources=Resources(gpus=place.gpus, custom=dict(place.resources)),
         timeout_s=3600, env={**env, DEVICE_ENV: place.device},
         pricing=ACTOR_PRICING if role == "actor" else LEARNER_PRICING, **limits,
     )  # fmt: skip

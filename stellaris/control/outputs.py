@@ -31,7 +31,7 @@ GRADIENT_COLUMNS = ["gradient_id", "task_id", "round", "base_version", "applied_
 TIMELINE_COLUMNS = ["wall_clock_s", "episodic_reward"]
 INVOCATION_COLUMNS = [
     "function", "activation_id", "start", "end", "cold", "init_time", "duration", "resource_seconds", "cost",
-    "device", "instance", "container_id", "image",
+    "device", "instance", "container_id", "image", "node",
 ]  # fmt: skip
 
 
@@ -118,6 +118,7 @@ class RunDir:
                     "instance": a.instance or "",
                     "container_id": a.container_id or "",  # docker backend: the container that ran it
                     "image": a.image or "",
+                    "node": a.node or "",  # ray backend: the node's address
                 }
                 for a in acts
             ]

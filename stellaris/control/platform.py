@@ -9,12 +9,16 @@ import subprocess
 import sys
 import time
 from types import TracebackType
+from typing import TYPE_CHECKING
 
 import httpx
 
 from cache import Cache, CacheSettings
 from cache.lifetime import die_with_parent, stop_process
 from gateway.client import GatewayClient
+
+if TYPE_CHECKING:
+    from gateway.backends.ray_cluster import LocalRayCluster
 
 
 class PlatformError(RuntimeError):
@@ -24,6 +28,7 @@ class PlatformError(RuntimeError):
 GATEWAY_EXIT_S = 2.0  # how long a gateway that dropped a request is given to show that it exited
 GATEWAY_RECOVER_S = 120.0  # how long a job waits for a given gateway to come back after it went away
 DOCKER_NETWORK_ENV = "STELLARIS_DOCKER_NETWORK"  # the docker backend's network (gateway/backends/docker.py)
+LOCAL_RAY_CPUS_PER_CORE = 4  # logical CPUs a private local Ray declares per core (a function asks for 1)
 
 
 class Platform:
@@ -35,10 +40,18 @@ class Platform:
     up to `GATEWAY_RECOVER_S`."""
 
     def __init__(
-        self, *, redis_url: str | None, gateway_url: str | None, gateway_token: str | None, backend: str = "process"
+        self,
+        *,
+        redis_url: str | None,
+        gateway_url: str | None,
+        gateway_token: str | None,
+        backend: str = "process",
+        ray_address: str | None = None,
     ) -> None:
         self.redis_url = redis_url
         self.backend = backend
+        self.ray_address = ray_address
+        self.ray: LocalRayCluster | None = None  # the private local Ray of a ray job given no cluster
         self.gateway_url = gateway_url
         self.gateway_token = gateway_token
         self.gateway_proc: subprocess.Popen[str] | None = None
@@ -51,6 +64,8 @@ class Platform:
         try:
             self.cache = Cache(CacheSettings(url=self.redis_url or os.environ.get("REDIS_URL") or None))
             if self.gateway_url is None:
+                if self.backend == "ray" and self.ray_address is None:
+                    self._start_private_ray()
                 self._start_gateway()
             assert self.gateway_url is not None
             self.gateway = GatewayClient(
@@ -72,6 +87,8 @@ class Platform:
             "STELLARIS_GATEWAY_NAMESPACE": self.namespace,
             "STELLARIS_LOG_LEVEL": os.environ.get("STELLARIS_LOG_LEVEL", "WARNING"),
         }
+        if self.ray_address is not None:
+            env["STELLARIS_GATEWAY_RAY_ADDRESS"] = self.ray_address
         if self.backend == "docker":
             # The job's containers reach this machine's Redis (an embedded one listens on loopback only) on the
             # host's network, unless the environment names another network for them.
@@ -84,6 +101,16 @@ class Platform:
         if not line.startswith("READY "):
             raise PlatformError(f"the local gateway did not start (exit code {self.gateway_proc.wait()})")
         self.gateway_url = f"http://127.0.0.1:{int(line.split()[1])}"
+
+    def _start_private_ray(self) -> None:
+        """A one-node Ray of this machine, owned like the embedded Redis: it outlives a gateway restart (the new
+        gateway finds the job's actors) and stops with the job. Its CPUs are logical: as on the process backend, a
+        job's functions may outnumber the cores."""
+        from gateway.backends.ray_cluster import LocalRayCluster  # Ray only where it is used
+
+        self.ray = LocalRayCluster()
+        self.ray.start_head(num_cpus=LOCAL_RAY_CPUS_PER_CORE * (os.cpu_count() or 1))
+        self.ray_address = self.ray.address
 
     def recover_gateway(self) -> str:
         """Bring the gateway back after a request could not reach it; returns its URL (the GatewayClient's hook)."""
@@ -114,6 +141,8 @@ class Platform:
             self.gateway.close()
         if self.gateway_proc is not None:
             stop_process(self.gateway_proc, 60)
+        if self.ray is not None:
+            self.ray.stop()
         if self.cache is not None:
             self.cache.close()
 

@@ -60,10 +60,19 @@ def run_training(cfg: TrainConfig, *, resume: bool = False) -> int:
         roles = ("learner", "parameter", "actor") if cfg.actor_kind == "serverless" else ("learner", "parameter")
         where = ", ".join(f"{r} {cfg.role_image(r)} ({cfg.role_gpus(r)} GPU)" for r in roles)
         console.print(f"functions in containers: {where}; device {cfg.device}", highlight=False, soft_wrap=True)
+    if cfg.backend == "ray":
+        roles = ("learner", "parameter", "actor") if cfg.actor_kind == "serverless" else ("learner", "parameter")
+        where = ", ".join(f"{r} {cfg.role_gpus(r)} GPU {cfg.role_resources(r) or ''}".rstrip() for r in roles)
+        cluster = cfg.ray_address or "a private local Ray"
+        console.print(f"functions on Ray ({cluster}): {where}; device {cfg.device}", highlight=False, soft_wrap=True)
     trainer: Trainer | None = None
     try:
         with Platform(
-            redis_url=cfg.redis_url, gateway_url=cfg.gateway_url, gateway_token=cfg.gateway_token, backend=cfg.backend
+            redis_url=cfg.redis_url,
+            gateway_url=cfg.gateway_url,
+            gateway_token=cfg.gateway_token,
+            backend=cfg.backend,
+            ray_address=cfg.ray_address,
         ) as p:
             trainer = Trainer(cfg, p, run, state=state)
             try:

@@ -120,9 +120,11 @@ def test_the_process_backend_is_the_default_and_takes_no_image_or_gpus(tmp_path:
     assert (cfg.backend, cfg.device, cfg.learner_gpus, cfg.parameter_gpus) == ("process", "auto", 0, 0)
     assert [cfg.role_image(r) for r in ("learner", "parameter", "actor")] == [None, None, None]
     assert [cfg.role_device(r) for r in ("learner", "parameter", "actor")] == ["auto", "auto", "cpu"]
-    with pytest.raises(ConfigError, match=r"learner_gpus: 1 needs backend: docker, but backend is 'process'"):
+    with pytest.raises(ConfigError, match=r"learner_gpus: 1 needs backend docker or ray, but backend is 'process'"):
         load_config(_yaml(tmp_path, "learner_gpus: 1\n"), {})
-    with pytest.raises(ConfigError, match=r"image: 'x:1', parameter_gpus: 2 needs backend: docker"):
+    with pytest.raises(
+        ConfigError, match=r"image: 'x:1' needs backend docker, parameter_gpus: 2 needs backend docker or ray"
+    ):
         load_config(_yaml(tmp_path, "image: x:1\nparameter_gpus: 2\n"), {})
     docker = load_config(_yaml(tmp_path, "backend: docker\n"), {})  # the project's CPU image where no GPU is asked
     assert {docker.role_image(r) for r in ("learner", "parameter", "actor")} == {
@@ -143,9 +145,9 @@ def test_images_gpus_and_device_with_the_docker_backend(tmp_path: Path) -> None:
     gpu = load_config(_yaml(tmp_path, "backend: docker\nlearner_gpus: 1\n"), {})
     assert gpu.role_image("learner") == f"stellaris/function:{version('stellaris')}"  # the CUDA image
     assert gpu.role_image("parameter") == f"stellaris/function-cpu:{version('stellaris')}"
-    with pytest.raises(ConfigError, match=r"device: 'cuda' with backend 'docker' needs parameter_gpus >= 1"):
+    with pytest.raises(ConfigError, match=r"device: 'cuda' with backend 'docker' needs parameter_gpus > 0"):
         load_config(_yaml(tmp_path, "backend: docker\nlearner_gpus: 1\n"), {"device": "cuda"})
-    with pytest.raises(ConfigError, match=r"backend: Input should be 'process' or 'docker'"):
+    with pytest.raises(ConfigError, match=r"backend: Input should be 'process', 'docker' or 'ray'"):
         load_config(_yaml(tmp_path, "backend: k8s\n"), {})
     with pytest.raises(ConfigError, match=r"device: Input should be 'auto', 'cpu' or 'cuda'"):
         load_config(_yaml(tmp_path, "device: tpu\n"), {})
@@ -184,3 +186,39 @@ def test_the_job_registers_each_role_where_the_config_places_it(tmp_path: Path) 
     process = placements(load_config(_yaml(tmp_path, ""), {}))
     parameter = function_spec("j-parameter", "parameter", process["parameter"], {})
     assert (parameter.backend, parameter.image, parameter.resources.gpus) == ("process", None, 0)
+
+
+def test_gpu_shares_custom_resources_and_the_cluster_with_the_ray_backend(tmp_path: Path) -> None:
+    cfg = load_config(
+        _yaml(tmp_path, "backend: ray\nlearner_gpus: 0.25\nlearner_resources: {gpu_node: 0.01}\n"),
+        {"actor_resources": {"cpu_node": 0.5}, "ray_address": "127.0.0.2:6390"},
+    )
+    assert [cfg.role_gpus(r) for r in ("learner", "parameter", "actor")] == [0.25, 0, 0]
+    assert [cfg.role_resources(r) for r in ("learner", "parameter", "actor")] == [
+        {"gpu_node": 0.01}, {}, {"cpu_node": 0.5},
+    ]  # fmt: skip
+    assert cfg.role_image("learner") is None  # ray actors run the project installed on the nodes
+    with pytest.raises(ConfigError, match=r"learner_gpus 0.5 is fractional: a container takes whole GPUs"):
+        load_config(_yaml(tmp_path, "backend: docker\nlearner_gpus: 0.5\n"), {})
+    with pytest.raises(ConfigError, match=r"image: 'x:1' needs backend docker, but backend is 'ray'"):
+        load_config(_yaml(tmp_path, "backend: ray\nimage: x:1\n"), {})
+    with pytest.raises(ConfigError, match=r"ray_address: '10.0.0.9:6379' needs backend ray, but backend is 'docker'"):
+        load_config(_yaml(tmp_path, "backend: docker\nray_address: 10.0.0.9:6379\n"), {})
+    with pytest.raises(ConfigError, match=r"needs parameter_gpus > 0"):
+        load_config(_yaml(tmp_path, "backend: ray\nlearner_gpus: 0.25\n"), {"device": "cuda"})
+    # 192.0.2.1 (TEST-NET-1) is no address of this machine: a cluster there cannot reach an embedded Redis.
+    with pytest.raises(ConfigError, match=r"ray_address '192.0.2.1:6379' is a cluster on other machines.*redis-url"):
+        load_config(_yaml(tmp_path, "backend: ray\nray_address: 192.0.2.1:6379\n"), {})
+    remote = load_config(
+        _yaml(tmp_path, "backend: ray\nray_address: 192.0.2.1:6379\n"), {"redis_url": "redis://r:6379"}
+    )
+    assert remote.ray_address == "192.0.2.1:6379"
+
+
+def test_ray_resource_flags_parse_name_amount_pairs() -> None:
+    from stellaris.cli import _resources
+    from stellaris.config import ConfigError
+
+    assert _resources("--learner-resources", "gpu_node=0.01, fast=2") == {"gpu_node": 0.01, "fast": 2.0}
+    with pytest.raises(ConfigError, match=r"--actor-resources: 'cpu_node' is not name=amount"):
+        _resources("--actor-resources", "cpu_node")
