@@ -148,16 +148,18 @@ def run_suite(
                     f"[{style}]{o.status}[/] {o.plan.run_id} ({o.seconds:.0f} s) {o.detail}", highlight=False
                 )
 
+        def echo(line: str) -> None:  # pip's and RLlib's lines as they are ("ray[rllib]" is no markup)
+            progress.console.print(line, markup=False, highlight=False)
+
         try:
             if not report_only:
                 # The RLlib venv first: a failed install stops the suite before any run is spent.
                 unfinished = [p for p in theirs if not rllib_suite.is_finished(out, p)]
-                python = ensure_venv(venv_path(rllib_venv), echo=progress.console.print) if unfinished else None
+                python = ensure_venv(venv_path(rllib_venv), echo=echo) if unfinished else None
                 if ours:
                     deployment = _deployment(stack, redis_url, gateway_url, gateway_token)
                     execute(out, ours, deployment, parallel=parallel, on_outcome=on_outcome)
                 if python is not None:
-                    echo = lambda line: progress.console.print(line, markup=False, highlight=False)  # noqa: E731
                     rllib_suite.execute(
                         out, theirs, python, on_outcome=on_outcome, echo=echo, timeout_s=rllib_timeout_s
                     )

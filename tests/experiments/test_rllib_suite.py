@@ -185,6 +185,9 @@ def test_an_rllib_run_reads_as_a_run_directory_priced_serverful(tmp_path: Path) 
     assert r.cost_usd == pytest.approx(30 * (LEARNER_USD_PER_S + 2 * ACTOR_CORE_USD_PER_S))  # 0.006375 + 0.0006375
     assert r.cost_learner_usd == pytest.approx(0.006375) and r.cost_actor_usd == pytest.approx(0.0006375)
     assert math.isnan(r.staleness_mean)
+    seen: list[Outcome] = []  # finished: never run again (no interpreter is needed to skip it)
+    rllib_suite.execute(tmp_path, [p], tmp_path / "no-python", on_outcome=seen.append)
+    assert [o.status for o in seen] == ["skipped"]
 
 
 def test_summary_has_a_row_per_system_with_stellaris_compared_to_rllib(tmp_path: Path) -> None:
