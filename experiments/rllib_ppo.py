@@ -112,7 +112,9 @@ class RunSpec:
         return asdict(self)
 
 
-def progress_row(iteration: int, result: dict[str, Any], *, iteration_s: float, train_s: float, wall_s: float) -> dict:
+def progress_row(
+    iteration: int, result: dict[str, Any], *, iteration_s: float, train_s: float, wall_s: float
+) -> dict[str, Any]:
     """A progress.csv row from one `Algorithm.train()` result (a dict of RLlib's metrics)."""
     runners = result.get("env_runners", {})
     episodes = int(runners.get(EPISODES_KEY, 0) or 0)
@@ -235,6 +237,8 @@ def train(spec: RunSpec, out: Path) -> dict[str, Any]:
                     break
         wall_s = time.monotonic() - t0
         algo.stop()
+        if not rows or rows[-1]["env_steps"] < spec.env_steps:
+            raise RuntimeError(f"{spec.max_iterations} iterations sampled fewer than {spec.env_steps} env steps")
     finally:
         ray.shutdown()
         shutil.rmtree(temp_dir, ignore_errors=True)
