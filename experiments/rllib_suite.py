@@ -1,10 +1,10 @@
 """The `rllib` suite (paper Fig. 9): RLlib's own PPO against Stellaris PPO on Hopper, at equal env steps and cores.
 
-Each seed gets two runs: Stellaris (the `stellaris` row of the algorithms suite, its budget under the preset) and
-RLlib PPO on the same env, the same env-step budget (rounds × train batch), the same seed and hyperparameters mapped
-onto RLlib's names, with one env runner per Stellaris actor on the same cores. RLlib runs with the interpreter of its
-own venv (`rllib_env`), through `rllib_ppo.py`; its per-iteration progress is then written into the layout of a
-Stellaris run (info.csv, state.json), so summaries and figures read both alike.
+Each seed gets two runs: Stellaris PPO (the algorithms suite's `stellaris` configuration, on the preset's `rllib`
+budget) and RLlib PPO on the same env, the same env-step budget (rounds × train batch), the same seed and
+hyperparameters mapped onto RLlib's names, with one env runner per Stellaris actor on the same cores. RLlib runs with
+the interpreter of its own venv (`rllib_env`), through `rllib_ppo.py`; its per-iteration progress is then written into
+the layout of a Stellaris run (info.csv, state.json), so summaries and figures read both alike.
 
 Cost (SPEC §7): RLlib is serverful, charged for what it holds for its whole wall-clock time, from `ray.init` to its
 last iteration: its cores at the actor price per core-second and its one learner at the learner price. Stellaris is
