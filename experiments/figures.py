@@ -1,9 +1,10 @@
 """The paper's figures from a suite's runs (matplotlib, Agg): reward vs wall-clock with seed bands (Fig. 6, 7, 11),
-cost bars (Fig. 8), sensitivity curves (Fig. 13), latency breakdown bars (Fig. 14)."""
+cost bars (Fig. 8), RLlib vs Stellaris (Fig. 9), sensitivity curves (Fig. 13), latency breakdown bars (Fig. 14)."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -15,11 +16,11 @@ import numpy as np
 from matplotlib.patches import Patch
 
 from experiments.suites import ABLATION, SENSITIVITY, SENSITIVITY_DEFAULTS, RunPlan
-from experiments.summary import BREAKDOWN, RunResult, curve, read_info
+from experiments.summary import BREAKDOWN, RunResult, curve, read_info, steps_curve
 
 COLORS = {
     "vanilla": "#7f7f7f", "stellaris": "#d62728", "softsync": "#1f77b4", "ssp": "#2ca02c", "async": "#ff7f0e",
-    "no-truncation": "#9467bd",
+    "no-truncation": "#9467bd", "rllib": "#17becf",
 }  # fmt: skip
 GRID_POINTS = 60
 
@@ -39,7 +40,9 @@ def _band(curves: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.n
     return grid, ys.mean(axis=0), ys.std(axis=0)
 
 
-def _reward_panel(ax: Any, title: str, series: dict[str, list[tuple[np.ndarray, np.ndarray]]]) -> None:
+def _reward_panel(
+    ax: Any, title: str, series: dict[str, list[tuple[np.ndarray, np.ndarray]]], xlabel: str = "training wall-clock (s)"
+) -> None:
     for variant, curves in series.items():
         band = _band(curves)
         if band is None:
@@ -49,21 +52,27 @@ def _reward_panel(ax: Any, title: str, series: dict[str, list[tuple[np.ndarray, 
         ax.plot(x, mean, label=f"{variant} (n={len(curves)})", color=color, lw=1.8, marker="." if x.size == 1 else "")
         ax.fill_between(x, mean - std, mean + std, color=color, alpha=0.2, lw=0)
     ax.set_title(title)
-    ax.set_xlabel("training wall-clock (s)")
+    ax.set_xlabel(xlabel)
     ax.set_ylabel("episodic reward")
     ax.grid(alpha=0.3)
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=8)
 
 
-def _curves(root: Path, plans: list[RunPlan], groups: list[str], variants: list[str]) -> dict[str, dict[str, list]]:
+Curve = Callable[[list[dict[str, float]]], tuple[np.ndarray, np.ndarray]]
+
+
+def _curves(
+    root: Path, plans: list[RunPlan], groups: list[str], variants: list[str], of: Curve = curve
+) -> dict[str, dict[str, list]]:
+    """Per group and variant, `of(rows)` (reward vs wall-clock by default) of each run that finished a round."""
     out: dict[str, dict[str, list]] = {g: {v: [] for v in variants} for g in groups}
     for p in plans:
         path = root / "runs" / p.run_id
         if p.group in out and p.variant in out[p.group] and (path / "info.csv").exists():
             rows = read_info(path)
             if rows:
-                out[p.group][p.variant].append(curve(rows))
+                out[p.group][p.variant].append(of(rows))
     return out
 
 
@@ -76,10 +85,11 @@ def _grid(n: int) -> tuple[Any, np.ndarray]:
     return fig, axes.flat
 
 
-def _save(fig: Any, path: Path, title: str, note: str) -> Path:
+def _save(fig: Any, path: Path, title: str, note: str, note_share: float = 0.07) -> Path:
+    """Title, the note under the panels (in the bottom `note_share` of the figure), saved as PNG."""
     fig.suptitle(title, fontsize=13)
     fig.text(0.5, 0.005, note, ha="center", va="bottom", fontsize=8, color="#555555", wrap=True)
-    fig.tight_layout(rect=(0, 0.07, 1, 0.96))
+    fig.tight_layout(rect=(0, note_share, 1, 0.96))
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
@@ -176,3 +186,39 @@ def ablation_figure(path: Path, root: Path, plans: list[RunPlan], note: str) -> 
     truncation = {v: data[v] for v in ("stellaris", "no-truncation")}
     _reward_panel(axes[0, 1], "(b) importance-sampling truncation", truncation)
     return _save(fig, path, "Ablation of Stellaris (PPO, Hopper)", note)
+
+
+def rllib_figure(path: Path, root: Path, plans: list[RunPlan], results: list[RunResult], note: str) -> Path:
+    """Per group (env): reward vs env steps and vs training wall-clock, and the cost of each system, learner
+    (hatched) under actor cost."""
+    groups = list(dict.fromkeys(p.group for p in plans))
+    variants = list(dict.fromkeys(p.variant for p in plans))
+    by_steps = _curves(root, plans, groups, variants, of=steps_curve)
+    by_time = _curves(root, plans, groups, variants)
+    fig, axes = plt.subplots(len(groups), 3, figsize=(15, 4.4 * len(groups)), squeeze=False)
+    for row, group in zip(axes, groups, strict=True):
+        _reward_panel(row[0], f"{group}: reward vs env steps", by_steps[group], "env steps")
+        _reward_panel(row[1], f"{group}: reward vs wall-clock", by_time[group])
+        ax = row[2]
+        for i, variant in enumerate(variants):
+            rs = [r for r in results if r.group == group and r.variant == variant]
+            if not rs:
+                continue
+            color = COLORS.get(variant)
+            learner = float(np.mean([r.cost_learner_usd for r in rs]))
+            actor = float(np.mean([r.cost_actor_usd for r in rs]))
+            std = float(np.std([r.cost_usd for r in rs], ddof=1)) if len(rs) > 1 else 0.0
+            ax.bar(i, learner, 0.6, color=color, alpha=0.45, hatch="//", edgecolor=color, lw=1.0)
+            ax.bar(i, actor, 0.6, bottom=learner, color=color, yerr=std, capsize=3)
+        ax.set_xticks(range(len(variants)), variants)
+        ax.set_title(f"{group}: training cost")
+        ax.set_ylabel("training cost (USD)")
+        ax.grid(axis="y", alpha=0.3)
+        hatched = Patch(facecolor="white", hatch="//", edgecolor="black", label="learners (hatched)")
+        ax.legend(handles=[hatched], fontsize=8)
+    cost_note = (
+        "RLlib is serverful (SPEC §7): its cores at the actor price and its learner at the learner price for its whole "
+        "wall-clock, from ray.init; Stellaris as its run reports it."
+    )
+    title = "RLlib PPO vs Stellaris PPO at equal env steps and cores (cf. paper Fig. 9)"
+    return _save(fig, path, title, f"{note}\n{cost_note}", note_share=0.12 / len(groups))

@@ -2,10 +2,12 @@
 
 Output layout under DIR: `runs/<run-id>/` (each a training run directory: info.csv, timeline.csv, invocations.csv,
 config, checkpoint, log.txt) and `<suite>/` (runs.csv, summary.csv, PNG figures). Suites share runs under one DIR.
+The `rllib` suite's RLlib runs (experiments/rllib_suite.py) use a venv of their own, made on first use.
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import time
 from contextlib import ExitStack
@@ -17,9 +19,10 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from experiments import figures
+from experiments import figures, rllib_suite
+from experiments.rllib_env import VENV_ENV_VAR, RLlibEnvError, ensure_venv, venv_path
 from experiments.runner import Deployment, Outcome, execute, run_dir
-from experiments.suites import PRESETS, SUITES, RunPlan, plan
+from experiments.suites import ALL_SUITES, PRESETS, RunPlan, plan
 from experiments.summary import RunResult, run_result, write_outputs
 from stellaris.control.outputs import fmt
 
@@ -56,6 +59,8 @@ def make_figures(
         made.append(figures.ablation_figure(suite_dir / "ablation.png", root, plans, note))
     elif suite == "sensitivity":
         made.append(figures.sensitivity_figure(suite_dir / "sensitivity.png", results, note))
+    elif suite == "rllib":
+        made.append(figures.rllib_figure(suite_dir / "rllib.png", root, plans, results, note))
     else:
         made.append(figures.breakdown_figure(suite_dir / "breakdown.png", results, groups, note))
     return made
@@ -97,15 +102,28 @@ def run_suite(
     report_only: bool = False,
     variants: list[str] | None = None,
     target_reward: float | None = None,
+    rllib_venv: Path | None = None,
+    rllib_cores: int | None = None,
+    rllib_timeout_s: float = rllib_suite.RUN_TIMEOUT_S,
 ) -> int:
     """Run (or resume) the suite, then write its CSVs and figures; returns the exit code. With `report_only`, only
-    the CSVs and figures, from the runs already under `out`."""
+    the CSVs and figures, from the runs already under `out`. The `rllib` suite gives RLlib `rllib_cores` cores (default:
+    this machine's) and runs everything one at a time, so wall-clock and cost compare systems on the same cores."""
     budget = PRESETS.get(preset)
     n_seeds = seeds if seeds is not None else (budget.default_seeds if budget else 1)
-    plans = plan(suite, preset, n_seeds, variants)  # raises ValueError naming a bad suite, preset, seeds or variant
+    if suite == "rllib":
+        cores = rllib_cores if rllib_cores is not None else len(os.sched_getaffinity(0))
+        plans = rllib_suite.plans(preset, n_seeds, variants, cores=cores)  # raises ValueError as plan does
+        parallel = 1
+    else:
+        plans = plan(suite, preset, n_seeds, variants)  # raises ValueError naming a bad suite, preset, seeds or variant
     assert budget is not None
     if parallel < 1:
         raise ValueError(f"parallel must be at least 1, got {parallel}")
+    if rllib_timeout_s <= 0:
+        raise ValueError(f"rllib_timeout_s must be positive, got {rllib_timeout_s}")
+    ours = [p for p in plans if not rllib_suite.is_rllib(p)]
+    theirs = [p for p in plans if rllib_suite.is_rllib(p)]
     unique = {p.run_id for p in plans}
     console.print(f"[bold]{suite}[/] suite, preset [bold]{preset}[/]: {budget.description}")
     console.print(f"{len(unique)} runs ({n_seeds} seeds), {parallel} in parallel; output under {out}")
@@ -130,10 +148,21 @@ def run_suite(
                     f"[{style}]{o.status}[/] {o.plan.run_id} ({o.seconds:.0f} s) {o.detail}", highlight=False
                 )
 
+        def echo(line: str) -> None:  # pip's and RLlib's lines as they are ("ray[rllib]" is no markup)
+            progress.console.print(line, markup=False, highlight=False)
+
         try:
             if not report_only:
-                deployment = _deployment(stack, redis_url, gateway_url, gateway_token)
-                execute(out, plans, deployment, parallel=parallel, on_outcome=on_outcome)
+                # The RLlib venv first: a failed install stops the suite before any run is spent.
+                unfinished = [p for p in theirs if not rllib_suite.is_finished(out, p)]
+                python = ensure_venv(venv_path(rllib_venv), echo=echo) if unfinished else None
+                if ours:
+                    deployment = _deployment(stack, redis_url, gateway_url, gateway_token)
+                    execute(out, ours, deployment, parallel=parallel, on_outcome=on_outcome)
+                if python is not None:
+                    rllib_suite.execute(
+                        out, theirs, python, on_outcome=on_outcome, echo=echo, timeout_s=rllib_timeout_s
+                    )
         except KeyboardInterrupt:
             console.print(f"[yellow]interrupted[/]: finished runs are kept; run the same command to resume ({out})")
             code = 130
@@ -164,7 +193,7 @@ app = typer.Typer(add_completion=False)
 
 @app.command()
 def main(
-    suite: str = typer.Argument(..., help=f"one of: {', '.join(SUITES)}"),
+    suite: str = typer.Argument(..., help=f"one of: {', '.join(ALL_SUITES)}"),
     preset: str = typer.Option(
         "quick", help="quick (≤15 min per suite on 2 cores), paper (50 rounds, Table III) or long (500k steps)"
     ),
@@ -177,6 +206,11 @@ def main(
     report_only: bool = typer.Option(False, "--report-only", help="only write CSVs and figures from runs under DIR"),
     variants: str | None = typer.Option(None, help="comma-separated rows of the suite to run (default: all)"),
     target_reward: float | None = typer.Option(None, help="also report the wall-clock to this reward"),
+    rllib_venv: Path | None = typer.Option(
+        None, "--rllib-venv", envvar=VENV_ENV_VAR, help="rllib suite: RLlib's venv, made if missing (.venv-rllib)"
+    ),
+    rllib_cores: int | None = typer.Option(None, help="rllib suite: cores given to RLlib (default: this machine's)"),
+    rllib_timeout_s: float = typer.Option(rllib_suite.RUN_TIMEOUT_S, help="rllib suite: limit per RLlib run (s)"),
 ) -> None:
     """Run one suite of the paper's evaluation and write its summary.csv and figures."""
     signal.signal(signal.SIGTERM, _interrupt)
@@ -185,11 +219,15 @@ def main(
             suite, preset=preset, seeds=seeds, out=out, parallel=parallel,
             redis_url=redis_url, gateway_url=gateway_url, gateway_token=gateway_token, report_only=report_only,
             variants=None if variants is None else [v.strip() for v in variants.split(",") if v.strip()],
-            target_reward=target_reward,
+            target_reward=target_reward, rllib_venv=rllib_venv, rllib_cores=rllib_cores,
+            rllib_timeout_s=rllib_timeout_s,
         )  # fmt: skip
     except ValueError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from exc
+    except RLlibEnvError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from exc
     raise typer.Exit(code)
 
 

@@ -13,9 +13,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-SuiteName = Literal["algorithms", "cost", "ablation", "sensitivity", "breakdown"]
+SuiteName = Literal["algorithms", "cost", "ablation", "sensitivity", "breakdown", "rllib"]
 PresetName = Literal["quick", "paper", "long"]
 SUITES: tuple[str, ...] = ("algorithms", "cost", "ablation", "sensitivity", "breakdown")
+# Suites that also run another system: `rllib` (experiments/rllib_suite.py) adds RLlib's PPO to the Stellaris runs
+# planned here.
+BASELINE_SUITES: tuple[str, ...] = ("rllib",)
+ALL_SUITES: tuple[str, ...] = SUITES + BASELINE_SUITES
 
 MUJOCO = ("Hopper-v5", "Walker2d-v5", "Humanoid-v5")
 ATARI = ("ALE/SpaceInvaders-v5", "ALE/Qbert-v5", "ALE/Gravitar-v5")
@@ -69,8 +73,9 @@ PRESETS: dict[str, Budget] = {
     ),
     "quick": Budget(
         description="QUICK preset, a far smaller budget than the paper's: rounds of 2048 env steps (MuJoCo) or 512 "
-        "(Atari), 8 rounds per run (Atari 6; ablation 30, sensitivity 12, breakdown 4), 4 minibatches x 4 epochs, "
-        "the fast (CleanRL) hyperparameters, 2 learner functions, 2 seeds. Early-training numbers, not the paper's",
+        "(Atari), 8 rounds per run (Atari 6; ablation 30, sensitivity 12, breakdown 4, rllib 12), 4 minibatches x 4 "
+        "epochs, the fast (CleanRL) hyperparameters, 2 learner functions, 2 seeds. Early-training numbers, not the "
+        "paper's",
         preset="fast",
         default_seeds=2,
         learners=2,
@@ -80,6 +85,7 @@ PRESETS: dict[str, Budget] = {
             "ablation": {"mujoco": 30},
             "sensitivity": {"mujoco": 12},
             "breakdown": {"mujoco": 4, "atari": 4},
+            "rllib": {"mujoco": 12},  # 24,576 env steps: a few minutes for both systems on 2 cores
         },
         overrides={
             "mujoco": {"num_minibatches": 4, "num_epochs": 4},
@@ -147,8 +153,8 @@ def _config(suite: str, budget: Budget, env: str, algo: str, seed: int, fields: 
 def plan(suite: str, preset: str, seeds: int, variants: Sequence[str] | None = None) -> list[RunPlan]:
     """The runs of `suite` under `preset` for seeds 0..seeds-1, only the rows in `variants` when given; raises
     ValueError naming a bad argument."""
-    if suite not in SUITES:
-        raise ValueError(f"unknown suite {suite!r}; choose one of {', '.join(SUITES)}")
+    if suite not in ALL_SUITES:
+        raise ValueError(f"unknown suite {suite!r}; choose one of {', '.join(ALL_SUITES)}")
     if preset not in PRESETS:
         raise ValueError(f"unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
     if seeds < 1:
@@ -166,6 +172,9 @@ def plan(suite: str, preset: str, seeds: int, variants: Sequence[str] | None = N
             for env in ENVS:
                 config = _config(suite, budget, env, "ppo", seed, VARIANTS["stellaris"])
                 runs.append(RunPlan(f"ppo/{env_label(env)}", "stellaris", seed, config))
+        elif suite == "rllib":  # the Stellaris side; rllib_suite adds RLlib's run of the same budget
+            config = _config(suite, budget, "Hopper-v5", "ppo", seed, VARIANTS["stellaris"])
+            runs.append(RunPlan("ppo/Hopper", "stellaris", seed, config))
         elif suite == "ablation":
             for variant, fields in ABLATION.items():
                 config = _config(suite, budget, "Hopper-v5", "ppo", seed, fields)
@@ -192,6 +201,7 @@ BASELINES: dict[str, str | None] = {
     "ablation": "stellaris",
     "sensitivity": None,  # per group: the paper's default value of that parameter
     "breakdown": None,
+    "rllib": "rllib",  # the paper's Fig. 9: Stellaris against RLlib
 }
 
 

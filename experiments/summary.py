@@ -38,6 +38,11 @@ def curve(rows: list[dict[str, float]]) -> tuple[np.ndarray, np.ndarray]:
     return t, np.asarray([r["eval_reward_mean"] for r in rows])
 
 
+def steps_curve(rows: list[dict[str, float]]) -> tuple[np.ndarray, np.ndarray]:
+    """(env steps sampled by the end of each round, mean episodic reward of the round)."""
+    return np.asarray([r["env_steps"] for r in rows]), np.asarray([r["eval_reward_mean"] for r in rows])
+
+
 def final_reward(rows: list[dict[str, float]]) -> float:
     """Episode-weighted mean reward of the rounds in the last FINAL_SHARE of the run that finished episodes."""
     tail = rows[-max(1, math.ceil(len(rows) * FINAL_SHARE)) :]
