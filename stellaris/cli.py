@@ -179,13 +179,16 @@ def _resources(flag: str, text: str) -> dict[str, float]:
 
 @app.command()
 def experiment(
-    suite: str = typer.Argument(..., help="algorithms, cost, ablation, sensitivity or breakdown"),
+    suite: str = typer.Argument(
+        ..., help="algorithms, cost, ablation, sensitivity, breakdown, or rllib (RLlib PPO vs Stellaris, own venv)"
+    ),
     preset: str = typer.Option("quick", help="quick (≤15 min per suite on 2 cores) or paper (50 rounds, Table III)"),
     seeds: int | None = typer.Option(None, help="seeds per configuration (default: quick 2, paper 10)"),
     out: Path = typer.Option(Path("results"), help="output root; suites under one root share identical runs"),
     parallel: int = typer.Option(2, help="training runs at a time"),
 ) -> None:
     """Run a suite of the paper's evaluation (same as `python -m experiments.run`)."""
+    from experiments.rllib_env import RLlibEnvError
     from experiments.run import run_suite
 
     _sigterm_as_exit()
@@ -194,6 +197,9 @@ def experiment(
     except ValueError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from exc
+    except RLlibEnvError as exc:  # RLlib's own venv could not be made (the rllib suite)
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from exc
     raise typer.Exit(code)
 
 
