@@ -67,21 +67,24 @@ def refuse_loopback_cache(
 def unplaced_reason(asked: Mapping[str, float], nodes: Iterable[Mapping[str, Any]], timeout_s: float) -> str:
     """Why an actor asking for `asked` did not serve within `timeout_s`, given `ray.nodes()`: no alive node has that
     much of every resource, or some do but are busy (or the instance is slow to start)."""
-    wanted = _resources(asked)
+    wanted = _resources(asked, ordered=False)
     alive = [n for n in nodes if n.get("Alive")]
     fits = [n["NodeManagerAddress"] for n in alive if all(n["Resources"].get(k, 0) >= v for k, v in asked.items())]
-    offered = "; ".join(f"{n['NodeManagerAddress']} ({_resources(n['Resources'])})" for n in alive) or "none"
+    offered = "; ".join(
+        f"{n['NodeManagerAddress']} ({_resources(dict(sorted(n['Resources'].items())))})" for n in alive
+    )
     if fits:
         why = f"not serving with {{{wanted}}} (nodes {', '.join(fits)} have that much, but may be busy)"
     else:
         why = f"no Ray node has {{{wanted}}}"
-    return f"{why} within {timeout_s:g} s; alive nodes: {offered}"
+    return f"{why} within {timeout_s:g} s; alive nodes: {offered or 'none'}"
 
 
-def _resources(amounts: Mapping[str, float]) -> str:
-    """`CPU: 2, GPU: 0.25, gpu_node: 1`, without Ray's own bookkeeping resources (node:<ip>, memory, ...)."""
-    shown = {k: v for k, v in amounts.items() if not k.startswith("node:") and k not in _BOOKKEEPING}
-    return ", ".join(f"{k}: {v:g}" for k, v in shown.items())
+def _resources(amounts: Mapping[str, float], *, ordered: bool = True) -> str:
+    """`CPU: 2, GPU: 0.25, gpu_node: 1` (sorted unless `ordered` is False), without Ray's own bookkeeping resources
+    (node:<ip>, memory, object_store_memory)."""
+    shown = [(k, v) for k, v in amounts.items() if not k.startswith("node:") and k not in _BOOKKEEPING]
+    return ", ".join(f"{k}: {v:g}" for k, v in (sorted(shown) if ordered else shown))
 
 
 _BOOKKEEPING = ("memory", "object_store_memory")
