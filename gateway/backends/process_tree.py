@@ -9,9 +9,11 @@ import os
 import queue
 import select
 import signal
+import subprocess
+import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -122,3 +124,68 @@ class SpawnThread:
     def close(self) -> None:
         self._jobs.put(None)
         self._thread.join(timeout=10)
+
+
+class SessionWatchdog:
+    """A process that outlives its owner just long enough to kill the sessions the owner told it about: what
+    PR_SET_PDEATHSIG cannot do for grandchildren (Ray's raylet does not take its agents down with it when killed).
+
+    It reads session ids on stdin, one a line (`-<id>` forgets one), and on end of file (the owner closed the pipe,
+    or died and the kernel closed it) kills every process left in those sessions, then exits. It runs in a session
+    of its own, so a terminal's Ctrl-C reaches only the owner, which stops its children in order."""
+
+    def __init__(self, stop_timeout_s: float = 10.0) -> None:
+        package_root = str(Path(__file__).resolve().parents[2])  # where `gateway` is importable from
+        path = os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH")) if p)
+        self.stop_timeout_s = stop_timeout_s
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", __name__],
+            stdin=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "PYTHONPATH": path},
+            start_new_session=True,
+        )
+
+    def watch(self, session: int) -> None:
+        self._send(f"{session}")
+
+    def forget(self, session: int) -> None:
+        """Its processes are gone: a later process reusing the id must not be killed."""
+        self._send(f"-{session}")
+
+    def _send(self, line: str) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(f"{line}\n")
+        self.proc.stdin.flush()
+
+    def close(self) -> None:
+        """End of file: it kills what is left of the sessions and exits."""
+        if self.proc.stdin is not None and not self.proc.stdin.closed:
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=self.stop_timeout_s + 5.0)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def kill_sessions_at_eof(lines: Iterable[str], timeout_s: float = 10.0) -> None:
+    """The watchdog's body: collect session ids until the input ends, then kill their members until none is left
+    (a member may fork while the others are killed: look again, a few rounds)."""
+    sessions: set[int] = set()
+    for line in lines:
+        session = int(line)
+        if session < 0:
+            sessions.discard(-session)
+        else:
+            sessions.add(session)
+    for _ in range(5):
+        members = session_members(sessions)
+        if not members:
+            return
+        kill_all(members)
+        wait_gone(members, timeout_s)
+
+
+if __name__ == "__main__":
+    kill_sessions_at_eof(sys.stdin)

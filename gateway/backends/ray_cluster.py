@@ -11,10 +11,11 @@ Used by the ray backend when no cluster address is given (a private head, like t
     cluster.kill_node(gpu)                            # SIGKILL that node's whole process tree (a lost machine)
     cluster.stop()                                    # SIGTERM every node, then SIGKILL whatever is left
 
-Never `ray stop` (it kills every Ray process of the machine, other users' too). Each node is a `ray start --block`
-process in its own session that dies with the thread that started it (PR_SET_PDEATHSIG; the cluster starts nodes
-from one thread of its own, which lives until stop()), and Ray makes its children (GCS, raylet, agents, workers)
-share that fate, so no node outlives its owner, even after a kill -9. Each start waits for the node's "Ray runtime
+Never `ray stop` (it kills every Ray process of the machine, other users' too). No node outlives its owner, even
+after a kill -9: each node is a `ray start --block` process in its own session that dies with the thread that
+started it (PR_SET_PDEATHSIG; the cluster starts nodes from one thread of its own, which lives until stop()); Ray
+makes the GCS and raylet share that fate, but not the raylet's agents, so a watchdog process (SessionWatchdog) kills
+whatever is left in the nodes' sessions once the owner is gone. Each start waits for the node's "Ray runtime
 started." line, which `ray start` prints once the node is registered in the GCS; every wait is bounded.
 """
 
@@ -38,6 +39,7 @@ from types import TracebackType
 
 from cache.lifetime import die_with_parent
 from gateway.backends.process_tree import (
+    SessionWatchdog,
     SpawnThread,
     alive,
     descendants,
@@ -125,6 +127,7 @@ class LocalRayCluster:
         self.head: RayNode | None = None
         self.port: int | None = None
         self._spawner: SpawnThread | None = None
+        self._watchdog: SessionWatchdog | None = None
         self._lock = threading.Lock()
 
     @property
@@ -185,9 +188,9 @@ class LocalRayCluster:
             "--disable-usage-stats",
         ]  # fmt: skip
         with self._lock:
-            if self._spawner is None:
-                self._spawner = SpawnThread()
-            spawner = self._spawner
+            if self._spawner is None or self._watchdog is None:
+                self._spawner, self._watchdog = SpawnThread(), SessionWatchdog(self.stop_timeout_s)
+            spawner, watchdog = self._spawner, self._watchdog
         proc = spawner.run(
             lambda: subprocess.Popen(
                 cmd,
@@ -199,6 +202,7 @@ class LocalRayCluster:
                 preexec_fn=die_with_parent,
             )
         )
+        watchdog.watch(proc.pid)  # its session: die_with_parent made `ray start` a session leader
         node = RayNode(node_ip, head, proc, num_cpus, num_gpus, dict(resources or {}))
         with self._lock:
             self.nodes.append(node)
@@ -247,7 +251,8 @@ class LocalRayCluster:
         kill_all(tree)
         with contextlib.suppress(subprocess.TimeoutExpired):
             node.proc.wait(timeout=self.stop_timeout_s)
-        wait_gone(tree, self.stop_timeout_s)
+        if not wait_gone(tree, self.stop_timeout_s) and self._watchdog is not None:
+            self._watchdog.forget(node.pid)
 
     def stop(self) -> None:
         """SIGTERM every node (workers first, then the head), wait for each, then SIGKILL what is left of their
@@ -274,9 +279,10 @@ class LocalRayCluster:
             if node.proc.stdout is not None:
                 node.proc.stdout.close()
         self.head, self.port = None, None
-        if self._spawner is not None:
+        if self._spawner is not None and self._watchdog is not None:
             self._spawner.close()
-            self._spawner = None
+            self._watchdog.close()
+            self._spawner, self._watchdog = None, None
         if self._own_temp_dir:
             shutil.rmtree(self.temp_dir, ignore_errors=True)
 
