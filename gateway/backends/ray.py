@@ -22,6 +22,7 @@ import contextlib
 import logging
 import os
 import secrets
+import signal
 import threading
 import time
 from collections.abc import Mapping
@@ -36,7 +37,7 @@ from ray.exceptions import GetTimeoutError, RayError
 from cache.contract.runtime_http import HEALTH_PATH, SECRET_ENV, SECRET_HEADER
 from gateway.backends.base import LABEL_APP, LABEL_FUNCTION, LABEL_NAMESPACE, LABEL_SPEC, BackendError, InstanceHandle
 from gateway.backends.ray_checks import refuse_loopback_cache, unplaced_reason
-from gateway.backends.ray_cluster import LocalRayCluster
+from gateway.backends.ray_cluster import LocalRayCluster, RayClusterError
 from gateway.backends.ray_host import HostConfig, RemoteRuntimeHost
 from gateway.models import FunctionSpec
 
@@ -84,26 +85,34 @@ class RayBackend:
         with self._lock:
             if self._connected:
                 return
-            address = self.address
-            if address is None:
+            if ray.is_initialized():
+                raise BackendError("this process is already a Ray driver; one backend per process joins Ray")
+            if self.address is not None:
+                self._join(self.address)
+            else:
                 self.cluster = LocalRayCluster(env=self.cluster_env, start_timeout_s=self.startup_timeout_s)
                 try:
                     self.cluster.start_head()
-                except Exception as exc:
+                    self._join(self.cluster.address)
+                except (BackendError, RayClusterError, OSError) as exc:
                     self.cluster.stop()
                     self.cluster = None
                     raise BackendError(f"cannot start a private Ray: {exc}") from exc
-                address = self.cluster.address
-            if ray.is_initialized():
-                raise BackendError(f"this process is already a Ray driver; cannot join {address} as well")
-            try:
-                ray.init(
-                    address=address, namespace=self.ray_namespace, logging_level=logging.WARNING, log_to_driver=False
-                )
-            except (ConnectionError, RuntimeError, ValueError) as exc:
-                raise BackendError(f"cannot join the Ray cluster at {address}: {exc}") from exc
             self._connected = True
-            log.info("joined Ray at %s (namespace %s)", address, self.ray_namespace)
+
+    def _join(self, address: str) -> None:
+        # On the main thread ray.init replaces the SIGTERM handler with sys.exit: keep the owner's (a server's
+        # graceful stop). Off it (the gateway calls backends from worker threads) it leaves signals alone.
+        on_main = threading.current_thread() is threading.main_thread()
+        sigterm = signal.getsignal(signal.SIGTERM) if on_main else None
+        try:
+            ray.init(address=address, namespace=self.ray_namespace, logging_level=logging.WARNING, log_to_driver=False)
+        except (ConnectionError, RuntimeError, ValueError) as exc:
+            raise BackendError(f"cannot join the Ray cluster at {address}: {exc}") from exc
+        finally:
+            if on_main and sigterm is not None:
+                signal.signal(signal.SIGTERM, sigterm)
+        log.info("joined Ray at %s (namespace %s)", address, self.ray_namespace)
 
     def node_addresses(self) -> list[str]:
         return [n["NodeManagerAddress"] for n in ray.nodes() if n.get("Alive")]
