@@ -1,6 +1,7 @@
 """A private Ray: what `stellaris train --backend ray` gets without an address. A gateway with no Ray address starts
-its own head on first use and stops it when it stops, instances included; and a local cluster's nodes die with
-their owner even when it is killed with SIGKILL. Both checked by PID."""
+its own head on first use and stops it when it stops, instances included; a local cluster's nodes die with their
+owner even when it is killed with SIGKILL; killing a node (a lost machine) kills its whole tree. All checked by
+PID."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import subprocess
 import sys
 
 from gateway.backends.process_tree import alive, descendants
+from gateway.backends.ray_cluster import LocalRayCluster
 from gateway.models import FunctionSpec, Resources
 from tests.gateway.conftest import ROOT, start_gateway, stop_gateway
 from tests.procs import wait_pid_gone
@@ -71,3 +73,17 @@ def test_a_local_clusters_nodes_die_with_their_owner_killed_by_sigkill() -> None
             owner.wait()
         if temp_dir.startswith("/tmp/ray-"):
             shutil.rmtree(temp_dir, ignore_errors=True)  # its owner, killed, could not remove it
+
+
+def test_killing_a_node_kills_its_whole_tree_and_stop_leaves_nothing() -> None:
+    cluster = LocalRayCluster()
+    try:
+        head = cluster.start_head(num_cpus=1)
+        tree = {head.pid} | descendants(head.pid)
+        assert cluster.pids() >= tree and len(tree) > 3
+        cluster.kill_node(head)  # as a lost machine: SIGKILL, no drain
+        assert not [pid for pid in tree if alive(pid)]
+        assert cluster.nodes == [] and cluster.pids() == set()
+    finally:
+        cluster.stop()
+    assert not cluster.temp_dir.exists()
