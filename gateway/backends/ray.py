@@ -148,8 +148,12 @@ class RayBackend:
             ready_timeout_s=self.startup_timeout_s,
             secret=self.secret,
             env=env,
-            labels={LABEL_APP: "stellaris", LABEL_FUNCTION: spec.name, LABEL_NAMESPACE: self.namespace}
-            | {LABEL_SPEC: spec.digest()},
+            labels={
+                LABEL_APP: "stellaris",
+                LABEL_FUNCTION: spec.name,
+                LABEL_NAMESPACE: self.namespace,
+                LABEL_SPEC: spec.digest(),
+            },
         )
         asked = self.asked(spec)
         what = f"instance {instance_id} of {spec.name!r} ({spec.target})"
@@ -175,9 +179,9 @@ class RayBackend:
         except (RayError, GetTimeoutError) as exc:
             self._kill(actor)
             raise BackendError(f"{what} failed to start on Ray: {_last_lines(str(exc))}") from exc
+        self._check_reachable(actor, handle, what, deadline=started + self.startup_timeout_s)
         with self._lock:
             self._actors[instance_id] = actor
-        self._check_reachable(handle, what, deadline=started + self.startup_timeout_s)
         handle.init_s = time.perf_counter() - started
         log.info("%s serving at %s on node %s in %.2f s", what, handle.url, handle.node, handle.init_s)
         return handle
@@ -259,9 +263,9 @@ class RayBackend:
             labels=dict(described["labels"]),
         )
 
-    def _check_reachable(self, handle: InstanceHandle, what: str, *, deadline: float) -> None:
+    def _check_reachable(self, actor: ActorHandle, handle: InstanceHandle, what: str, *, deadline: float) -> None:
         """The runtime answers the gateway at its url (the node's address: a firewall shows here, not at the first
-        call)."""
+        call); otherwise the actor is killed."""
         headers = {SECRET_HEADER: handle.secret or ""}
         timeout_s = max(1.0, deadline - time.perf_counter())
         try:
@@ -270,11 +274,7 @@ class RayBackend:
         except httpx.HTTPError as exc:
             problem = f"{type(exc).__name__}: {exc}"
         if problem is not None:
-            actor = self._actor(handle.id)
-            if actor is not None:
-                self._kill(actor)
-            with self._lock:
-                self._actors.pop(handle.id, None)
+            self._kill(actor)
             raise BackendError(f"{what} serves at {handle.url} on node {handle.node}, but the gateway gets {problem}")
 
     def _actor(self, name: str) -> ActorHandle | None:
