@@ -1,5 +1,6 @@
-"""After a gateway restart: the instances that survived it (containers; process instances die with the gateway)
-go back to their own functions' pools, keyed by the function and spec each was started for. What no pool takes is
+"""After a gateway restart: the instances that survived it (containers, and the actors of a given Ray cluster; process
+instances and a private Ray's actors die with the gateway) go back to their own functions' pools, keyed by the
+function and spec each was started for. What no pool takes is
 stopped: an instance of a function no longer registered, of a replaced spec, or beyond max_instances would
 otherwise run (and hold its CPUs, memory and GPUs) with nothing ever sending it a call."""
 

@@ -92,8 +92,13 @@ class Gateway:
         for task in list(self.tasks):
             task.cancel()
         await asyncio.gather(*self.tasks, return_exceptions=True)
-        # Process instances never outlive the gateway; containers stay up to be found again by label.
-        await asyncio.gather(*(p.close(stop_instances=p.backend.name == "process") for p in self.pools.values()))
+        # Process instances never outlive the gateway, nor do the actors of a private Ray (drained here, before their
+        # cluster stops); containers and a given Ray cluster's actors stay up to be found again.
+        ephemeral = {"process", *(["ray"] if self.settings.ray_address is None else [])}
+        await asyncio.gather(*(p.close(stop_instances=p.backend.name in ephemeral) for p in self.pools.values()))
+        ray_backend = self._backends.get("ray")
+        if ray_backend is not None and hasattr(ray_backend, "close"):
+            await asyncio.to_thread(ray_backend.close)
         await self.http.close()
         await self.redis.aclose()
         if self.cache is not None:
@@ -101,18 +106,28 @@ class Gateway:
 
     def backend(self, name: str) -> Backend:
         if name not in self._backends:
-            if name != "docker":
-                raise HTTPException(422, f"unknown backend {name!r}")
-            from gateway.backends.docker import DockerBackend  # the docker SDK only where it is used
+            st, redis_url = self.settings, (self.cache.url if self.cache else None)
+            if name == "ray":
+                from gateway.backends.ray import RayBackend  # Ray (an extra) only where it is used
 
-            st = self.settings
-            self._backends[name] = DockerBackend(
-                namespace=st.namespace,
-                redis_url=self.cache.url if self.cache else None,
-                python=st.docker_python,
-                volumes=st.docker_volumes or None,
-                working_dir=st.docker_workdir,
-            )
+                self._backends[name] = RayBackend(
+                    address=st.ray_address,
+                    namespace=st.namespace,
+                    redis_url=redis_url,
+                    startup_timeout_s=st.ray_startup_timeout_s,
+                )
+            elif name == "docker":
+                from gateway.backends.docker import DockerBackend  # the docker SDK only where it is used
+
+                self._backends[name] = DockerBackend(
+                    namespace=st.namespace,
+                    redis_url=redis_url,
+                    python=st.docker_python,
+                    volumes=st.docker_volumes or None,
+                    working_dir=st.docker_workdir,
+                )
+            else:
+                raise HTTPException(422, f"unknown backend {name!r}")
         return self._backends[name]
 
     # -- the registry -----------------------------------------------------------------------------------------

@@ -15,6 +15,11 @@ from enum import IntEnum, StrEnum
 
 # The module a spawner runs (`python -m functions.runtime`): named here so the gateway need not import functions/.
 RUNTIME_MODULE = "functions.runtime"
+# The entry a host process that embeds the runtime (the ray backend's actor) imports by this name:
+#   start_embedded(handler, *, host, port=0, concurrency=1, timeout_s=60.0, ready_timeout_s=60.0)
+# serves `handler` on a thread and returns once connections are accepted, as an object with `.port` and
+# `.stop(timeout_s) -> bool` (drain; True when every call finished). The secret comes from SECRET_ENV.
+EMBEDDED_RUNTIME = "functions.runtime.embedded:start_embedded"
 READY_PREFIX = "READY "
 
 HEALTH_PATH = "/health"

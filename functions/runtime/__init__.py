@@ -16,10 +16,12 @@ headers, statuses) and shared with the gateway:
         503  {"error": {"type": "Draining", "message"}}: shutting down, retry on another instance
         504  {"error": {"type": "Timeout", "message", "recycle": true}}: the handler ran past timeout_s
         504  {"error": {"type": "QueueTimeout", "message", "recycle": false}}: no slot freed within timeout_s
+    With a secret in STELLARIS_RUNTIME_SECRET (a runtime off loopback: the ray backend's actors), every request must
+    carry it in X-Stellaris-Secret, else 401 {"error": {"type": "Unauthorized", "message"}}.
 
 Its four jobs, one module each: `settings` (what to serve, validated once), `slots` (concurrency and the bounded
 queue), `server` (the HTTP server and its drain; `handler` and `call_log` beside it) and `cli` (the command line,
-`python -m functions.runtime`).
+`python -m functions.runtime`); `embedded` serves it from a thread of a host process (a Ray actor).
 """
 
 from functions.runtime.call_log import CallIdFilter, configure_logging

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import json
 import logging
 import os
@@ -29,6 +30,7 @@ from cache.contract.runtime_http import (
     READY_PATH,
     RECYCLE_FIELD,
     RETRY_AFTER_HEADER,
+    SECRET_HEADER,
     WAIT_MS_HEADER,
     ErrorType,
     RuntimeStatus,
@@ -36,7 +38,7 @@ from cache.contract.runtime_http import (
 from functions.context import Context, Instance
 from functions.runtime.call_log import current_call_id
 from functions.runtime.handler import Handler, error_body, load_handler, run_handler
-from functions.runtime.settings import RuntimeSettings
+from functions.runtime.settings import RuntimeSettings, runtime_secret
 from functions.runtime.slots import Draining, QueueFull, Slots
 
 MAX_EVENT_BYTES = 2 << 30  # above the gateway's largest max_body_bytes (1 GiB) re-serialised
@@ -52,12 +54,16 @@ class Runtime:
 
     One `Instance` per process carries the cache connection and memo across invocations. For a Ray actor (or any
     embedding off the main thread), run `asyncio.run(runtime.run(on_ready))` in a thread and call `runtime.stop()`
-    from another; signal handlers are installed only on the main thread.
+    from another (functions/runtime/embedded.py); signal handlers are installed only on the main thread.
+
+    `secret` (default: $STELLARIS_RUNTIME_SECRET, SECRET_ENV): when set, every request must carry it in SECRET_HEADER,
+    else 401 Unauthorized; a runtime that listens off loopback (a Ray actor on its node's address) has one.
     """
 
-    def __init__(self, settings: RuntimeSettings, handler: Handler | None = None) -> None:
+    def __init__(self, settings: RuntimeSettings, handler: Handler | None = None, *, secret: str | None = None) -> None:
         self.settings = settings
         self.handler = handler if handler is not None else load_handler(settings.handler)
+        self.secret = secret if secret is not None else runtime_secret()
         self.instance = Instance(connect=self._connect_cache)
         self.draining = False
         self.timed_out = 0  # calls answered 504 Timeout; their threads may still run
@@ -81,7 +87,8 @@ class Runtime:
 
     def app(self) -> web.Application:
         # Bodies come from the gateway, which enforces its own (configurable) cap: accept anything it may forward.
-        app = web.Application(client_max_size=MAX_EVENT_BYTES)
+        middlewares = [self._check_secret] if self.secret else []
+        app = web.Application(client_max_size=MAX_EVENT_BYTES, middlewares=middlewares)
         app.router.add_get(HEALTH_PATH, self.health)
         app.router.add_get(READY_PATH, self.ready)
         app.router.add_post(INVOKE_PATH, self.invoke)
@@ -156,6 +163,17 @@ class Runtime:
             return connect()
 
         return asyncio.run_coroutine_threadsafe(connect_on_loop(), self._loop).result()
+
+    @web.middleware
+    async def _check_secret(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        assert self.secret is not None
+        given = request.headers.get(SECRET_HEADER, "")
+        if not hmac.compare_digest(given.encode(), self.secret.encode()):
+            log.warning("401: %s %s without the right %s header", request.method, request.path, SECRET_HEADER)
+            message = f"this runtime answers only calls that carry its secret in the {SECRET_HEADER} header"
+            return _error(RuntimeStatus.UNAUTHORIZED, ErrorType.UNAUTHORIZED, message)
+        response: web.StreamResponse = await handler(request)
+        return response
 
     async def health(self, request: web.Request) -> web.Response:
         slots = self.slots

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import ipaddress
+import os
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from cache.contract.runtime_http import SECRET_ENV
 
 
 def is_loopback_literal(host: str) -> bool:
@@ -37,3 +40,9 @@ class RuntimeSettings(BaseModel):
         if not self.allow_remote and not is_loopback_literal(self.host):
             raise ValueError(f"host {self.host!r} is not loopback; pass --allow-remote to serve on it")
         return self
+
+
+def runtime_secret() -> str | None:
+    """The secret every request must carry (SECRET_HEADER), from SECRET_ENV; None when unset or empty. Read from
+    the environment, never a flag: a command line is visible to every user of the machine."""
+    return os.environ.get(SECRET_ENV) or None

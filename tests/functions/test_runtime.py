@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import importlib
 import json
 import os
 import queue
 import select
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -22,10 +24,11 @@ import pytest
 
 from cache import Cache
 from cache.connection import REDIS_URL_ENV
-from cache.contract.runtime_http import runtime_argv
+from cache.contract.runtime_http import EMBEDDED_RUNTIME, SECRET_ENV, SECRET_HEADER, runtime_argv
 from cache.server import EmbeddedRedis
 from functions.runtime import Runtime, RuntimeSettings
 from functions.runtime.cli import parser
+from functions.runtime.embedded import start_embedded
 from tests.functions import sample_handlers
 
 REPO = Path(__file__).resolve().parents[2]
@@ -337,3 +340,66 @@ def test_the_argv_a_spawner_builds_is_what_the_cli_reads() -> None:
     )
     local = vars(parser().parse_args(runtime_argv(f"{HANDLERS}:echo", port=0, concurrency=1, timeout_s=60)))
     assert "host" not in local and "allow_remote" not in local
+
+
+# -- the secret (a runtime off loopback: the ray backend's actors) ------------------------------------------------
+
+
+@pytest.fixture
+def secret(monkeypatch: pytest.MonkeyPatch) -> str:
+    value = uuid.uuid4().hex
+    monkeypatch.setenv(SECRET_ENV, value)  # _launch copies the environment into the runtime process
+    return value
+
+
+def test_with_a_secret_every_request_must_carry_it(spawn: Callable[..., Served], secret: str) -> None:
+    served = spawn("count")
+    for method, path in [("GET", "/health"), ("GET", "/ready"), ("POST", "/invoke")]:
+        for headers in [{}, {SECRET_HEADER: "wrong"}, {SECRET_HEADER: secret[:-1]}, {SECRET_HEADER: secret + "x"}]:
+            refused = served.http.request(method, path, json={}, headers=headers)
+            assert refused.status_code == 401, (method, path, headers)
+            assert refused.json()["error"]["type"] == "Unauthorized"
+            assert SECRET_HEADER in refused.json()["error"]["message"]
+    ok = {SECRET_HEADER: secret}
+    assert served.http.get("/health", headers=ok).json()["status"] == "ok"
+    assert served.http.get("/ready", headers=ok).json() == {"status": "ready"}
+    # Every refused /invoke stayed out of the handler: the first call that carries the secret is its first.
+    assert served.http.post("/invoke", json={}, headers=ok).json()["calls"] == 1
+    served.stderr.wait_for(f"401: POST /invoke without the right {SECRET_HEADER} header")
+
+
+def test_without_a_secret_no_header_is_asked_for(spawn: Callable[..., Served]) -> None:
+    assert SECRET_ENV not in os.environ
+    served = spawn("count")
+    assert served.invoke({}).json()["calls"] == 1
+    assert served.http.post("/invoke", json={}, headers={SECRET_HEADER: "anything"}).json()["calls"] == 2
+
+
+def test_the_embedded_runtime_serves_off_loopback_with_its_secret_and_drains(secret: str) -> None:
+    """What the ray backend's actor runs: on a given address (a node's), from a thread, stopped by a drain."""
+    served = start_embedded(f"{HANDLERS}:count", host="127.0.0.5", concurrency=2, timeout_s=5)
+    try:
+        url = f"http://127.0.0.5:{served.port}/invoke"
+        assert httpx.post(url, json={}, timeout=HTTP_TIMEOUT_S).status_code == 401
+        answer = httpx.post(url, json={}, headers={SECRET_HEADER: secret}, timeout=HTTP_TIMEOUT_S)
+        assert answer.json()["calls"] == 1
+    finally:
+        assert served.stop(timeout_s=5) is True
+    assert not served.thread.is_alive()
+    with pytest.raises(httpx.ConnectError):
+        httpx.post(url, json={}, headers={SECRET_HEADER: secret}, timeout=HTTP_TIMEOUT_S)
+
+
+def test_the_embedded_runtime_raises_what_stops_it_from_serving() -> None:
+    with pytest.raises(ValueError, match="no attribute 'no_such_handler'"):
+        start_embedded(f"{HANDLERS}:no_such_handler", host="127.0.0.1")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        with pytest.raises(OSError):
+            start_embedded(f"{HANDLERS}:count", host="127.0.0.1", port=taken.getsockname()[1])
+
+
+def test_the_embedded_entry_is_where_the_contract_says() -> None:
+    module, _, name = EMBEDDED_RUNTIME.partition(":")
+    assert getattr(importlib.import_module(module), name) is start_embedded
