@@ -26,7 +26,7 @@ test: $(STAMP)
 	$(BIN)/pytest -n 2 -m "not cluster"
 
 test-cluster: $(STAMP)
-	$(BIN)/pytest -n 2 -m cluster
+	$(BIN)/pytest -n 2 --dist loadfile -m cluster
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

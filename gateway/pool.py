@@ -266,6 +266,7 @@ class FunctionPool:
                     "in_flight": lv.in_flight,
                     "pid": lv.handle.pid,
                     "container_id": lv.handle.container_id,
+                    "node": lv.handle.node,
                 }
                 for lv in self.instances.values()
             ],

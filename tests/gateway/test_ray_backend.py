@@ -30,6 +30,8 @@ from gateway.models import FunctionSpec, Resources
 from tests.gateway.conftest import RunningGateway, start_gateway, stop_gateway
 from tests.procs import wait_pid_gone
 
+pytestmark = pytest.mark.cluster  # starts Ray clusters: CI's cluster stage (.ci/cluster-e2e.sh)
+
 H = "tests.gateway.identity_handlers"
 PREFIXES = json.dumps(["functions.handlers.", "tests.functions.", "tests.gateway."])
 CPU_IP, GPU_IP = "127.0.0.2", "127.0.0.3"

@@ -12,11 +12,15 @@ import signal
 import subprocess
 import sys
 
+import pytest
+
 from gateway.backends.process_tree import alive, descendants
 from gateway.backends.ray_cluster import LocalRayCluster
 from gateway.models import FunctionSpec, Resources
 from tests.gateway.conftest import ROOT, start_gateway, stop_gateway
 from tests.procs import wait_pid_gone
+
+pytestmark = pytest.mark.cluster  # starts Ray clusters: CI's cluster stage (.ci/cluster-e2e.sh)
 
 H = "tests.gateway.identity_handlers"
 PREFIXES = json.dumps(["functions.handlers.", "tests.gateway."])
