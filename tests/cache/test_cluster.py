@@ -94,7 +94,7 @@ def test_a_cluster_url_for_a_single_server_and_the_reverse_are_refused_with_the_
     node_as_single = redis_cluster.url.replace("redis+cluster://", "redis://")
     with pytest.raises(CacheError, match=r"is a Redis Cluster node: use a redis\+cluster://"):
         Cache(CacheSettings(url=node_as_single, reconnect_window_s=0))
-    with pytest.raises(CacheError, match="db.* can only be 0 in cluster mode"):
+    with pytest.raises(CacheError, match=r"db.* can only be 0 in cluster mode"):
         Cache(CacheSettings(url=f"{redis_cluster.url}/2", reconnect_window_s=0))
 
 
