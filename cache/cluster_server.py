@@ -99,7 +99,7 @@ class EmbeddedRedisCluster:
         maxmemory_bytes: int = 512 * 1024**2,
         binary: str | None = None,
         startup_timeout_s: float = 30.0,
-        node_timeout_ms: int = 2_000,
+        node_timeout_ms: int = 3_000,
         appendonly: bool = False,
         log_tail_lines: int = 40,
     ) -> None:

@@ -2,9 +2,10 @@
 up to a window of seconds; only then does the error reach the caller.
 
 Only connection errors are retried (refused, reset, closed, still loading the AOF after a restart, and a lost user
-while the job's owner has not granted it again). A timeout is not: the server may be executing the command, and
-a second run of a write is not always harmless. A client retries only once it has reached the server: a wrong URL
-or password at start fails at once.
+while the job's owner has not granted it again); a Redis Cluster client adds the cluster refusing commands while a
+master is down (CLUSTERDOWN, TRYAGAIN, a slot not covered; cache/cluster_client.py). A timeout is not: the server
+may be executing the command, and a second run of a write is not always harmless. A client retries only once it has
+reached the server: a wrong URL or password at start fails at once.
 
 A command whose reply was lost after the server ran it is run again. The hot-path writes are written so that this
 repeats nothing (a gradient is stored only with its task's ack; a version is published only over the version it

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from cache import Cache, CacheError, CacheSettings, RedisServerDied, connect
 from cache.server import EmbeddedRedis, find_redis_server
@@ -25,7 +27,7 @@ def test_lifecycle_leaves_no_process_or_directory() -> None:
         assert client.config_get("maxmemory-policy")["maxmemory-policy"] == "noeviction"
         assert client.config_get("bind")["bind"] == "127.0.0.1"
         with pytest.raises(redis.AuthenticationError):
-            redis.Redis(port=server.port).ping()  # private: a password is required
+            redis.Redis(port=server.port, retry=Retry(NoBackoff(), 0)).ping()  # private: a password is required
         client.close()
     assert not pid_alive(pid)
     assert not workdir.exists()
