@@ -3,10 +3,12 @@ clients (the process backend hands them the cluster URL), all on a 3-master clus
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import Iterator
 
 import pytest
+import redis
 import redis.cluster
 
 from cache import Cache, CacheSettings
@@ -14,6 +16,7 @@ from cache.cluster_server import EmbeddedRedisCluster
 from cache.keys import GatewayKeys
 from gateway.client import GatewayClient
 from gateway.models import FunctionSpec
+from gateway.redis_client import GatewayCluster, gateway_redis
 from tests.gateway.conftest import RunningGateway, start_gateway, stop_gateway
 
 H = "tests.functions.sample_handlers"
@@ -73,3 +76,47 @@ def _invoke_async(gw: GatewayClient, name: str, event: dict[str, object]) -> str
     resp = gw.http.post(f"/async-function/{name}", json=event)
     assert resp.status_code == 202, resp.text
     return str(resp.json()["activation_id"])
+
+
+def test_the_gateways_cluster_client_is_bounded_and_makes_requests_wait(cluster_cache: Cache) -> None:
+    key = f"stl:gw:{{bound-{uuid.uuid4().hex[:8]}}}:n"
+
+    async def scenario() -> None:
+        client = gateway_redis(cluster_cache, max_connections=1, wait_s=5.0)
+        assert isinstance(client, GatewayCluster)
+        try:
+
+            async def pipelined() -> list[object]:
+                async with client.pipeline(transaction=True) as pipe:
+                    pipe.incr(key)
+                    pipe.pexpire(key, 60_000)
+                    return await pipe.execute()
+
+            # 40 concurrent commands and transactions through one place: they queue for it, none fails.
+            done = await asyncio.gather(*(client.incr(key) if i % 2 else pipelined() for i in range(40)))
+            assert len(done) == 40 and int(await client.get(key)) == 40
+            impatient = gateway_redis(cluster_cache, max_connections=1, wait_s=0.2)
+            assert isinstance(impatient, GatewayCluster)
+            taken, release = asyncio.Event(), asyncio.Event()
+
+            async def hold() -> None:
+                async with impatient.slot():
+                    taken.set()
+                    await release.wait()
+
+            holder = asyncio.ensure_future(hold())
+            try:
+                await taken.wait()  # another request holds the only place: this one waits 0.2 s, then fails
+                with pytest.raises(redis.ConnectionError, match=r"no free Redis connection within 0\.2 s"):
+                    await impatient.get(key)
+            finally:
+                release.set()
+                await holder
+                await impatient.aclose()
+        finally:
+            await client.delete(key)
+            await client.aclose()
+
+    asyncio.run(scenario())
+    with pytest.raises(ValueError, match=r"must be positive, got 0 and 1\.0"):
+        gateway_redis(cluster_cache, max_connections=0, wait_s=1.0)
