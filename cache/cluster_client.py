@@ -42,8 +42,9 @@ def _ignore(error: Exception) -> None:
 
 class GuardedCluster(redis.cluster.RedisCluster):
     """A cluster client that counts its round trips (`round_trips`: a command or a whole pipeline count one, a
-    command sent to every master too) and retries per `reconnect` (cache/retry.py), on top of redis-py's own few
-    immediate retries after a MOVED or a dropped connection."""
+    command sent to every master too) and retries per `reconnect` (cache/retry.py). Build it with redis-py's own
+    retries off (`retry=Retry(NoBackoff(), 0)`, as cache.Cache does): they would resend a timed-out command. A MOVED
+    redirection is still followed, and a dropped connection still refreshes the slot map before `reconnect` retries."""
 
     def __init__(self, *args: Any, reconnect: ReconnectRetry, **kwargs: Any) -> None:
         self.round_trips = 0  # approximate under threads (+= is not atomic); a measure, not an invariant

@@ -14,7 +14,9 @@ from typing import Any
 
 import redis
 import redis.cluster
+import redis.retry
 from pydantic import BaseModel, ConfigDict, Field
+from redis.backoff import NoBackoff
 
 from cache.acl import url_as
 from cache.allocator import tune_allocator
@@ -118,10 +120,12 @@ class Cache:
 
     def _client(self, url: str) -> RedisClient:
         if self.cluster:
-            # The pool bound is per node; `retry` is the client's, not its connections' (see GuardedCluster).
+            # The pool bound is per node. redis-py's own retries are off (it would resend a timed-out command, up to
+            # 10 times): `reconnect` is the one retry policy, as for a single server.
             return GuardedCluster.from_url(
                 node_url(url),
                 reconnect=self.retry,
+                retry=redis.retry.Retry(NoBackoff(), 0),
                 socket_timeout=self.settings.socket_timeout_s,
                 socket_connect_timeout=self.settings.connect_timeout_s,
                 max_connections=self.settings.max_connections,

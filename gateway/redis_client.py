@@ -18,6 +18,8 @@ from typing import Any
 import redis
 import redis.asyncio as aioredis
 import redis.asyncio.cluster
+import redis.asyncio.retry
+from redis.backoff import NoBackoff
 
 from cache import Cache
 from cache.cluster_client import node_url
@@ -36,6 +38,7 @@ def gateway_redis(cache: Cache, *, max_connections: int, wait_s: float) -> Gatew
         return GatewayCluster.from_url(
             node_url(cache.url),
             reconnect=retry,
+            retry=redis.asyncio.retry.Retry(NoBackoff(), 0),  # `reconnect` alone retries: never on a timeout
             slots=asyncio.BoundedSemaphore(max_connections),
             wait_s=wait_s,
             max_connections=max_connections,  # per node; the semaphore keeps the total within it too
