@@ -1,4 +1,9 @@
-"""Connecting to the cache: `REDIS_URL` when given, else a private embedded redis-server."""
+"""Connecting to the cache: `REDIS_URL` when given, else a private embedded redis-server.
+
+A `redis+cluster://` or `rediss+cluster://` URL names one node of a Redis Cluster: the cache then uses cluster
+clients (cache/cluster_client.py), with the same round-trip count, retry window, connect hooks and pool bound (per
+node).
+"""
 
 from __future__ import annotations
 
@@ -8,10 +13,14 @@ from types import TracebackType
 from typing import Any
 
 import redis
+import redis.cluster
+import redis.retry
 from pydantic import BaseModel, ConfigDict, Field
+from redis.backoff import NoBackoff
 
 from cache.acl import url_as
 from cache.allocator import tune_allocator
+from cache.cluster_client import CLUSTER_RETRY_ON, CLUSTER_SCHEMES, GuardedCluster, is_cluster_url, node_url
 from cache.errors import CacheError
 from cache.retry import ReconnectRetry, window_from_env
 from cache.server import EmbeddedRedis
@@ -20,6 +29,8 @@ REDIS_URL_ENV = "REDIS_URL"
 # A per-job user's credentials (cache/acl.py), applied over $REDIS_URL: the deployment says where Redis is, the job
 # says who its functions are there.
 REDIS_USER_ENV, REDIS_PASSWORD_ENV = "STELLARIS_REDIS_USER", "STELLARIS_REDIS_PASSWORD"
+SCHEMES = ("redis://", "rediss://", "unix://", *CLUSTER_SCHEMES)
+RedisClient = redis.Redis | redis.cluster.RedisCluster
 
 
 class CacheSettings(BaseModel):
@@ -27,7 +38,10 @@ class CacheSettings(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    url: str | None = Field(default=None, description="redis:// or rediss:// URL; None starts an embedded server")
+    url: str | None = Field(
+        default=None, description="redis://, rediss://, unix:// or (a cluster) redis+cluster:// URL; None starts an "
+        "embedded server",
+    )  # fmt: skip
     maxmemory_bytes: int = Field(default=2 * 1024**3, gt=0, description="embedded server memory cap")
     socket_timeout_s: float = Field(default=60.0, gt=0, description="per-command socket timeout")
     connect_timeout_s: float = Field(default=10.0, gt=0)
@@ -80,24 +94,43 @@ class Cache:
         if url is None:
             self.server = EmbeddedRedis(maxmemory_bytes=self.settings.maxmemory_bytes).start()
             url = self.server.url
-        elif not url.startswith(("redis://", "rediss://", "unix://")):
-            raise CacheError(f"REDIS_URL must start with redis://, rediss:// or unix://, got {url!r}")
+        elif not url.startswith(SCHEMES):
+            accepted = f"{', '.join(SCHEMES[:-1])} or {SCHEMES[-1]}"
+            raise CacheError(f"REDIS_URL must start with {accepted}, got {_redact(url)!r}")
         self.url = url
+        self.cluster = is_cluster_url(url)
         # One retry policy for every client of this cache; it arms once the server has been reached, so a wrong URL
         # or password fails at once while a restart later on is ridden out.
         self.retry = ReconnectRetry(
-            self.settings.reconnect_window_s, check=self.server.raise_if_dead if self.server is not None else None
+            self.settings.reconnect_window_s,
+            check=self.server.raise_if_dead if self.server is not None else None,
+            errors=CLUSTER_RETRY_ON if self.cluster else (redis.ConnectionError,),
         )
         self._connect_hooks: list[Callable[[redis.connection.AbstractConnection], None]] = []
-        self.client = self._client(url)
         try:
+            self.client: RedisClient = self._client(url)
             self.client.ping()
-        except redis.RedisError as exc:
+            if not self.cluster:
+                _refuse_a_cluster_node(self.client)
+        except (redis.RedisError, redis.cluster.RedisClusterException, ValueError) as exc:
             self.close()
-            raise CacheError(f"cannot reach Redis at {_redact(url)}: {exc}") from exc
+            kind = "Redis Cluster" if self.cluster else "Redis"
+            raise CacheError(f"cannot reach {kind} at {_redact(url)}: {exc}") from exc
         self.retry.armed = True
 
-    def _client(self, url: str) -> _GuardedRedis:
+    def _client(self, url: str) -> RedisClient:
+        if self.cluster:
+            # The pool bound is per node. redis-py's own retries are off (it would resend a timed-out command, up to
+            # 10 times): `reconnect` is the one retry policy, as for a single server.
+            return GuardedCluster.from_url(
+                node_url(url),
+                reconnect=self.retry,
+                retry=redis.retry.Retry(NoBackoff(), 0),
+                socket_timeout=self.settings.socket_timeout_s,
+                socket_connect_timeout=self.settings.connect_timeout_s,
+                max_connections=self.settings.max_connections,
+                redis_connect_func=self._run_hooks,  # RedisCluster runs the handshake itself, then this
+            )
         pool = redis.ConnectionPool.from_url(
             url,
             socket_timeout=self.settings.socket_timeout_s,
@@ -111,6 +144,9 @@ class Cache:
 
     def _connected(self, conn: redis.connection.AbstractConnection) -> None:
         conn.on_connect()
+        self._run_hooks(conn)
+
+    def _run_hooks(self, conn: redis.connection.AbstractConnection) -> None:
         for hook in self._connect_hooks:
             hook(conn)
 
@@ -127,13 +163,16 @@ class Cache:
         """Round trips this cache's client made so far."""
         return int(getattr(self.client, "round_trips", 0))
 
-    def new_client(self) -> redis.Redis:
-        """A separate client (own pool) on the same server, e.g. for a thread that blocks on reads."""
+    def new_client(self) -> RedisClient:
+        """A separate client (own pool) on the same server or cluster, e.g. for a thread that blocks on reads."""
         return self._client(self.url)
 
     def close(self) -> None:
         client = getattr(self, "client", None)
-        if client is not None:
+        if isinstance(client, redis.cluster.RedisCluster):
+            client.close()
+            client.disconnect_connection_pools()
+        elif client is not None:
             client.close()
             client.connection_pool.disconnect()
         if self.server is not None:
@@ -147,6 +186,17 @@ class Cache:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.close()
+
+
+def _refuse_a_cluster_node(client: redis.Redis) -> None:
+    """A plain URL that names a Redis Cluster node would fail later, key by key, with MOVED: say so now. (A job's
+    user may not run INFO; it gets the URL its owner checked.)"""
+    try:
+        enabled = client.info("cluster").get("cluster_enabled")
+    except redis.ResponseError:
+        return
+    if enabled:
+        raise ValueError("it is a Redis Cluster node: use a redis+cluster:// (or rediss+cluster://) URL")
 
 
 def _redact(url: str) -> str:

@@ -2,9 +2,10 @@
 up to a window of seconds; only then does the error reach the caller.
 
 Only connection errors are retried (refused, reset, closed, still loading the AOF after a restart, and a lost user
-while the job's owner has not granted it again). A timeout is not: the server may be executing the command, and
-a second run of a write is not always harmless. A client retries only once it has reached the server: a wrong URL
-or password at start fails at once.
+while the job's owner has not granted it again); a Redis Cluster client adds the cluster refusing commands while a
+master is down (CLUSTERDOWN, TRYAGAIN, a slot not covered; cache/cluster_client.py). A timeout is not: the server
+may be executing the command, and a second run of a write is not always harmless. A client retries only once it has
+reached the server: a wrong URL or password at start fails at once.
 
 A command whose reply was lost after the server ran it is run again. The hot-path writes are written so that this
 repeats nothing (a gradient is stored only with its task's ack; a version is published only over the version it
@@ -53,9 +54,10 @@ def pause_s(failures: int) -> float:
 class _Window:
     """The shared part: when to give up. `armed` turns on once the client has reached the server."""
 
-    def __init__(self, window_s: float, check: Callable[[], None] | None) -> None:
+    def __init__(self, window_s: float, check: Callable[[], None] | None, errors: tuple[type[Exception], ...]) -> None:
         self.window_s = window_s
         self.check = check  # raises when retrying is pointless (the embedded server is dead)
+        self.errors = errors  # what is retried: connection errors (a cluster client adds CLUSTERDOWN, TRYAGAIN)
         self.armed = False
         self.retried = 0  # retries made, all calls together (a measure for tests and logs)
 
@@ -79,8 +81,13 @@ class _Window:
 class ReconnectRetry(_Window, redis.retry.Retry):
     """redis-py's retry policy for a sync client (pass as the connection pool's `retry`)."""
 
-    def __init__(self, window_s: float, check: Callable[[], None] | None = None) -> None:
-        _Window.__init__(self, window_s, check)
+    def __init__(
+        self,
+        window_s: float,
+        check: Callable[[], None] | None = None,
+        errors: tuple[type[Exception], ...] = (redis.ConnectionError,),
+    ) -> None:
+        _Window.__init__(self, window_s, check, errors)
         redis.retry.Retry.__init__(self, NoBackoff(), retries=-1, supported_errors=(redis.ConnectionError,))
 
     def call_with_retry(
@@ -94,7 +101,7 @@ class ReconnectRetry(_Window, redis.retry.Retry):
         while True:
             try:
                 return do()
-            except redis.ConnectionError as error:
+            except self.errors as error:
                 if is_retryable is not None and not is_retryable(error):
                     raise
                 failures += 1
@@ -109,8 +116,13 @@ class ReconnectRetry(_Window, redis.retry.Retry):
 class AsyncReconnectRetry(_Window, redis.asyncio.retry.Retry):
     """The same policy for an asyncio client (the gateway's)."""
 
-    def __init__(self, window_s: float, check: Callable[[], None] | None = None) -> None:
-        _Window.__init__(self, window_s, check)
+    def __init__(
+        self,
+        window_s: float,
+        check: Callable[[], None] | None = None,
+        errors: tuple[type[Exception], ...] = (redis.ConnectionError,),
+    ) -> None:
+        _Window.__init__(self, window_s, check, errors)
         redis.asyncio.retry.Retry.__init__(self, NoBackoff(), retries=-1, supported_errors=(redis.ConnectionError,))
 
     async def call_with_retry(  # type: ignore[override]
@@ -124,7 +136,7 @@ class AsyncReconnectRetry(_Window, redis.asyncio.retry.Retry):
         while True:
             try:
                 return await do()
-            except redis.ConnectionError as error:
+            except self.errors as error:
                 if is_retryable is not None and not is_retryable(error):
                     raise
                 failures += 1

@@ -43,7 +43,8 @@ def find_redis_server() -> str:
     return path
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A loopback port free right now (the kernel's pick; a server that loses the race retries, see start())."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
@@ -61,6 +62,8 @@ class EmbeddedRedis:
         log_tail_lines: int = 40,
         port_attempts: int = 5,
         appendonly: bool = False,
+        password: str | None = None,
+        parent_dir: Path | None = None,
     ) -> None:
         if maxmemory_bytes <= 0:
             raise ValueError(f"maxmemory_bytes must be positive, got {maxmemory_bytes}")
@@ -69,7 +72,8 @@ class EmbeddedRedis:
         self.startup_timeout_s = startup_timeout_s
         self.port_attempts = port_attempts
         self.appendonly = appendonly  # AOF with fsync before every reply: a kill -9 loses no acknowledged write
-        self.password = secrets.token_hex(16)
+        self.password = password or secrets.token_hex(16)
+        self.parent_dir = parent_dir  # where its temporary directory goes (None: the system's temp dir)
         self.port: int | None = None
         self.workdir: Path | None = None
         self._proc: subprocess.Popen[str] | None = None
@@ -107,9 +111,9 @@ class EmbeddedRedis:
     def start(self) -> EmbeddedRedis:
         if self._proc is not None:
             raise RedisStartError("the embedded redis-server is already started")
-        self.workdir = Path(tempfile.mkdtemp(prefix="stellaris-redis-"))
+        self.workdir = Path(tempfile.mkdtemp(prefix="stellaris-redis-", dir=self.parent_dir))
         for _ in range(self.port_attempts):
-            if self._try_start(_free_port()):
+            if self._try_start(self._pick_port()):
                 atexit.register(self.stop)
                 return self
             if not self._port_clash:
@@ -135,6 +139,7 @@ class EmbeddedRedis:
             "--requirepass", self.password,
             "--maxmemory", str(self.maxmemory_bytes),
             "--maxmemory-policy", "noeviction",
+            *self._extra_args(),
         ]  # fmt: skip
         self._proc = subprocess.Popen(
             args,
@@ -151,6 +156,16 @@ class EmbeddedRedis:
             return True
         self._kill()
         return False
+
+    def _pick_port(self) -> int:
+        return free_port()
+
+    def _extra_args(self) -> list[str]:
+        """More redis-server arguments (a cluster node adds its cluster settings)."""
+        return []
+
+    def _on_log_line(self, line: str) -> None:
+        """Called by the log reader for each line of the server's output (a cluster node watches its state)."""
 
     def restart(self) -> EmbeddedRedis:
         """Start the server again, on its port and directory, after it died (an AOF server reloads its data)."""
@@ -172,6 +187,7 @@ class EmbeddedRedis:
                 log.flush()
                 line = line.rstrip("\n")
                 self._tail.append(line)
+                self._on_log_line(line)
                 if _READY in line:
                     self._ready.set()
                 elif _PORT_IN_USE in line:

@@ -16,7 +16,7 @@ FINAL = {Status.SUCCESS, Status.ERROR, Status.TIMEOUT, Status.REJECTED}
 
 # Drop the oldest records beyond the cap, and index entries older than the TTL (their records are gone). KEYS: index.
 # ARGV: cap, record key prefix, ttl ms, oldest creation time kept (s). The record keys share the index's hash tag
-# (one slot), though they are named here rather than declared.
+# (one slot, cache/keys.py GatewayKeys), though they are named here rather than declared: fine on a Redis Cluster.
 _TRIM = """
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', '(' .. ARGV[4])
 local extra = redis.call('ZCARD', KEYS[1]) - tonumber(ARGV[1])
@@ -40,7 +40,6 @@ class ActivationStore:
         self.keys = keys
         self.ttl_ms = int(ttl_s * 1000)
         self.max_records = max_records
-        self._trim = client.register_script(_TRIM)
         self.batch_max = batch_max
         self._pending: list[Activation] = []
         self._flush: asyncio.Task[None] | None = None
@@ -58,7 +57,7 @@ class ActivationStore:
             async with self.client.pipeline(transaction=False) as pipe:
                 for act in batch:
                     self._queue_writes(pipe, act)
-                await self._queue_trim(pipe)
+                self._queue_trim(pipe)
                 await pipe.execute()
 
     async def drain(self) -> None:
@@ -66,10 +65,10 @@ class ActivationStore:
             await self._flush
         await self._write_pending()
 
-    async def _queue_trim(self, pipe: Any) -> None:
+    def _queue_trim(self, pipe: Any) -> None:
         oldest = time.time() - self.ttl_ms / 1000
         keys, args = [self.keys.activations], [self.max_records, self.keys.activation(""), self.ttl_ms, oldest]
-        await self._trim(keys=keys, args=args, client=pipe)  # queued on the pipeline
+        pipe.eval(_TRIM, len(keys), *keys, *args)  # sent whole: a cluster pipeline takes no EVALSHA
 
     def _queue_writes(self, pipe: Any, act: Activation) -> None:
         pipe.zadd(self.keys.activations, {act.id: act.start}, nx=True)
@@ -81,7 +80,7 @@ class ActivationStore:
     async def save(self, act: Activation) -> None:
         async with self.client.pipeline(transaction=True) as pipe:
             self._queue_writes(pipe, act)
-            await self._queue_trim(pipe)
+            self._queue_trim(pipe)
             await pipe.execute()
 
     async def get(self, activation_id: str) -> Activation | None:

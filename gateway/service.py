@@ -9,14 +9,12 @@ import time
 from typing import Any
 
 import aiohttp
-import redis.asyncio as aioredis
 from pydantic import ValidationError
 from redis.exceptions import RedisError
 from starlette.exceptions import HTTPException
 
 from cache import Cache, CacheSettings
 from cache.keys import GatewayKeys
-from cache.retry import AsyncReconnectRetry
 from gateway.activations import ActivationStore
 from gateway.backends.base import Backend
 from gateway.backends.process import ProcessBackend
@@ -26,6 +24,7 @@ from gateway.limits import check_registration
 from gateway.metering import Metrics, charge
 from gateway.models import Activation, FunctionSpec, Status
 from gateway.pool import FunctionPool
+from gateway.redis_client import gateway_redis
 from gateway.registry import Registry
 from gateway.settings import GatewaySettings
 
@@ -45,16 +44,11 @@ class Gateway:
 
     async def start(self) -> None:
         self.cache = Cache(CacheSettings(url=self.settings.redis_url) if self.settings.redis_url else None)
-        # A bounded pool that makes a request wait for a free connection (up to redis_wait_s) rather than fail.
-        retry = AsyncReconnectRetry(self.cache.settings.reconnect_window_s, check=self.cache.retry.check)
-        retry.armed = True  # the cache above has reached the server
-        pool = aioredis.BlockingConnectionPool.from_url(
-            self.cache.url,
-            max_connections=self.settings.redis_max_connections,
-            timeout=self.settings.redis_wait_s,
-            retry=retry,
+        # Bounded: a request waits for a free connection (up to redis_wait_s) rather than fail; a cluster URL gives a
+        # cluster client (gateway/redis_client.py).
+        self.redis = gateway_redis(
+            self.cache, max_connections=self.settings.redis_max_connections, wait_s=self.settings.redis_wait_s
         )
-        self.redis = aioredis.Redis(connection_pool=pool)
         self.registry = Registry(self.redis, self.keys)
         self.activations = ActivationStore(
             self.redis, self.keys, ttl_s=self.settings.activation_ttl_s, max_records=self.settings.activation_max

@@ -1,4 +1,5 @@
-"""Shared fixtures: one real redis-server per test session (per xdist worker), never a stand-in."""
+"""Shared fixtures: one real redis-server per test session (per xdist worker), and a real 3-master Redis Cluster for
+the tests that ask for one; never a stand-in."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from collections.abc import Iterator
 import pytest
 
 from cache import Cache, CacheSettings, JobCache, JobLimits
+from cache.cluster_server import EmbeddedRedisCluster
 from cache.server import EmbeddedRedis
 from tests.procs import pid_alive
 
@@ -28,6 +30,17 @@ def redis_server() -> Iterator[EmbeddedRedis]:
     yield server
     server.stop()
     assert not pid_alive(pid), f"redis-server pid {pid} outlived the test session"
+
+
+@pytest.fixture(scope="session")
+def redis_cluster() -> Iterator[EmbeddedRedisCluster]:
+    """A private 3-master Redis Cluster, started the first time a test asks for it."""
+    cluster = EmbeddedRedisCluster(masters=3, maxmemory_bytes=256 * 1024**2).start()
+    pids = cluster.pids
+    assert len(pids) == 3 and all(pid_alive(pid) for pid in pids)
+    yield cluster
+    cluster.stop()
+    assert not any(pid_alive(pid) for pid in pids), f"Redis Cluster pids {pids} outlived the test session"
 
 
 @pytest.fixture(scope="session")

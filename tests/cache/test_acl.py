@@ -6,14 +6,15 @@ from __future__ import annotations
 import pytest
 import redis
 
-from cache import Cache, JobCache, LearnerTask, acl
+from cache import Cache, CacheError, CacheSettings, JobCache, LearnerTask, acl
 from cache.connection import REDIS_PASSWORD_ENV, REDIS_USER_ENV, connect
 from functions.handlers import EventError, job_id_of
 
 
-def _as(cache: Cache, job: str) -> redis.Redis:
+def _as(cache: Cache, job: str) -> Cache:
+    """The cache as the job's own user (on a cluster: a user set on every master)."""
     user, password = acl.grant_job(cache.client, job)
-    return redis.Redis.from_url(acl.url_as(cache.url, user, password))
+    return Cache(CacheSettings(url=acl.url_as(cache.url, user, password), reconnect_window_s=0))
 
 
 def test_a_job_user_reaches_its_own_keys_and_no_other_jobs(cache_conn: Cache, job_id: str) -> None:
@@ -21,7 +22,8 @@ def test_a_job_user_reaches_its_own_keys_and_no_other_jobs(cache_conn: Cache, jo
     other = f"{job_id}-b"
     theirs = JobCache(cache_conn.client, other)
     theirs.policies.initialise(b"their weights")
-    mine_client = _as(cache_conn, job_id)
+    mine_cache = _as(cache_conn, job_id)
+    mine_client = mine_cache.client
     try:
         mine = JobCache(mine_client, job_id)
         # The cache's own paths, Lua scripts among them, work on the job's keys.
@@ -42,12 +44,12 @@ def test_a_job_user_reaches_its_own_keys_and_no_other_jobs(cache_conn: Cache, jo
                 mine_client.execute_command(*command)
         assert theirs.policies.latest() == (0, b"their weights")  # untouched
     finally:
-        mine_client.close()
+        mine_cache.close()
         acl.revoke_job(cache_conn.client, job_id)
         theirs.delete()
         JobCache(cache_conn.client, job_id).delete()
-    with pytest.raises(redis.AuthenticationError):  # a revoked user is gone
-        redis.Redis.from_url(acl.url_as(cache_conn.url, acl.job_user(job_id), "x")).ping()
+    with pytest.raises(CacheError, match="invalid username-password pair"):  # a revoked user is gone
+        Cache(CacheSettings(url=acl.url_as(cache_conn.url, acl.job_user(job_id), "x"), reconnect_window_s=0))
 
 
 def test_instance_credentials_apply_over_the_deployments_url(

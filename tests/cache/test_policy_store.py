@@ -107,7 +107,7 @@ def test_wait_for_version_wakes_on_publish(job: JobCache) -> None:
     assert job.policies.wait_for_version(0, timeout_s=0) == 1  # already newer: returns at once
 
 
-def test_version_counter_under_concurrent_writer_processes(redis_server, job: JobCache) -> None:
+def test_version_counter_under_concurrent_writer_processes(cache_conn: Cache, job: JobCache) -> None:
     job.policies.initialise(b"w0")
     writers, each = 4, 15
     procs = [
@@ -117,7 +117,7 @@ def test_version_counter_under_concurrent_writer_processes(redis_server, job: Jo
                 "-m",
                 "tests.cache.workers",
                 "publish",
-                redis_server.url,
+                cache_conn.url,
                 job.keys.job,
                 f"w{i}",
                 f"{each}",

@@ -132,10 +132,10 @@ def test_invalid_stream_bounds_are_refused(cache_conn: Cache) -> None:
         JobCache(cache_conn.client, "bad{id}")
 
 
-def test_batch_of_a_killed_consumer_is_reclaimed(redis_server, job: JobCache) -> None:
+def test_batch_of_a_killed_consumer_is_reclaimed(cache_conn: Cache, job: JobCache) -> None:
     bid = job.trajectories.put(batch(steps=5))
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.cache.workers", "consume", redis_server.url, job.keys.job, "doomed"],
+        [sys.executable, "-m", "tests.cache.workers", "consume", cache_conn.url, job.keys.job, "doomed"],
         cwd=ROOT,
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,

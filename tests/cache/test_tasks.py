@@ -92,12 +92,12 @@ def test_a_holder_whose_lease_ran_out_stores_nothing(board_job: JobCache) -> Non
     assert [board_job.gradients.meta(e).learner_id for e in board_job.gradients.read()] == ["b"]
 
 
-def test_a_killed_holders_task_is_taken_over_once(redis_server, board_job: JobCache) -> None:
+def test_a_killed_holders_task_is_taken_over_once(cache_conn: Cache, board_job: JobCache) -> None:
     board = board_job.board
     [tid] = board.enqueue(tasks(1), close_round=1, timeout_s=1)
     env = {**os.environ, "STELLARIS_JOB_LEARNER_LEASE_S": str(LEASE_S)}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.cache.workers", "hold-task", redis_server.url, board_job.keys.job, "doomed"],
+        [sys.executable, "-m", "tests.cache.workers", "hold-task", cache_conn.url, board_job.keys.job, "doomed"],
         cwd=ROOT,
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
