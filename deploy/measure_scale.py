@@ -23,6 +23,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +34,9 @@ import typer
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run as a script from anywhere: the project's packages come from this checkout
 
+from cache import JobCache, JobLimits  # noqa: E402
 from cache.server import EmbeddedRedis  # noqa: E402
+from experiments.bench_cache import hopper_batch, mlp_gradient, paths_for  # noqa: E402
 from experiments.bench_gateway import TOKEN, drive, start_gateway  # noqa: E402
 from gateway.client import GatewayClient  # noqa: E402
 from gateway.models import FunctionSpec  # noqa: E402
@@ -78,6 +81,31 @@ def measure_calls(windows: int, seconds: float) -> dict[str, float]:
         "redis_cpu_ms_per_call": statistics.median(redis_ms),
         "calls_per_s_c32": statistics.median(rates),
     }
+
+
+def measure_payloads(windows: int, seconds: float) -> dict[str, float]:
+    """Redis CPU milliseconds per stream round trip of one payload (experiments.bench_cache's "ours (stream)": put,
+    a consumer's read with the arrays decoded, ack or delete): a Hopper batch of 4,096 steps, and a gradient of the
+    paper preset's 2x256 actor-critic MLP."""
+    results: dict[str, float] = {}
+    with EmbeddedRedis() as server:
+        client = redis.Redis.from_url(server.url)
+        job = JobCache(client, "scale-payloads", JobLimits())
+        try:
+            for name, arrays in (("batch4096", hopper_batch()), ("grad2x256", mlp_gradient())):
+                trip, size = paths_for(job, "batch" if name == "batch4096" else "grad", arrays)["ours (stream)"]
+                per_trip_ms = []
+                for _ in range(windows):
+                    r0, n, start = redis_cpu_s(client), 0, time.perf_counter()
+                    while time.perf_counter() - start < seconds:
+                        trip()
+                        n += 1
+                    per_trip_ms.append((redis_cpu_s(client) - r0) / n * 1e3)
+                results[f"redis_cpu_ms_per_{name}_trip"] = statistics.median(per_trip_ms)
+                results[f"{name}_bytes"] = size
+        finally:
+            job.delete()
+    return results
 
 
 def _rows(path: Path) -> list[dict[str, str]]:
@@ -132,7 +160,7 @@ def main(
     preset: str = typer.Option("fast", help="the run's preset: fast (64x64 MLP) or paper (2x256)"),
     skip_job: bool = typer.Option(False, "--skip-job", help="measure the calls only"),
 ) -> None:
-    for name, value in measure_calls(windows, seconds).items():
+    for name, value in (measure_calls(windows, seconds) | measure_payloads(windows, seconds / 3)).items():
         print(f"{name}: {value:.3f}")
     if not skip_job:
         for name, value in measure_job(rounds, preset).items():

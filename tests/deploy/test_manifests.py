@@ -284,6 +284,8 @@ def all_redis_urls() -> list[tuple[str, str]]:
 
 
 def test_redis_urls_use_cache_schemes_and_reach_the_redis_service() -> None:
+    from cache import connection
+
     urls = all_redis_urls()
     assert {name for name, _ in urls} >= {"stellaris-gateway", "stellaris-train-"}, "who sets REDIS_URL changed"
     service = one("Service", "stellaris-redis")
@@ -292,6 +294,8 @@ def test_redis_urls_use_cache_schemes_and_reach_the_redis_service() -> None:
         parts = urlsplit(url)
         assert parts.scheme in CACHE_SCHEMES, f"{name}: REDIS_URL scheme {parts.scheme!r} is not one the cache takes"
         assert parts.scheme.endswith("+cluster"), f"{name}: the StatefulSet is a Redis Cluster: use redis+cluster://"
+        schemes = getattr(connection, "SCHEMES", None)  # the cache's own list, where it keeps one
+        assert schemes is None or url.startswith(tuple(schemes)), f"{name}: cache/connection.py refuses {url}"
         assert parts.hostname == service["metadata"]["name"] and parts.port in service_ports, f"{name}: {url}"
         assert parts.password == "stellaris-redis-password-placeholder", f"{name}: the password is not the Secret's"
 
