@@ -317,20 +317,21 @@ def test_redis_cluster_sizes_agree() -> None:
 
 
 def test_resolve_nodes_conf_rewrites_addresses_by_hostname(tmp_path: Path) -> None:
-    """The shipped script, run: a peer whose announced hostname resolves gets its current address; a line without
-    a hostname (and the vars line) stays as it was."""
+    """The shipped script, run: a peer whose announced hostname resolves gets its current address; lines without a
+    hostname (and the vars line) stay as they were."""
     script = tmp_path / "resolve.sh"
     script.write_text(one("ConfigMap", "stellaris-redis")["data"]["resolve-nodes-conf.sh"])
     conf = tmp_path / "nodes.conf"
-    lines = [
-        "a1 10.0.0.9:6379@16379,localhost myself,master - 0 0 1 connected 0-5460",
-        "b2 10.0.0.8:6379@16379 master - 0 1700000000000 2 connected 5461-10922",
+    lines = [  # as Redis 7.2 writes them: hostname, then aux fields
+        "a1 10.0.0.9:6379@16379,localhost,tls-port=0,shard-id=f0 myself,master - 0 0 1 connected 0-5460",
+        "b2 10.0.0.8:6379@16379,,tls-port=0,shard-id=f1 master - 0 1700000000000 2 connected 5461-10922",
+        "c3 10.0.0.7:6379@16379 master - 0 1700000000000 3 connected 10923-16383",
         "vars currentEpoch 3 lastVoteEpoch 0",
     ]
     conf.write_text("\n".join(lines) + "\n")
     subprocess.run(["sh", str(script), str(conf)], check=True, timeout=30)
     rewritten = conf.read_text().splitlines()
-    assert rewritten[0].startswith("a1 127.0.0.1:6379@16379,localhost myself")
+    assert rewritten[0].startswith("a1 127.0.0.1:6379@16379,localhost,tls-port=0,shard-id=f0 myself")
     assert rewritten[1:] == lines[1:]
     subprocess.run(["sh", str(script), str(tmp_path / "absent.conf")], check=True, timeout=30)  # first start
 
