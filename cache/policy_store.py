@@ -20,7 +20,7 @@ import redis
 from cache import policy_scripts as scripts
 from cache.errors import FencingError, LeaseUnavailable, VersionNotFound
 from cache.keys import JobKeys
-from cache.streams import MAX_BLOCK_S
+from cache.streams import MAX_BLOCK_S, blpop_timeout
 
 
 @dataclass(frozen=True)
@@ -139,7 +139,7 @@ class PolicyStore:
                 raise LeaseUnavailable(f"job {self.keys.job!r}: update lease held by {holder!r}")
             # A release pushes to this list; a holder that dies is covered by the lease TTL and the timeout.
             lock_ttl_s = max(self.client.pttl(self.keys.update_lock), 1) / 1000
-            self.client.blpop([self._released_key], timeout=min(remaining, lock_ttl_s, MAX_BLOCK_S))
+            self.client.blpop([self._released_key], timeout=blpop_timeout(min(remaining, lock_ttl_s)))
 
     @property
     def _released_key(self) -> str:

@@ -18,6 +18,15 @@ from cache.errors import BackpressureTimeout, CacheError
 
 # The longest single blocking call; longer waits loop, so a client's socket timeout never cuts one short.
 MAX_BLOCK_S = 20.0
+# The shortest BLPOP timeout sent: Redis reads a timeout that rounds to 0 ms (0.001 s or less) as "block forever".
+MIN_BLOCK_S = 0.01
+
+
+def blpop_timeout(remaining_s: float) -> float:
+    """A BLPOP timeout for a wait with `remaining_s` left: never one Redis would take as forever, never over
+    MAX_BLOCK_S."""
+    return min(max(remaining_s, MIN_BLOCK_S), MAX_BLOCK_S)
+
 
 # KEYS: stream. ARGV: maxlen, ttl ms, then the entry's field/value pairs.
 _ADD = """
@@ -126,7 +135,7 @@ class BoundedStream:
                     f"stream {self.key} stayed full ({self.maxlen} entries) for {timeout_s:.1f} s: "
                     "consumers are not keeping up; raise its maxlen or add consumers"
                 )
-            self.client.blpop([self.freed_key], timeout=min(remaining, MAX_BLOCK_S))
+            self.client.blpop([self.freed_key], timeout=blpop_timeout(remaining))
 
     # -- consuming --------------------------------------------------------------------------------------------
     def read(self, consumer: str, *, count: int = 1, block_s: float = 0.0) -> list[Entry]:

@@ -31,7 +31,7 @@ from cache import task_scripts as scripts
 from cache.errors import BackpressureTimeout
 from cache.keys import JobKeys
 from cache.records import GradientRecord, LearnerTask
-from cache.streams import MAX_BLOCK_S, BoundedStream, Entry
+from cache.streams import BoundedStream, Entry, blpop_timeout
 
 
 @dataclass(frozen=True)
@@ -114,7 +114,7 @@ class TaskBoard:
                 raise BackpressureTimeout(
                     f"task stream {self.keys.tasks} stayed full ({self.stream.maxlen} tasks) for {timeout_s:.1f} s"
                 )
-            self.client.blpop([self.keys.tasks_wake], timeout=min(remaining, MAX_BLOCK_S))
+            self.client.blpop([self.keys.tasks_wake], timeout=blpop_timeout(remaining))
 
     def close(self, round_k: int) -> None:
         """Mark round `round_k` fully enqueued (learners of that round leave once nothing is outstanding)."""
@@ -157,7 +157,7 @@ class TaskBoard:
                 raise BackpressureTimeout(
                     f"gradient stream {k.grad} stayed full ({self.gradient_maxlen}) for {timeout_s:.1f} s"
                 )
-            self.client.blpop([k.freed(k.grad)], timeout=min(remaining, MAX_BLOCK_S))
+            self.client.blpop([k.freed(k.grad)], timeout=blpop_timeout(remaining))
         stored, entry, version, outstanding, expiry, held, kl, target, closed, dropped, now, weights = raw
         task = None
         if entry:
@@ -205,7 +205,7 @@ class TaskBoard:
     def wait(self, timeout_s: float) -> None:
         """Block until tasks are enqueued or finished (or `timeout_s`, which callers bound by a lease expiry)."""
         if timeout_s > 0:
-            self.client.blpop([self.keys.tasks_wake], timeout=min(max(timeout_s, 0.01), MAX_BLOCK_S))
+            self.client.blpop([self.keys.tasks_wake], timeout=blpop_timeout(timeout_s))
 
     @contextlib.contextmanager
     def leased(self, learner_id: str) -> Iterator[None]:

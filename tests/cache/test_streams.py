@@ -156,3 +156,13 @@ def test_batch_of_a_killed_consumer_is_reclaimed(cache_conn: Cache, job: JobCach
     assert rid == bid and rec.env_steps == 5
     assert job.trajectories.stream.consumer_pending() == {"rescuer": 1}
     assert job.trajectories.ack([rid]) == 1
+
+
+def test_blpop_timeouts_never_round_to_block_forever() -> None:
+    from cache.streams import MAX_BLOCK_S, MIN_BLOCK_S, blpop_timeout
+
+    # Redis takes a BLPOP timeout of 0.001 s or less as 0: block forever. A wait with a sliver left gets the floor.
+    assert [blpop_timeout(s) for s in (-1.0, 0.0, 0.0005, 0.001, 0.5, 99.0)] == [
+        MIN_BLOCK_S, MIN_BLOCK_S, MIN_BLOCK_S, MIN_BLOCK_S, 0.5, MAX_BLOCK_S,
+    ]  # fmt: skip
+    assert MIN_BLOCK_S > 0.001
