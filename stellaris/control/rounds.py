@@ -148,6 +148,7 @@ class _RoundCalls:
         self.r, self.round_k, self.stats = rounds, round_k, stats
         self.learners: set[Future[Call]] = set()
         self.parameter: Future[Call] | None = None
+        self.last_failure: BaseException | None = None  # named when the job gives up (e.g. no node can place it)
 
     def start(self) -> None:
         for _ in range(self.r.invocations):
@@ -170,6 +171,7 @@ class _RoundCalls:
         if exc is None:
             return not succeeded(fut.result(), role)
         if self.r.functions.died(exc):
+            self.last_failure = exc
             return True
         raise exc
 
@@ -189,7 +191,10 @@ class _RoundCalls:
             else:
                 self.stats.add(fut.result(), "parameter")
         if self.stats.learner_restarts + self.stats.parameter_restarts > MAX_RESTARTS:
-            raise TrainingError(f"more than {MAX_RESTARTS} function invocations failed in round {self.round_k}")
+            raise TrainingError(
+                f"more than {MAX_RESTARTS} function invocations failed in round {self.round_k}; the last: "
+                f"{self.last_failure}"
+            )
 
     def supervise(self, *, until_drained: bool) -> None:
         """Until every invocation has finished (the round is accounted for: each task applied or dead-lettered),
@@ -257,13 +262,15 @@ class Rounds:
 
     def _actor_call(self, index: int) -> tuple[Call, int]:
         event = {"job": self.job.keys.job, "actor_id": f"actor-{index}", "actor_index": index}
+        last: BaseException | None = None
         for restarts in range(MAX_RESTARTS):
             try:
                 return self.functions.invoke("actor", event), restarts
             except Exception as exc:
                 if not self.functions.died(exc):
                     raise
-        raise TrainingError(f"actor invocations failed {MAX_RESTARTS} times in a row")
+                last = exc
+        raise TrainingError(f"actor invocations failed {MAX_RESTARTS} times in a row; the last: {last}")
 
     def close(self) -> None:
         """Stop taking calls; calls still running are not waited for (stopping the round ends them)."""

@@ -20,7 +20,7 @@ from gateway.models import FunctionSpec, Resources
 from tests.gateway.conftest import ROOT, start_gateway, stop_gateway
 from tests.procs import wait_pid_gone
 
-pytestmark = pytest.mark.cluster  # starts Ray clusters: CI's cluster stage (.ci/cluster-e2e.sh)
+pytestmark = pytest.mark.cluster  # starts Ray clusters: CI's long stage (make test-long, .ci/long-stage.sh)
 
 H = "tests.gateway.identity_handlers"
 PREFIXES = json.dumps(["functions.handlers.", "tests.gateway."])

@@ -13,7 +13,6 @@ import time
 from collections import Counter
 from pathlib import Path
 
-import pytest
 import yaml
 
 from tests.procs import pid_alive, wait_pid_gone
@@ -67,7 +66,6 @@ def _lines(path: Path) -> list[str]:
     return path.read_text().splitlines() if path.exists() else []
 
 
-@pytest.mark.slow
 def test_training_survives_kill_9_of_learners_parameter_functions_and_actors(tmp_path: Path) -> None:
     out = tmp_path / "run"
     cfg = tmp_path / "chaos.yaml"

@@ -5,7 +5,7 @@ local gateway whose ray backend starts every learner, parameter and serverless a
 Where each function ran is read twice: from the activation records (invocations.csv's `node`) and from Ray's own
 actor table (the GCS's record of each actor's node). The cluster's processes are ours, stopped and checked by PID;
 `ray stop` is never used (it kills every Ray on the machine). These tests start clusters: they carry the `cluster`
-marker and run in CI's cluster stage (.ci/cluster-e2e.sh)."""
+marker and run in CI's long stage (make test-long, .ci/long-stage.sh)."""
 
 from __future__ import annotations
 
