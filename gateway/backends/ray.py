@@ -105,6 +105,8 @@ class RayBackend:
         # graceful stop). Off it (the gateway calls backends from worker threads) it leaves signals alone.
         on_main = threading.current_thread() is threading.main_thread()
         sigterm = signal.getsignal(signal.SIGTERM) if on_main else None
+        # Ray's C++ failure-signal handler prints a stack dump on every SIGTERM, which is how the gateway is stopped.
+        os.environ.setdefault("RAY_DISABLE_FAILURE_SIGNAL_HANDLER", "1")
         try:
             ray.init(address=address, namespace=self.ray_namespace, logging_level=logging.WARNING, log_to_driver=False)
         except (ConnectionError, RuntimeError, ValueError) as exc:
