@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 import fnmatch
 import json
+import sys
+from importlib.machinery import ModuleSpec, PathFinder
 from typing import Any
 
 from starlette.exceptions import HTTPException
@@ -112,6 +114,23 @@ def parse_json(raw: bytes, max_depth: int) -> Any:
     return value
 
 
+def module_exists(name: str) -> bool:
+    """Whether `name` (a dotted module path) can be found, without running any of its code: unlike
+    importlib.util.find_spec, which imports the parent packages, each part is looked up in the one above it (the
+    gateway imports no handler code, SPEC §1)."""
+    if name in sys.modules:
+        return True
+    found: ModuleSpec | None = None
+    for part in name.split("."):
+        where = None if found is None else found.submodule_search_locations
+        if found is not None and where is None:  # a plain module has no submodules
+            return False
+        found = PathFinder.find_spec(part if found is None else f"{found.name}.{part}", where)
+        if found is None:
+            return False
+    return True
+
+
 def check_registration(spec: FunctionSpec, settings: GatewaySettings) -> None:
     """Refuse (422, naming the field) a function that asks for more than this gateway allows: more instances or
     memory than its caps (so no registration or pre-warm can exhaust the host), a handler outside the allowed
@@ -121,6 +140,10 @@ def check_registration(spec: FunctionSpec, settings: GatewaySettings) -> None:
     if spec.target is not None and not spec.target.split(":", 1)[0].startswith(tuple(settings.target_prefixes)):
         allowed = ", ".join(settings.target_prefixes)
         problems.append(f"target {spec.target!r} is outside the allowed handler modules ({allowed}; TARGET_PREFIXES)")
+    elif spec.target is not None and (spec.backend or settings.backend) in ("process", "ray"):
+        module = spec.target.split(":", 1)[0]
+        if not module_exists(module):  # a docker image brings its own code: only the host's modules are checked
+            problems.append(f"target {spec.target!r}: no module {module!r} on the gateway's Python path")
     for name in spec.env:
         if any(fnmatch.fnmatchcase(name.upper(), p) for p in ENV_DENY):
             problems.append(f"env {name!r} changes how a program starts and is never allowed")

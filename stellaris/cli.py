@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
+import click
 import typer
 
 from cache.contract.knobs import knob_info, train_name
@@ -22,6 +25,36 @@ def _sigterm_as_exit() -> None:
 
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, handler)
+
+
+DEBUG_ENV = "STELLARIS_DEBUG"  # set (not 0): a failure shows its traceback
+
+
+def _exit_with(command: Callable[[], int]) -> NoReturn:
+    """Run a command's body and exit with its code. A failure prints one line naming what went wrong (the errors a
+    user can cause carry that line as their message) and exits non-zero, without a traceback unless STELLARIS_DEBUG
+    is set: configuration errors exit 2, the rest 1."""
+    from cache import CacheError, RedisServerDied
+    from gateway.client import GatewayError
+    from stellaris.config import ConfigError
+    from stellaris.control.outputs import RunDirError
+    from stellaris.control.platform import PlatformError
+    from stellaris.evaluate import EvalError
+
+    try:
+        code = command()
+    except (click.exceptions.Exit, click.ClickException, click.Abort):
+        raise
+    except Exception as exc:
+        if os.environ.get(DEBUG_ENV, "") not in ("", "0"):
+            raise
+        named = (CacheError, RedisServerDied, GatewayError, ConfigError, RunDirError, PlatformError, EvalError)
+        if isinstance(exc, named):
+            typer.echo(f"error: {exc}", err=True)
+        else:  # not one we foresaw: its type helps, and the traceback is one variable away
+            typer.echo(f"error: {type(exc).__name__}: {exc}\n(set {DEBUG_ENV}=1 to see the traceback)", err=True)
+        raise typer.Exit(2 if isinstance(exc, (ConfigError, RunDirError, EvalError)) else 1) from None
+    raise typer.Exit(code)
 
 
 def _knob_option(name: str) -> Any:
@@ -77,12 +110,16 @@ def demo(
     from stellaris.evaluate import evaluate_run
 
     _sigterm_as_exit()
-    cfg = TrainConfig(env=env, preset="fast", mode="stellaris", max_minutes=minutes)
-    code = run_training(cfg)
-    if code == 0 and cfg.out is not None:
-        returns = evaluate_run(cfg.out, episodes=3, seed=12345)
-        typer.echo(f"evaluation of {cfg.out}/policy.safetensors: mean return {sum(returns) / len(returns):.1f}")
-    raise typer.Exit(code)
+
+    def body() -> int:
+        cfg = TrainConfig(env=env, preset="fast", mode="stellaris", max_minutes=minutes)
+        code = run_training(cfg)
+        if code == 0 and cfg.out is not None:
+            returns = evaluate_run(cfg.out, episodes=3, seed=12345)
+            typer.echo(f"evaluation of {cfg.out}/policy.safetensors: mean return {sum(returns) / len(returns):.1f}")
+        return code
+
+    _exit_with(body)
 
 
 @app.command()
@@ -160,7 +197,7 @@ def train(
     except ConfigError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from exc
-    raise typer.Exit(run_training(cfg, resume=resume is not None))
+    _exit_with(lambda: run_training(cfg, resume=resume is not None))
 
 
 def _resources(flag: str, text: str) -> dict[str, float]:
@@ -212,8 +249,12 @@ def evaluate(
     """Run the run's final policy for N episodes (deterministic actions) and print the mean return."""
     from stellaris.evaluate import evaluate_run
 
-    returns = evaluate_run(run_dir, episodes=episodes, seed=seed)
-    typer.echo(f"mean return {sum(returns) / len(returns):.2f} over {len(returns)} episodes")
+    def body() -> int:
+        returns = evaluate_run(run_dir, episodes=episodes, seed=seed)
+        typer.echo(f"mean return {sum(returns) / len(returns):.2f} over {len(returns)} episodes")
+        return 0
+
+    _exit_with(body)
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import yaml
+from pydantic import ValidationError
 from safetensors.torch import load_file
 
 from functions.envs import make_vector_env
@@ -14,8 +15,24 @@ from functions.jobspec import JobSpec
 from functions.policies import build_policy
 
 
+class EvalError(ValueError):
+    """A directory that holds no finished policy to evaluate; the message names it."""
+
+
+def _job_spec(run_dir: Path) -> JobSpec:
+    if not run_dir.is_dir():
+        raise EvalError(f"{run_dir} is not a directory (give a run directory, e.g. runs/CartPole-v1-...)")
+    for name in ("config.yaml", "policy.safetensors"):
+        if not (run_dir / name).is_file():
+            raise EvalError(f"{run_dir} has no {name}: not a run directory, or its run finished no round")
+    try:
+        return JobSpec.model_validate(yaml.safe_load((run_dir / "config.yaml").read_text())["job_spec"])
+    except (yaml.YAMLError, ValidationError, KeyError, TypeError) as exc:
+        raise EvalError(f"{run_dir / 'config.yaml'} is not a run's config (no valid job_spec)") from exc
+
+
 def evaluate_run(run_dir: Path, *, episodes: int, seed: int) -> list[float]:
-    spec = JobSpec.model_validate(yaml.safe_load((run_dir / "config.yaml").read_text())["job_spec"])
+    spec = _job_spec(run_dir)
     env = make_vector_env(spec.env_id, 1, seed=seed, env_kwargs=spec.env_kwargs)
     net = spec.algo.network
     policy = build_policy(

@@ -6,6 +6,7 @@ import csv
 import json
 import math
 import os
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -56,7 +57,7 @@ def stats(values: list[float]) -> tuple[float, float, float, float]:
 
 class _Csv:
     def __init__(self, path: Path, columns: list[str]) -> None:
-        fresh = not path.exists() or path.stat().st_size == 0
+        self.fresh = fresh = not path.exists() or path.stat().st_size == 0
         self.file = path.open("a", newline="")
         self.writer = csv.DictWriter(self.file, fieldnames=columns)
         if fresh:
@@ -88,9 +89,26 @@ class _Csv:
         self.file.close()
 
 
+class RunDirError(ValueError):
+    """A run directory that cannot be used as asked; the message names it and what to do instead."""
+
+
+RUN_FILES = ("state.json", "info.csv", "config.yaml")  # any of them: the directory holds a run
+
+
 class RunDir:
-    def __init__(self, path: Path) -> None:
+    """`resume=False` refuses a directory that holds a run already (its CSVs would get a second run's rows)."""
+
+    def __init__(self, path: Path, *, resume: bool = False) -> None:
         self.path = path
+        if not resume and any((path / name).exists() for name in RUN_FILES):
+            raise RunDirError(
+                f"{path} holds a run already: continue it with `stellaris train --resume {path}`, or give a new --out"
+            )
+        if path.exists() and not path.is_dir():
+            raise RunDirError(f"{path} is a file, not a run directory (--out)")
+        self.created = not path.exists()  # discard() removes only what this run made
+        self.wrote_config = False
         path.mkdir(parents=True, exist_ok=True)
         self.info = _Csv(path / "info.csv", INFO_COLUMNS)
         self.timeline = _Csv(path / "timeline.csv", TIMELINE_COLUMNS)
@@ -99,6 +117,7 @@ class RunDir:
 
     def write_config(self, config: dict[str, Any], spec: dict[str, Any]) -> None:
         text = yaml.safe_dump({"config": config, "job_spec": spec}, sort_keys=False)
+        self.wrote_config = self.wrote_config or not (self.path / "config.yaml").exists()
         _atomic_write(self.path / "config.yaml", text.encode())
 
     def record_invocations(self, acts: list[Activation]) -> None:
@@ -169,3 +188,13 @@ class RunDir:
     def close(self) -> None:
         for f in (self.info, self.timeline, self.invocations, self.gradients):
             f.close()
+
+    def discard(self) -> None:
+        """After close(), for a run that never started (no checkpoint): remove what it made, the directory itself
+        when it made that, so a failed start leaves nothing behind to resume or to refuse the next try."""
+        if self.created:
+            shutil.rmtree(self.path, ignore_errors=True)
+            return
+        made = [Path(t.file.name) for t in (self.info, self.timeline, self.invocations, self.gradients) if t.fresh]
+        for path in [*made, *([self.path / "config.yaml"] if self.wrote_config else [])]:
+            path.unlink(missing_ok=True)

@@ -26,6 +26,7 @@ class PlatformError(RuntimeError):
 
 
 GATEWAY_EXIT_S = 2.0  # how long a gateway that dropped a request is given to show that it exited
+GATEWAY_PROBE_S = 10.0  # how long a given gateway has to answer its first health check
 GATEWAY_RECOVER_S = 120.0  # how long a job waits for a given gateway to come back after it went away
 DOCKER_NETWORK_ENV = "STELLARIS_DOCKER_NETWORK"  # the docker backend's network (gateway/backends/docker.py)
 LOCAL_RAY_CPUS_PER_CORE = 4  # logical CPUs a private local Ray declares per core (a function asks for 1)
@@ -67,6 +68,8 @@ class Platform:
                 if self.backend == "ray" and self.ray_address is None:
                     self._start_private_ray()
                 self._start_gateway()
+            else:
+                self._check_given_gateway()
             assert self.gateway_url is not None
             self.gateway = GatewayClient(
                 self.gateway_url, token=self.gateway_token, timeout_s=3600, on_unreachable=self.recover_gateway
@@ -75,6 +78,18 @@ class Platform:
             self.close()
             raise
         return self
+
+    def _check_given_gateway(self) -> None:
+        """A given gateway must answer before the job starts: a wrong URL is then one line naming it, not a wait of
+        GATEWAY_RECOVER_S for a gateway that was never there."""
+        assert self.gateway_url is not None
+        try:
+            with httpx.Client(base_url=self.gateway_url, timeout=GATEWAY_PROBE_S) as probe:
+                status = probe.get("/healthz").status_code
+        except (httpx.HTTPError, httpx.InvalidURL) as exc:
+            raise PlatformError(f"cannot reach the gateway at {self.gateway_url}: {exc}") from exc
+        if status != 200:
+            raise PlatformError(f"the gateway at {self.gateway_url} answered /healthz with {status}: not a gateway?")
 
     def _start_gateway(self) -> None:
         assert self.cache is not None

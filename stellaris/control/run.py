@@ -48,14 +48,15 @@ def _raise_if_cache_died(platform: Platform, exc: Exception) -> None:
 
 def run_training(cfg: TrainConfig, *, resume: bool = False) -> int:
     console = Console(stderr=True)
-    run = RunDir(cfg.run_dir())
+    run = RunDir(cfg.run_dir(), resume=resume)  # RunDirError: a run there already, without --resume
     state = run.load_state() if resume else None
     if resume and state is None:
-        console.print(f"[red]error:[/] {run.path} has no checkpoint (state.json) to resume from")
+        run.close()
+        run.discard()
+        console.print(f"[red]error:[/] {run.path} has no checkpoint (state.json) to resume from", soft_wrap=True)
         return 2
     if state is not None:
         run.rewind(state)  # rows the dead run wrote after its checkpoint
-    console.print(f"run directory: {run.path}")
     if cfg.backend == "docker":
         roles = ("learner", "parameter", "actor") if cfg.actor_kind == "serverless" else ("learner", "parameter")
         where = ", ".join(f"{r} {cfg.role_image(r)} ({cfg.role_gpus(r)} GPU)" for r in roles)
@@ -66,6 +67,7 @@ def run_training(cfg: TrainConfig, *, resume: bool = False) -> int:
         cluster = cfg.ray_address or "a private local Ray"
         console.print(f"functions on Ray ({cluster}): {where}; device {cfg.device}", highlight=False, soft_wrap=True)
     trainer: Trainer | None = None
+    completed = False
     try:
         with Platform(
             redis_url=cfg.redis_url,
@@ -77,6 +79,7 @@ def run_training(cfg: TrainConfig, *, resume: bool = False) -> int:
             trainer = Trainer(cfg, p, run, state=state)
             try:
                 trainer.setup()
+                console.print(f"run directory: {run.path}", highlight=False, soft_wrap=True)  # a failed start has none
                 start_steps, t0 = trainer.env_steps, time.monotonic()
                 row = None
                 with Live(_progress(trainer, None, 0.0), console=console, refresh_per_second=4) as live:
@@ -96,14 +99,20 @@ def run_training(cfg: TrainConfig, *, resume: bool = False) -> int:
                 raise
             finally:
                 trainer.close()
+        completed = True
     except RedisServerDied as died:
         console.print(f"[red]error:[/] {died}", highlight=False, soft_wrap=True)
         return 1
     except KeyboardInterrupt:
-        console.print(f"[yellow]interrupted[/]: stopped cleanly; resume with `stellaris train --resume {run.path}`")
+        if run.load_state() is None:
+            console.print("[yellow]interrupted[/] before the first round finished: nothing to resume")
+        else:
+            console.print(f"[yellow]interrupted[/]: stopped cleanly; resume with `stellaris train --resume {run.path}`")
         return 130
     finally:
         run.close()
+        if not completed and run.load_state() is None:  # never started: no directory left to resume or to refuse
+            run.discard()
     console.print(
         f"done: {trainer.round if trainer else 0} rounds, cost ${trainer.cost if trainer else 0:.4f}; "
         f"outputs in {run.path}"

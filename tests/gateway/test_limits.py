@@ -12,7 +12,9 @@ from urllib.parse import urlparse
 import pytest
 
 from gateway.client import GatewayClient, GatewayError
-from gateway.limits import json_depth
+from gateway.limits import check_registration, json_depth, module_exists
+from gateway.models import FunctionSpec
+from gateway.settings import GatewaySettings
 from tests.gateway.conftest import start_gateway, stop_gateway
 from tests.gateway.test_api import spec
 
@@ -154,6 +156,8 @@ def test_instance_and_memory_caps_refuse_a_registration_with_a_422(redis_server,
         ({"env": {"LD_PRELOAD": "/tmp/x.so"}}, "env 'LD_PRELOAD' changes how a program starts"),
         ({"env": {"ld_preload": "/tmp/x.so"}}, "env 'ld_preload' changes how a program starts"),
         ({"env": {"SOME_VAR": "1"}}, "env 'SOME_VAR' is not on the allow-list"),
+        ({"target": "tests.functions.no_such_module:echo"}, "no module 'tests.functions.no_such_module'"),
+        ({"target": "functions.handlers.no_such:handle"}, "no module 'functions.handlers.no_such'"),
     ],
 )  # fmt: skip
 def test_registration_refuses_foreign_targets_and_dangerous_env(
@@ -165,6 +169,25 @@ def test_registration_refuses_foreign_targets_and_dangerous_env(
     assert fname not in [f["name"] for f in client.functions()]  # nothing was registered
     ok = {"name": fname, "target": "tests.functions.sample_handlers:echo", "env": {"OMP_NUM_THREADS": "1"}}
     assert client.http.post("/system/functions", json=ok).status_code == 201  # allowed names still pass
+
+
+def test_a_target_module_is_found_without_running_its_package() -> None:
+    import sys
+
+    assert module_exists("tests.functions.sample_handlers") and module_exists("json.decoder")
+    assert not module_exists("tests.functions.no_such_module") and not module_exists("json.decoder.deeper")
+    assert "functions.handlers" not in sys.modules  # looked up, not imported (the gateway imports no functions/)
+    assert module_exists("functions.handlers.learner") and "functions.handlers" not in sys.modules
+
+
+def test_a_docker_registration_brings_its_own_modules() -> None:
+    from starlette.exceptions import HTTPException
+
+    target = "functions.handlers.no_such:handle"
+    image_spec = FunctionSpec(name="f", backend="docker", image="example/img:1", target=target)
+    check_registration(image_spec, GatewaySettings())  # the image's code, not the gateway's, runs it
+    with pytest.raises(HTTPException, match=r"no module 'functions\.handlers\.no_such'"):
+        check_registration(image_spec.model_copy(update={"backend": "ray"}), GatewaySettings())
 
 
 def test_an_invoke_token_invokes_and_reads_activations_but_administers_nothing(redis_server, fname: str) -> None:

@@ -1,0 +1,109 @@
+"""Failures a user can cause in `stellaris train` and `stellaris eval`: a real CLI process each, which prints a line or
+two naming the thing, no traceback (unless STELLARIS_DEBUG=1), exits non-zero, and leaves no run directory behind."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.stellaris.test_train import ROOT, train_cmd
+
+FAIL_FAST_S = 60  # none of these trains: each fails before its first round
+
+
+def cli(*args: str, debug: bool = False) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "STELLARIS_GATEWAY_URL", "STELLARIS_DEBUG")}
+    if debug:
+        env["STELLARIS_DEBUG"] = "1"
+    return subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=FAIL_FAST_S)
+
+
+def closed_port() -> int:
+    """A loopback port nothing listens on (bound, then released)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def one_error(proc: subprocess.CompletedProcess[str], code: int, *names: str) -> str:
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == code, output
+    assert "Traceback" not in output and len(output.strip().splitlines()) <= 2, output
+    for name in names:
+        assert name in output, output
+    return output
+
+
+def test_an_unreachable_redis_is_named_without_its_password(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "plan.yaml").write_text("mine: 1\n")  # a directory the user made: kept, with only what was in it
+    url = f"redis://alice:s3cret@127.0.0.1:{closed_port()}/0"
+    proc = cli(*train_cmd(tmp_path, "--rounds", "1", "--out", str(out), "--redis-url", url))
+    output = one_error(proc, 1, f"cannot reach Redis at redis://alice:***@127.0.0.1:{url.rsplit(':', 1)[1]}")
+    assert "s3cret" not in output
+    assert sorted(p.name for p in out.iterdir()) == ["plan.yaml"]
+
+
+def test_an_unreachable_gateway_is_named_at_once(tmp_path: Path) -> None:
+    url = f"http://127.0.0.1:{closed_port()}"
+    proc = cli(*train_cmd(tmp_path, "--rounds", "1", "--out", str(tmp_path / "run"), "--gateway-url", url))
+    one_error(proc, 1, f"cannot reach the gateway at {url}")
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_failure_after_the_platform_is_up_leaves_no_run_directory(redis_server, tmp_path: Path) -> None:
+    from tests.gateway.conftest import start_gateway, stop_gateway
+
+    gw = start_gateway(redis_server.url)
+    try:
+        urls = ("--redis-url", redis_server.url, "--gateway-url", gw.url, "--gateway-token", "not-the-token")
+        proc = cli(*train_cmd(tmp_path, "--rounds", "1", "--out", str(tmp_path / "run"), *urls))
+    finally:
+        stop_gateway(gw)
+    one_error(proc, 1, "401")
+    assert not (tmp_path / "run").exists()
+
+
+def test_an_existing_run_directory_needs_resume(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "info.csv").write_text("round_id\n1\n")
+    proc = cli(*train_cmd(tmp_path, "--rounds", "1", "--out", str(out)))
+    one_error(proc, 2, str(out), f"--resume {out}")
+    assert (out / "info.csv").read_text() == "round_id\n1\n"  # the first run's rows, untouched
+
+
+def test_resume_without_a_checkpoint_is_refused(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "config.yaml").write_text("config:\n  env: CartPole-v1\n  rounds: 1\n")
+    proc = cli(sys.executable, "-m", "stellaris.cli", "train", "--resume", str(out))
+    one_error(proc, 2, str(out), "state.json")
+    assert sorted(p.name for p in out.iterdir()) == ["config.yaml"]  # nothing added to the directory
+
+
+@pytest.mark.parametrize(
+    ("make", "name"),
+    [
+        (lambda d: None, "is not a directory"),  # missing
+        (lambda d: d.mkdir(), "has no config.yaml"),  # empty
+        (lambda d: d.mkdir() or (d / "config.yaml").write_text("config: {}\n"), "has no policy.safetensors"),
+    ],
+)
+def test_eval_names_what_the_directory_lacks(tmp_path: Path, make, name: str) -> None:
+    run_dir = tmp_path / "run"
+    make(run_dir)
+    proc = cli(sys.executable, "-m", "stellaris.cli", "eval", str(run_dir))
+    one_error(proc, 2, str(run_dir), name)
+
+
+def test_stellaris_debug_shows_the_traceback(tmp_path: Path) -> None:
+    proc = cli(sys.executable, "-m", "stellaris.cli", "eval", str(tmp_path / "missing"), debug=True)
+    assert proc.returncode != 0
+    assert "Traceback" in proc.stdout + proc.stderr and "EvalError" in proc.stdout + proc.stderr
