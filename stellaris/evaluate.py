@@ -20,8 +20,10 @@ class EvalError(ValueError):
 
 
 def _job_spec(run_dir: Path) -> JobSpec:
+    if not run_dir.exists():
+        raise EvalError(f"{run_dir} does not exist (give a run directory, e.g. runs/CartPole-v1-stellaris-...)")
     if not run_dir.is_dir():
-        raise EvalError(f"{run_dir} is not a directory (give a run directory, e.g. runs/CartPole-v1-...)")
+        raise EvalError(f"{run_dir} is not a directory (give a run directory, e.g. runs/CartPole-v1-stellaris-...)")
     for name in ("config.yaml", "policy.safetensors"):
         if not (run_dir / name).is_file():
             raise EvalError(f"{run_dir} has no {name}: not a run directory, or its run finished no round")

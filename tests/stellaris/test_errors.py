@@ -91,7 +91,8 @@ def test_resume_without_a_checkpoint_is_refused(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("make", "name"),
     [
-        (lambda d: None, "is not a directory"),  # missing
+        (lambda d: None, "does not exist"),
+        (lambda d: d.write_text("x"), "is not a directory"),
         (lambda d: d.mkdir(), "has no config.yaml"),  # empty
         (lambda d: d.mkdir() or (d / "config.yaml").write_text("config: {}\n"), "has no policy.safetensors"),
     ],
