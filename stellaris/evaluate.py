@@ -16,7 +16,7 @@ from functions.policies import build_policy
 
 def evaluate_run(run_dir: Path, *, episodes: int, seed: int) -> list[float]:
     spec = JobSpec.model_validate(yaml.safe_load((run_dir / "config.yaml").read_text())["job_spec"])
-    env = make_vector_env(spec.env_id, 1, seed=seed, env_kwargs=spec.env_kwargs)
+    env = make_vector_env(spec.env_id, 1, seed=seed, env_kwargs=spec.env_kwargs, env_module=spec.env_module)
     net = spec.algo.network
     policy = build_policy(
         env.single_observation_space, env.single_action_space, hidden=net.hidden, kind=net.kind,
