@@ -3,6 +3,7 @@ and on an id that --env-module registers, with --env-kwargs reaching the policy'
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -30,6 +31,9 @@ def test_train_runs_on_a_custom_env_with_its_kwargs(tmp_path: Path, args: list[s
     # ignoring the kwarg would have sent observations of the wrong size, failing the run).
     shapes = {tensor.shape for tensor in load_file(out / "policy.safetensors").values()}
     assert (HIDDEN, size) in shapes and (size, HIDDEN) in shapes, shapes
+    # Evaluation makes the env from the run's spec, module and kwargs included.
+    evaluated = run_train([sys.executable, "-m", "stellaris.cli", "eval", str(out), "--episodes", "2"], timeout_s=120)
+    assert evaluated.returncode == 0, evaluated.stderr[-2000:]
 
 
 @pytest.mark.parametrize(
