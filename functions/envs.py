@@ -1,18 +1,44 @@
-"""Environment construction: any Gymnasium id with Box or Discrete actions; ALE ids through ale-py."""
+"""Environment construction: any Gymnasium id with Box or Discrete actions; ALE ids through ale-py; ids a user's
+module registers (`env_module`); `module:EnvClass` entry points."""
 
 from __future__ import annotations
 
+import importlib
+import inspect
 from typing import Any
 
 import gymnasium as gym
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
 
+def gym_id(env_id: str, env_module: str | None = None) -> str:
+    """The id to give gym.make: imports `env_module` first (it registers its ids); `module:EnvClass` naming a class
+    is registered here as `module.EnvClass` (gymnasium itself reads `module:id` as an id the module registers)."""
+    if env_module:
+        importlib.import_module(env_module)
+    if ":" not in env_id:
+        return env_id
+    module_name, name = env_id.split(":", 1)
+    target = getattr(importlib.import_module(module_name), name, None)
+    if not (inspect.isclass(target) and issubclass(target, gym.Env)):
+        return env_id
+    registered = f"{module_name}.{name}"
+    if registered not in gym.registry:
+        gym.register(id=registered, entry_point=target)
+    return registered
+
+
 def make_vector_env(
-    env_id: str, num_envs: int, *, seed: int, env_kwargs: dict[str, Any] | None = None
+    env_id: str,
+    num_envs: int,
+    *,
+    seed: int,
+    env_kwargs: dict[str, Any] | None = None,
+    env_module: str | None = None,
 ) -> gym.vector.VectorEnv:
     """`num_envs` copies stepped in this process; finished episodes reset in the same step (final obs in info)."""
     kwargs = dict(env_kwargs or {})
+    env_id = gym_id(env_id, env_module)
     if env_id.startswith("ALE/"):
         import ale_py
 

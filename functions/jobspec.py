@@ -26,6 +26,7 @@ class JobSpec(BaseModel):
     )
     seed: int = 0
     env_kwargs: dict[str, Any] = Field(default_factory=dict)
+    env_module: str | None = Field(default=None, description="imported before making envs (it registers env_id)")
 
 
 def save_spec(job: JobCache, spec: JobSpec) -> None:
@@ -55,6 +56,7 @@ class JobRequest(BaseModel):
     policy_refresh_steps: int = Field(default=0, ge=0, description="see JobSpec")
     seed: int = 0
     env_kwargs: dict[str, Any] = Field(default_factory=dict)
+    env_module: str | None = Field(default=None, description="imported before making envs (it registers env_id)")
     horizon_rounds: int | None = Field(default=None, gt=0, description="the run's planned rounds, when known")
     horizon_steps: int | None = Field(default=None, gt=0, description="the run's planned env steps, when known")
 
@@ -92,4 +94,5 @@ def resolve(request: JobRequest) -> JobSpec:
         policy_refresh_steps=request.policy_refresh_steps,
         seed=request.seed,
         env_kwargs=request.env_kwargs,
+        env_module=request.env_module,
     )

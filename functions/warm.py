@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections import OrderedDict
 
 import gymnasium as gym
@@ -26,11 +27,13 @@ def spec_of(ctx: Context, job: JobCache) -> JobSpec:
 
 def spaces_of(ctx: Context, spec: JobSpec) -> tuple[gym.Space, gym.Space]:
     spaces = ctx.memo.spaces
-    if spec.env_id not in spaces:
-        env = make_vector_env(spec.env_id, 1, seed=spec.seed, env_kwargs=spec.env_kwargs)
-        spaces[spec.env_id] = (env.single_observation_space, env.single_action_space)
+    # env_kwargs can change the spaces (an observation size), so they are part of the key.
+    key = f"{spec.env_module or ''}|{spec.env_id}|{json.dumps(spec.env_kwargs, sort_keys=True)}"
+    if key not in spaces:
+        env = make_vector_env(spec.env_id, 1, seed=spec.seed, env_kwargs=spec.env_kwargs, env_module=spec.env_module)
+        spaces[key] = (env.single_observation_space, env.single_action_space)
         env.close()
-    return spaces[spec.env_id]
+    return spaces[key]
 
 
 def new_policy(ctx: Context, spec: JobSpec, *, device: torch.device | str = "cpu") -> ActorCritic:

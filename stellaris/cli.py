@@ -125,7 +125,9 @@ def demo(
 @app.command()
 def train(
     config: Path | None = typer.Option(None, "--config", help="YAML file with TrainConfig fields"),
-    env: str | None = typer.Option(None, help="Gymnasium env id, e.g. Hopper-v5"),
+    env: str | None = typer.Option(None, help="Gymnasium env id, e.g. Hopper-v5, or module:EnvClass"),
+    env_module: str | None = typer.Option(None, "--env-module", help="module imported first (it registers env ids)"),
+    env_kwargs: str | None = typer.Option(None, "--env-kwargs", help='gymnasium.make kwargs as JSON, e.g. {"size": 3}'),
     algo: str | None = typer.Option(None, help="ppo, impact or appo"),
     preset: str | None = typer.Option(None, help="paper or fast (SPEC §4)"),
     mode: str | None = _knob_option("rule"),
@@ -183,6 +185,7 @@ def train(
         "ssp_bound": ssp_bound, "billing": billing, "seed": seed, "out": out, "redis_url": redis_url,
         "gateway_url": gateway_url, "gateway_token": gateway_token, "backend": backend, "image": image,
         "learner_image": learner_image, "parameter_image": parameter_image, "actor_image": actor_image,
+        "env_module": env_module, "env_kwargs": env_kwargs,
         "learner_gpus": learner_gpus, "parameter_gpus": parameter_gpus, "device": device, "ray_address": ray_address,
     }  # fmt: skip
     try:

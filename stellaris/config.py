@@ -15,9 +15,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from cache.contract.knobs import KNOB_NAMES, RuleName, StellarisKnobs, rule_field, train_name
+from stellaris.env_check import env_kwargs_object, import_env_module, known_env, make_once
 
 Mode = RuleName
 Backend = Literal["process", "docker", "ray"]
@@ -79,7 +80,10 @@ class ConfigError(ValueError):
 class TrainConfig(StellarisKnobs):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
-    env: str = Field(default="Hopper-v5", description="Gymnasium env id (Box or Discrete actions)")
+    # env_module first: validators run in field order, and env's and env_kwargs' need the module imported.
+    env_module: str | None = Field(default=None, description="module imported first (it registers env ids)")
+    env: str = Field(default="Hopper-v5", description="Gymnasium env id (Box or Discrete actions), or module:EnvClass")
+    env_kwargs: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of gymnasium.make")
     algo: Literal["ppo", "impact", "appo"] = "ppo"
     preset: Literal["paper", "fast"] = "fast"
     mode: Mode = rule_field()
@@ -151,20 +155,29 @@ class TrainConfig(StellarisKnobs):
         data["overrides"] = {**data["overrides"], "stellaris": section}
         return data
 
+    @field_validator("env_module")
+    @classmethod
+    def _env_module_imports(cls, env_module: str | None) -> str | None:
+        return import_env_module(env_module)
+
     @field_validator("env")
     @classmethod
-    def _env_exists(cls, env: str) -> str:
-        import gymnasium as gym
-
-        if env.startswith("ALE/"):
-            import ale_py
-
-            gym.register_envs(ale_py)
-        try:
-            gym.spec(env)
-        except gym.error.Error as exc:
-            raise ValueError(f"unknown Gymnasium env id {env!r} ({exc})") from exc
+    def _env_exists(cls, env: str, info: ValidationInfo) -> str:
+        if "env_module" in info.data:  # else env_module failed and is named already
+            known_env(env, info.data["env_module"])
         return env
+
+    @field_validator("env_kwargs", mode="before")
+    @classmethod
+    def _kwargs_object(cls, value: Any) -> Any:
+        return env_kwargs_object(value)
+
+    @field_validator("env_kwargs")
+    @classmethod
+    def _kwargs_accepted(cls, env_kwargs: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        if "env" in info.data and "env_module" in info.data:
+            make_once(info.data["env"], info.data["env_module"], env_kwargs)
+        return env_kwargs
 
     @model_validator(mode="after")
     def _budget(self) -> TrainConfig:
@@ -235,6 +248,8 @@ class TrainConfig(StellarisKnobs):
         return {
             "job": job,
             "env_id": self.env,
+            "env_module": self.env_module,
+            "env_kwargs": self.env_kwargs,
             "algo": self.algo,
             "preset": self.preset,
             "overrides": overrides,

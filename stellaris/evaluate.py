@@ -35,7 +35,7 @@ def _job_spec(run_dir: Path) -> JobSpec:
 
 def evaluate_run(run_dir: Path, *, episodes: int, seed: int) -> list[float]:
     spec = _job_spec(run_dir)
-    env = make_vector_env(spec.env_id, 1, seed=seed, env_kwargs=spec.env_kwargs)
+    env = make_vector_env(spec.env_id, 1, seed=seed, env_kwargs=spec.env_kwargs, env_module=spec.env_module)
     net = spec.algo.network
     policy = build_policy(
         env.single_observation_space, env.single_action_space, hidden=net.hidden, kind=net.kind,

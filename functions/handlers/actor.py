@@ -40,7 +40,9 @@ def handle(event: dict[str, Any], ctx: Context) -> dict[str, Any]:
     state = ctx.memo.actors.get(key)
     if state is None:
         seed = spec.seed + 7919 * int(event.get("actor_index", 0))
-        envs = make_vector_env(spec.env_id, spec.num_envs, seed=seed, env_kwargs=spec.env_kwargs)
+        envs = make_vector_env(
+            spec.env_id, spec.num_envs, seed=seed, env_kwargs=spec.env_kwargs, env_module=spec.env_module
+        )
         obs, _ = envs.reset(seed=seed)
         scaler: RewardScaler | ClippedRewards | None = (
             RewardScaler.for_envs(spec.num_envs, spec.algo.gamma) if spec.algo.normalize_reward else None

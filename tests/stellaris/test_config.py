@@ -222,3 +222,34 @@ def test_ray_resource_flags_parse_name_amount_pairs() -> None:
     assert _resources("--learner-resources", "gpu_node=0.01, fast=2") == {"gpu_node": 0.01, "fast": 2.0}
     with pytest.raises(ConfigError, match=r"--actor-resources: 'cpu_node' is not name=amount"):
         _resources("--actor-resources", "cpu_node")
+
+
+def test_yaml_env_module_and_env_kwargs_reach_the_job_request(tmp_path: Path) -> None:
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("env_module: tests.stellaris.custom_env\nenv: PickTarget-v0\nenv_kwargs: {size: 4}\nrounds: 1\n")
+    request = JobRequest.model_validate(load_config(cfg, {}).job_request("j"))
+    spec = resolve(request)
+    assert (spec.env_module, spec.env_id, spec.env_kwargs) == (
+        "tests.stellaris.custom_env",
+        "PickTarget-v0",
+        {"size": 4},
+    )
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        (
+            {"env_module": "no_such_module_xyz"},
+            "env_module\n  Value error, cannot import env_module 'no_such_module_xyz'",
+        ),
+        ({"env": "no_such_module_xyz:Env"}, "env\n  Value error, cannot import the module of env"),
+        ({"env": "Nope-v0", "env_module": "tests.stellaris.custom_env"}, "after importing env_module"),
+        ({"env": "CartPole-v1", "env_kwargs": "3"}, "env_kwargs\n  Value error, env_kwargs must be a JSON object"),
+        ({"env": "CartPole-v1", "env_kwargs": {"bogus": 1}}, "env_kwargs\n  Value error, gymnasium.make('CartPole-v1'"),
+    ],
+)
+def test_a_bad_env_field_is_named(fields: dict[str, object], message: str) -> None:
+    with pytest.raises(ValueError, match=None) as err:
+        TrainConfig(rounds=1, **fields)  # type: ignore[arg-type]
+    assert message in str(err.value)
