@@ -260,5 +260,20 @@ def evaluate(
     _exit_with(body)
 
 
+@app.command("plot")
+def plot(
+    runs: list[Path] = typer.Argument(..., help="run directories; same config but seed: one line, mean ± std"),
+    out: Path = typer.Option(Path("curves.png"), "--out", help="PNG file to write"),
+) -> None:
+    """Overlay runs' learning curves (training return vs env steps and vs wall-clock)."""
+    from stellaris.plots import PlotError, plot_runs
+
+    try:
+        typer.echo(f"wrote {plot_runs(runs, out)}")
+    except PlotError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from exc
+
+
 if __name__ == "__main__":
     app()

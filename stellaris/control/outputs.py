@@ -18,6 +18,7 @@ from safetensors.numpy import save_file
 from cache.codec import decode
 from cache.contract.results import device_of
 from gateway.models import Activation
+from stellaris.control.tensorboard import RoundBoard
 
 INFO_COLUMNS = [
     "round_id", "duration", "num_actors", "envs_per_actor", "episodes", "learner_time", "actor_time",
@@ -114,6 +115,12 @@ class RunDir:
         self.timeline = _Csv(path / "timeline.csv", TIMELINE_COLUMNS)
         self.invocations = _Csv(path / "invocations.csv", INVOCATION_COLUMNS)
         self.gradients = _Csv(path / "gradients.csv", GRADIENT_COLUMNS)
+        self.board = RoundBoard(path / "tensorboard")
+
+    def record_round(self, row: dict[str, Any]) -> None:
+        """One round's info.csv row, also as TensorBoard scalars."""
+        self.info.write([row])
+        self.board.write(row)
 
     def write_config(self, config: dict[str, Any], spec: dict[str, Any]) -> None:
         text = yaml.safe_dump({"config": config, "job_spec": spec}, sort_keys=False)
@@ -186,8 +193,14 @@ class RunDir:
         return path
 
     def close(self) -> None:
+        """Closes the tables and leaves curve.png (finished or interrupted alike)."""
+        from stellaris.plots import write_curve  # matplotlib only when a run ends
+
         for f in (self.info, self.timeline, self.invocations, self.gradients):
             f.close()
+        self.board.close()
+        if (self.path / "state.json").exists():  # a run that finished a round has a curve to draw
+            write_curve(self.path)
 
     def discard(self) -> None:
         """After close(), for a run that never started (no checkpoint): remove what it made, the directory itself

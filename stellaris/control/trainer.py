@@ -216,7 +216,7 @@ class Trainer:
             dead_lettered=self._dead_letters(),
         )
         row = info_row(facts, rs, returns, applied)
-        self.run.info.write([row])
+        self.run.record_round(row)
         self._checkpoint()
         row["max_in_flight"] = rs.max_in_flight
         return row

@@ -1,0 +1,59 @@
+"""TensorBoard event files of a run: one scalar per info.csv column per round, the round as the step."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from torch.utils.tensorboard import SummaryWriter
+
+# info.csv column -> TensorBoard tag, grouped so the dashboard shows returns, staleness, throughput, cost, latency.
+TAGS = {
+    "eval_reward_mean": "return/mean", "eval_reward_max": "return/max", "eval_reward_min": "return/min",
+    "eval_reward_std": "return/std", "episodes": "return/episodes",
+    "staleness_mean": "staleness/mean", "staleness_max": "staleness/max", "staleness_bound": "staleness/bound",
+    "aggregations": "learner/aggregations", "flushes": "learner/flushes", "learner_loss": "learner/loss",
+    "gradients_applied": "learner/gradients_applied", "env_steps": "throughput/env_steps",
+    "cost": "cost/total", "cost_learner": "cost/learner", "cost_actor": "cost/actor",
+    "duration": "latency/round", "learner_time": "latency/learner", "actor_time": "latency/actor",
+    "parameter_time": "latency/parameter", "cache_time": "latency/cache",
+    "invocation_overhead": "latency/invocation_overhead", "learner_wait_time": "latency/learner_wait",
+}  # fmt: skip
+
+
+class RoundBoard:
+    """Writes each round's scalars under `path`. Opened at the first round written, with that round as purge_step,
+    so a resumed run's events replace any a dead run wrote after its checkpoint: no step appears twice."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.writer: SummaryWriter | None = None
+        self.last_steps: float | None = None
+
+    def write(self, row: dict[str, Any]) -> None:
+        step = int(float(row["round_id"]))
+        if self.writer is None:
+            self.writer = SummaryWriter(log_dir=str(self.path), purge_step=step)
+            self.last_steps = 0.0 if step <= 1 else None  # resumed: the steps before this round are not known here
+        for column, tag in TAGS.items():
+            value = _number(row.get(column))
+            if value is not None:
+                self.writer.add_scalar(tag, value, step)
+        duration, steps = _number(row.get("duration")), _number(row.get("env_steps"))
+        if duration and steps is not None and self.last_steps is not None:
+            self.writer.add_scalar("throughput/env_steps_per_s", (steps - self.last_steps) / duration, step)
+        self.last_steps = steps
+        self.writer.flush()
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+
+def _number(x: Any) -> float | None:
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(v) else v
