@@ -172,12 +172,20 @@ def test_registration_refuses_foreign_targets_and_dangerous_env(
 
 
 def test_a_target_module_is_found_without_running_its_package() -> None:
+    import subprocess
     import sys
 
     assert module_exists("tests.functions.sample_handlers") and module_exists("json.decoder")
     assert not module_exists("tests.functions.no_such_module") and not module_exists("json.decoder.deeper")
-    assert "functions.handlers" not in sys.modules  # looked up, not imported (the gateway imports no functions/)
-    assert module_exists("functions.handlers.learner") and "functions.handlers" not in sys.modules
+    # Looked up, not imported (the gateway imports no functions/): checked in a fresh interpreter, since this test
+    # process may have imported functions/ for other tests.
+    probe = (
+        "import sys; from gateway.limits import module_exists; "
+        "assert module_exists('functions.handlers.learner'); "
+        "assert 'functions' not in sys.modules and 'functions.handlers' not in sys.modules, 'imported'"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
 
 
 def test_a_docker_registration_brings_its_own_modules() -> None:
