@@ -21,13 +21,15 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 
 # `make test` stays under 10 minutes on 2 cores; the learning tests (`slow`) and the Ray cluster tests (`cluster`)
-# run in `make test-long` (CI's long stage, .ci/long-stage.sh), each module on one worker (one Ray cluster each).
+# run in `make test-long` (CI's long stage, .ci/long-stage.sh): the learning tests first (a learning test beside a Ray
+# cluster's start-up loses its pace on 2 cores), then the cluster tests, each module on one worker (one Ray cluster each).
 test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/pytest -n 2 -m "not cluster and not slow"
 
 test-long: $(STAMP)
-	$(BIN)/pytest -n 2 --dist loadfile -m "cluster or slow"
+	$(BIN)/pytest -n 2 -m "slow and not cluster"
+	$(BIN)/pytest -n 2 --dist loadfile -m cluster
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache
