@@ -55,7 +55,9 @@ if ! dpkg -s podman runc >/dev/null 2>&1; then
     fi
 fi
 
-# 2. Engine config: runc (crun rejects this machine's hybrid cgroups), no systemd, ulimits this machine allows.
+# 2. Engine config: runc (crun rejects this machine's hybrid cgroups), no systemd, ulimits this machine allows, and an
+# events log big enough for a whole CI run: podman 4.3 deletes the log when it passes its limit (1m by default),
+# which lost a test's container start events late in `make test`.
 nofile="$(ulimit -Hn)"
 [ "$nofile" = unlimited ] && nofile=1048576
 mkdir -p /etc/containers
@@ -68,6 +70,7 @@ default_ulimits = ["nofile=$nofile:$nofile", "nproc=32768:32768"]
 runtime = "runc"
 cgroup_manager = "cgroupfs"
 events_logger = "file"
+events_logfile_max_size = "256m"
 EOF
 )"
 if [ "$(cat "$CONF" 2>/dev/null || true)" != "$conf" ]; then

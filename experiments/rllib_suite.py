@@ -42,7 +42,7 @@ LEARNERS = 1  # RLlib's PPO on one machine: one local learner
 RUN_TIMEOUT_S = 4 * 3600.0
 STOP_WAIT_S = 30.0
 INFO_COLUMNS = [
-    "round_id", "duration", "episodes", "eval_reward_mean", "eval_reward_rllib", "env_steps", "cost", "cost_learner",
+    "round_id", "duration", "episodes", "train_reward_mean", "train_reward_rllib", "env_steps", "cost", "cost_learner",
     "cost_actor", "wall_clock_s",
 ]  # fmt: skip
 
@@ -137,8 +137,8 @@ def info_rows(progress: list[dict[str, str]], *, cores: int) -> list[dict[str, A
                 "round_id": int(p["iteration"]),
                 "duration": _float(p["iteration_s"]),
                 "episodes": int(p["episodes"]),
-                "eval_reward_mean": _float(p["return_mean"]),
-                "eval_reward_rllib": _float(p["return_mean_rllib"]),
+                "train_reward_mean": _float(p["return_mean"]),
+                "train_reward_rllib": _float(p["return_mean_rllib"]),
                 "env_steps": int(p["env_steps"]),
                 "cost": learner + actor,
                 "cost_learner": learner,

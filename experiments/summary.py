@@ -35,12 +35,12 @@ def read_info(path: Path) -> list[dict[str, float]]:
 def curve(rows: list[dict[str, float]]) -> tuple[np.ndarray, np.ndarray]:
     """(training wall-clock at the end of each round in s, mean episodic reward of the round)."""
     t = np.cumsum([r["duration"] for r in rows])
-    return t, np.asarray([r["eval_reward_mean"] for r in rows])
+    return t, np.asarray([r["train_reward_mean"] for r in rows])
 
 
 def steps_curve(rows: list[dict[str, float]]) -> tuple[np.ndarray, np.ndarray]:
     """(env steps sampled by the end of each round, mean episodic reward of the round)."""
-    return np.asarray([r["env_steps"] for r in rows]), np.asarray([r["eval_reward_mean"] for r in rows])
+    return np.asarray([r["env_steps"] for r in rows]), np.asarray([r["train_reward_mean"] for r in rows])
 
 
 def final_reward(rows: list[dict[str, float]]) -> float:
@@ -50,14 +50,14 @@ def final_reward(rows: list[dict[str, float]]) -> float:
     if not with_eps:
         return math.nan
     weights = np.asarray([r["episodes"] for r in with_eps])
-    return float(np.average([r["eval_reward_mean"] for r in with_eps], weights=weights))
+    return float(np.average([r["train_reward_mean"] for r in with_eps], weights=weights))
 
 
 def _weighted(rows: list[dict[str, float]]) -> float:
-    with_eps = [r for r in rows if r["episodes"] > 0 and not math.isnan(r["eval_reward_mean"])]
+    with_eps = [r for r in rows if r["episodes"] > 0 and not math.isnan(r["train_reward_mean"])]
     if not with_eps:
         return math.nan
-    return float(np.average([r["eval_reward_mean"] for r in with_eps], weights=[r["episodes"] for r in with_eps]))
+    return float(np.average([r["train_reward_mean"] for r in with_eps], weights=[r["episodes"] for r in with_eps]))
 
 
 def window_reward(rows: list[dict[str, float]], end_steps: float, width: float = WINDOW_STEPS) -> float:

@@ -105,6 +105,9 @@ class TrainConfig(StellarisKnobs):
     )  # fmt: skip
     learners: int = Field(default=2, ge=1, le=256, description="max concurrent learner functions")
     seed: int = 0
+    # SB3's EvalCallback: deterministic actions on a separate env, every N rounds (0: never), M episodes each time.
+    eval_every: int = Field(default=0, ge=0, le=1_000_000, description="rounds between evaluations (0: none)")
+    eval_episodes: int = Field(default=5, ge=1, le=10_000, description="deterministic episodes per evaluation")
     overrides: dict[str, Any] = Field(default_factory=dict, description="algorithm fields, e.g. {lr: 1e-4}")
     out: Path | None = Field(default=None, description="run directory (default runs/<env>-<mode>-<time>)")
     redis_url: str | None = None

@@ -32,7 +32,7 @@ def run_curve(run: Path) -> dict[str, np.ndarray]:
     steps, clock, ret, elapsed = [], [], [], 0.0
     for r in _rows(run / "info.csv"):
         elapsed += float(r["duration"] or 0.0)
-        mean = float(r["eval_reward_mean"]) if r["eval_reward_mean"] else float("nan")
+        mean = float(r["train_reward_mean"]) if r["train_reward_mean"] else float("nan")
         if not np.isnan(mean):
             steps.append(float(r["env_steps"] or 0.0))
             clock.append(elapsed)

@@ -22,7 +22,8 @@ from stellaris.control.tensorboard import RoundBoard
 
 INFO_COLUMNS = [
     "round_id", "duration", "num_actors", "envs_per_actor", "episodes", "learner_time", "actor_time",
-    "eval_reward_max", "eval_reward_mean", "eval_reward_min", "eval_reward_std",
+    "train_reward_max", "train_reward_mean", "train_reward_min", "train_reward_std",
+    "eval_reward_max", "eval_reward_mean", "eval_reward_min", "eval_reward_std", "eval_episodes",
     "staleness_max", "staleness_mean", "staleness_min", "staleness_std",
     "learner_loss", "cost", "staleness_bound", "env_steps", "truncated_fraction", "aggregations", "flushes",
     "parameter_time", "learner_compute_time", "parameter_compute_time", "cache_time", "invocation_overhead",

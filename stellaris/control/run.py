@@ -27,7 +27,7 @@ def _progress(trainer: Trainer, row: dict | None, steps_per_s: float) -> Table:
     )
     if row is not None:
         table.add_row(
-            f"reward {fmt(row['eval_reward_mean'])} (max {fmt(row['eval_reward_max'])})",
+            f"reward {fmt(row['train_reward_mean'])} (max {fmt(row['train_reward_max'])})",
             f"staleness {fmt(row['staleness_mean'], '.2f')} bound {fmt(row['staleness_bound'], '.2f')}",
             f"learners in flight {row.get('max_in_flight', 0)}/{cfg.learners}",
             f"cost ${trainer.cost:.4f}",
@@ -90,7 +90,7 @@ def run_training(cfg: TrainConfig, *, resume: bool = False) -> int:
                         if not console.is_terminal:  # logs and CI get one plain line per round
                             console.print(
                                 f"round {row['round_id']} env_steps {row['env_steps']} "
-                                f"reward {fmt(row['eval_reward_mean'])} cost {row['cost']:.6f}",
+                                f"reward {fmt(row['train_reward_mean'])} cost {row['cost']:.6f}",
                                 highlight=False,
                             )
                 trainer.finish()

@@ -10,8 +10,8 @@ from torch.utils.tensorboard import SummaryWriter
 
 # info.csv column -> TensorBoard tag, grouped so the dashboard shows returns, staleness, throughput, cost, latency.
 TAGS = {
-    "eval_reward_mean": "return/mean", "eval_reward_max": "return/max", "eval_reward_min": "return/min",
-    "eval_reward_std": "return/std", "episodes": "return/episodes",
+    "train_reward_mean": "return/mean", "train_reward_max": "return/max", "train_reward_min": "return/min",
+    "train_reward_std": "return/std", "episodes": "return/episodes",
     "staleness_mean": "staleness/mean", "staleness_max": "staleness/max", "staleness_bound": "staleness/bound",
     "aggregations": "learner/aggregations", "flushes": "learner/flushes", "learner_loss": "learner/loss",
     "gradients_applied": "learner/gradients_applied", "env_steps": "throughput/env_steps",

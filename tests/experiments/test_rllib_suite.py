@@ -140,7 +140,7 @@ RESULT = {"status": "done", "iterations": 10, "env_steps": 20500, "setup_s": 10.
 
 
 STELLARIS_INFO_COLUMNS = (
-    "round_id", "duration", "episodes", "eval_reward_mean", "env_steps", "cost", "cost_learner", "cost_actor",
+    "round_id", "duration", "episodes", "train_reward_mean", "env_steps", "cost", "cost_learner", "cost_actor",
 )  # fmt: skip
 
 

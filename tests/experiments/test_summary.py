@@ -17,7 +17,7 @@ from stellaris.control.outputs import INFO_COLUMNS
 def _row(round_id: int, reward: float, episodes: int, cost: float) -> dict[str, float]:
     row = {c: 0.0 for c in INFO_COLUMNS}
     row |= {
-        "round_id": round_id, "duration": 2.0, "episodes": episodes, "eval_reward_mean": reward, "cost": cost,
+        "round_id": round_id, "duration": 2.0, "episodes": episodes, "train_reward_mean": reward, "cost": cost,
         "cost_learner": cost * 0.75, "cost_actor": cost * 0.25, "env_steps": 100 * round_id, "actor_time": 1.0,
         "learner_compute_time": 3.0, "parameter_compute_time": 1.0, "invocation_overhead": 0.5, "cache_time": 0.5,
     }  # fmt: skip

@@ -28,7 +28,7 @@ def test_each_round_is_written_as_tensorboard_scalars(run_dir: Path) -> None:
     acc.Reload()
     info = rows(run_dir / "info.csv")
     columns = {
-        "return/mean": "eval_reward_mean", "staleness/bound": "staleness_bound", "throughput/env_steps": "env_steps",
+        "return/mean": "train_reward_mean", "staleness/bound": "staleness_bound", "throughput/env_steps": "env_steps",
         "cost/total": "cost", "latency/round": "duration", "learner/aggregations": "aggregations",
     }  # fmt: skip
     for tag, column in columns.items():

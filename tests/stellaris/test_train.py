@@ -102,7 +102,7 @@ def check_outputs(out: Path, *, serverless: bool) -> list[dict[str, str]]:
 
 
 def mean_reward(row: dict[str, str]) -> float:
-    value = float(row["eval_reward_mean"])
+    value = float(row["train_reward_mean"])
     return 0.0 if math.isnan(value) else value
 
 
