@@ -20,7 +20,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-# `make test` stays under 10 minutes on 2 cores; the learning tests (`slow`) and the Ray cluster tests (`cluster`)
+# `make test` stays under 10 minutes on 2 cores; the learning tests and fault/resume runs over 40 s (`slow`) and the Ray cluster tests (`cluster`)
 # run in `make test-long` (CI's long stage, .ci/long-stage.sh): the learning tests first (a learning test beside a Ray
 # cluster's start-up loses its pace on 2 cores), then the cluster tests, each module on one worker (one Ray cluster each).
 test: $(STAMP)

@@ -42,6 +42,7 @@ def deployment():
         yield Deployment(platform.cache.url, platform.gateway_url, platform.gateway_token)
 
 
+@pytest.mark.slow  # over 40 s: CI's long stage (make test-long)
 def test_runner_summary_figures_skip_and_resume(tmp_path: Path, deployment: Deployment) -> None:
     first = _run(tmp_path, deployment)
     assert {v: o.status for v, o in first.items()} == {"vanilla": "done", "stellaris": "done"}, first

@@ -162,6 +162,7 @@ def test_serverless_actors_are_invoked_all_at_once_beyond_the_learner_count(tmp_
     assert at_once == 3, calls
 
 
+@pytest.mark.slow  # over 40 s: CI's long stage (make test-long)
 def test_ctrl_c_stops_cleanly_and_resume_continues(tmp_path: Path) -> None:
     out = tmp_path / "run"
     env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "STELLARIS_GATEWAY_URL")}
@@ -297,6 +298,7 @@ def check_each_task_applied_once(out: Path, rounds: int, tasks_per_round: int = 
     assert applied == list(range(1, applied[-1] + 1))  # contiguous: nothing lost, nothing applied twice
 
 
+@pytest.mark.slow  # over 40 s: CI's long stage (make test-long)
 def test_resume_after_kill_9_against_a_persistent_redis_continues_exactly(redis_server, tmp_path: Path) -> None:
     """kill -9 of `stellaris train` mid-run on a deployment that outlives it (Redis and gateway keep the dead run's
     tasks, gradients, pending batches and busy instances), then --resume: the run goes on from its checkpoint in a
@@ -343,6 +345,7 @@ def test_resume_after_kill_9_against_a_persistent_redis_continues_exactly(redis_
         stop_gateway(gw)
 
 
+@pytest.mark.slow  # over 40 s: CI's long stage (make test-long)
 def test_a_redis_kill_9_and_aof_restart_mid_job_loses_and_repeats_nothing(tmp_path: Path) -> None:
     """kill -9 of an AOF Redis (appendfsync always) mid-round, restarted on its port 2 s later: every client rides the
     outage out (bounded retries), the job's Redis user (lost with the restart) is granted again, and the job completes
@@ -373,6 +376,7 @@ def test_a_redis_kill_9_and_aof_restart_mid_job_loses_and_repeats_nothing(tmp_pa
         server.stop()
 
 
+@pytest.mark.slow  # over 40 s: CI's long stage (make test-long)
 def test_a_gateway_kill_9_mid_job_is_recovered_and_the_job_completes(tmp_path: Path) -> None:
     """kill -9 of the job's local gateway mid-round (its process instances die with it): the control plane starts it
     again (same namespace, so the job's functions are found in the registry and get new instances), replaces the

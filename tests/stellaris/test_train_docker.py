@@ -17,6 +17,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import yaml
 from docker.client import DockerClient
 
@@ -93,6 +94,7 @@ def test_every_function_of_a_docker_job_runs_in_a_container_of_its_image(
     print(f"{len(activations)} invocations over {ROUNDS} rounds served by {len(served)} containers of {IMAGE}")
 
 
+@pytest.mark.slow  # over 40 s: CI's long stage (make test-long)
 def test_a_docker_job_on_the_local_gateway_runs_its_functions_in_containers_on_the_hosts_network(
     tmp_path: Path,
     engine: DockerClient,  # noqa: F811
