@@ -52,9 +52,16 @@ def pause_s(failures: int) -> float:
 
 
 class _Window:
-    """The shared part: when to give up. `armed` turns on once the client has reached the server."""
+    """The shared part: when to give up. `armed` turns on once the client has reached the server. Mixed in before
+    redis-py's sync or asyncio Retry, whose own constructor it calls (no backoff of its own: `next_pause` decides)."""
 
-    def __init__(self, window_s: float, check: Callable[[], None] | None, errors: tuple[type[Exception], ...]) -> None:
+    def __init__(
+        self,
+        window_s: float,
+        check: Callable[[], None] | None = None,
+        errors: tuple[type[Exception], ...] = (redis.ConnectionError,),
+    ) -> None:
+        super().__init__(NoBackoff(), retries=-1, supported_errors=(redis.ConnectionError,))  # type: ignore[call-arg]
         self.window_s = window_s
         self.check = check  # raises when retrying is pointless (the embedded server is dead)
         self.errors = errors  # what is retried: connection errors (a cluster client adds CLUSTERDOWN, TRYAGAIN)
@@ -81,15 +88,6 @@ class _Window:
 class ReconnectRetry(_Window, redis.retry.Retry):
     """redis-py's retry policy for a sync client (pass as the connection pool's `retry`)."""
 
-    def __init__(
-        self,
-        window_s: float,
-        check: Callable[[], None] | None = None,
-        errors: tuple[type[Exception], ...] = (redis.ConnectionError,),
-    ) -> None:
-        _Window.__init__(self, window_s, check, errors)
-        redis.retry.Retry.__init__(self, NoBackoff(), retries=-1, supported_errors=(redis.ConnectionError,))
-
     def call_with_retry(
         self,
         do: Callable[[], T],
@@ -115,15 +113,6 @@ class ReconnectRetry(_Window, redis.retry.Retry):
 
 class AsyncReconnectRetry(_Window, redis.asyncio.retry.Retry):
     """The same policy for an asyncio client (the gateway's)."""
-
-    def __init__(
-        self,
-        window_s: float,
-        check: Callable[[], None] | None = None,
-        errors: tuple[type[Exception], ...] = (redis.ConnectionError,),
-    ) -> None:
-        _Window.__init__(self, window_s, check, errors)
-        redis.asyncio.retry.Retry.__init__(self, NoBackoff(), retries=-1, supported_errors=(redis.ConnectionError,))
 
     async def call_with_retry(  # type: ignore[override]
         self,
