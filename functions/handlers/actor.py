@@ -1,4 +1,5 @@
-"""Actor function: pull the newest policy if it changed, step the envs, push one trajectory batch tagged with μ."""
+"""Actor function: pull the newest policy if it changed, step the envs, push one trajectory batch tagged with μ. An
+`evaluate` event instead runs deterministic evaluation episodes of one policy version on an env of its own."""
 
 from __future__ import annotations
 

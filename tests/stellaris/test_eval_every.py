@@ -14,10 +14,12 @@ import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from cache import Cache
+from experiments.summary import final_eval_reward, read_info
 from functions.context import Context, Instance
 from stellaris.control.evaluation import EVAL_SEED_OFFSET, Evaluator
 from stellaris.control.rounds import Call, Role
 from stellaris.evaluate import evaluate_run
+from stellaris.plots import run_curve
 from tests.functions.driver import HANDLERS, Driver
 from tests.functions.test_pipeline import small_spec
 from tests.stellaris.test_train import rows, run_train, train_cmd
@@ -63,6 +65,15 @@ def test_evaluations_are_metered_invocations_and_tensorboard_points(run_dir: Pat
     points = acc.Scalars("eval/return_mean")
     assert [p.step for p in points] == [2, 3]  # no point for the round without an evaluation
     assert [p.value for p in points] == pytest.approx([float(r["eval_reward_mean"]) for r in info[1:]], rel=1e-6)
+
+
+def test_curve_and_summary_carry_the_evaluations(run_dir: Path) -> None:
+    info = rows(run_dir / "info.csv")
+    curve = run_curve(run_dir)
+    assert list(curve["eval_env_steps"]) == [float(r["env_steps"]) for r in info[1:]]
+    assert list(curve["eval_return"]) == pytest.approx([float(r["eval_reward_mean"]) for r in info[1:]])
+    assert len(curve["return"]) == sum(1 for r in info if not math.isnan(float(r["train_reward_mean"] or "nan")))
+    assert final_eval_reward(read_info(run_dir)) == pytest.approx(float(info[-1]["eval_reward_mean"]))
 
 
 class HandlerCalls:
