@@ -53,6 +53,13 @@ def final_reward(rows: list[dict[str, float]]) -> float:
     return float(np.average([r["train_reward_mean"] for r in with_eps], weights=weights))
 
 
+def final_eval_reward(rows: list[dict[str, float]]) -> float:
+    """Mean deterministic-evaluation return of the run's last evaluation (--eval-every; its final policy's when it
+    finished); NaN for a run that never evaluated."""
+    evaluated = [r for r in rows if r.get("eval_episodes", 0) > 0 and not math.isnan(r["eval_reward_mean"])]
+    return evaluated[-1]["eval_reward_mean"] if evaluated else math.nan
+
+
 def _weighted(rows: list[dict[str, float]]) -> float:
     with_eps = [r for r in rows if r["episodes"] > 0 and not math.isnan(r["train_reward_mean"])]
     if not with_eps:
@@ -103,6 +110,7 @@ class RunResult:
     invocation_s: float
     cache_s: float
     overhead_share: float
+    eval_reward: float = math.nan  # final_eval_reward: NaN for runs without --eval-every
 
     @classmethod
     def columns(cls) -> list[str]:
@@ -151,6 +159,7 @@ def run_result(plan: RunPlan, path: Path, *, target_reward: float | None = None)
         invocation_s=_mean(steady, "invocation_overhead"),
         cache_s=_mean(steady, "cache_time"),
         overhead_share=overhead / functions if functions > 0 else math.nan,
+        eval_reward=final_eval_reward(rows),
     )
 
 
@@ -163,7 +172,7 @@ SUMMARY_COLUMNS = [
     "group", "variant", "seeds", "rounds", "env_steps", "final_reward_mean", "final_reward_std", "reward_half_mean",
     "reward_half_std", "reward_end_mean", "reward_end_std", "time_to_target_s_mean", "wall_clock_s_mean",
     "cost_usd_mean", "cost_usd_std", "cost_learner_usd_mean", "cost_actor_usd_mean", "staleness_mean",
-    "overhead_share_mean", "baseline", "reward_ratio", "cost_ratio", "time_ratio",
+    "overhead_share_mean", "eval_reward_mean", "baseline", "reward_ratio", "cost_ratio", "time_ratio",
 ]  # fmt: skip
 
 
@@ -212,6 +221,7 @@ def summarise(suite: str, results: list[RunResult]) -> list[dict[str, Any]]:
             "cost_actor_usd_mean": _stats([r.cost_actor_usd for r in rs])[0],
             "staleness_mean": _stats([r.staleness_mean for r in rs])[0],
             "overhead_share_mean": _stats([r.overhead_share for r in rs])[0],
+            "eval_reward_mean": _stats([r.eval_reward for r in rs])[0],
         }
     for (group, _), row in rows.items():
         base_variant = baseline_of(suite, group)

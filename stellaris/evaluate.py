@@ -4,13 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
-import torch
 import yaml
 from pydantic import ValidationError
 from safetensors.torch import load_file
 
 from functions.envs import make_vector_env
+from functions.evaluation import run_episodes
 from functions.jobspec import JobSpec
 from functions.policies import build_policy
 
@@ -42,19 +41,7 @@ def evaluate_run(run_dir: Path, *, episodes: int, seed: int) -> list[float]:
         activation=net.activation, normalize_obs=spec.algo.normalize_obs,
     )  # fmt: skip
     policy.load_state_dict(load_file(str(run_dir / "policy.safetensors")))
-    returns: list[float] = []
-    obs, _ = env.reset(seed=seed)
-    total = 0.0
-    space = env.single_action_space
-    while len(returns) < episodes:
-        action, _, _ = policy.act(torch.as_tensor(obs), deterministic=True)
-        a = action.numpy()
-        if hasattr(space, "low"):
-            a = np.clip(a, space.low, space.high)
-        obs, reward, term, trunc, _ = env.step(a)
-        total += float(reward[0])
-        if term[0] or trunc[0]:
-            returns.append(total)
-            total = 0.0
-    env.close()
-    return returns
+    try:
+        return run_episodes(policy, env, episodes=episodes, seed=seed).returns
+    finally:
+        env.close()

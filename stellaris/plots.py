@@ -26,22 +26,27 @@ def _rows(path: Path) -> list[dict[str, str]]:
 
 
 def run_curve(run: Path) -> dict[str, np.ndarray]:
-    """Per round: cumulative env steps, wall-clock seconds and mean training return (rounds with episodes only)."""
+    """Per round: cumulative env steps, wall-clock seconds and mean training return (rounds with episodes only);
+    `eval_*` the same for the rounds with a deterministic evaluation (--eval-every), their mean evaluation return."""
     if not (run / "info.csv").is_file():
         raise PlotError(f"{run} is not a run directory (no info.csv)")
-    steps, clock, ret, elapsed = [], [], [], 0.0
+    points: dict[str, list[float]] = {k: [] for k in ("env_steps", "wall_clock_s", "return")}
+    points |= {f"eval_{k}": [] for k in points}
+    elapsed = 0.0
     for r in _rows(run / "info.csv"):
         elapsed += float(r["duration"] or 0.0)
-        mean = float(r["train_reward_mean"]) if r["train_reward_mean"] else float("nan")
-        if not np.isnan(mean):
-            steps.append(float(r["env_steps"] or 0.0))
-            clock.append(elapsed)
-            ret.append(mean)
-    return {"env_steps": np.asarray(steps), "wall_clock_s": np.asarray(clock), "return": np.asarray(ret)}
+        for prefix, column in (("", "train_reward_mean"), ("eval_", "eval_reward_mean")):
+            mean = float(r.get(column) or "nan")
+            if not np.isnan(mean):
+                points[f"{prefix}env_steps"].append(float(r["env_steps"] or 0.0))
+                points[f"{prefix}wall_clock_s"].append(elapsed)
+                points[f"{prefix}return"].append(mean)
+    return {k: np.asarray(v) for k, v in points.items()}
 
 
 def write_curve(run: Path) -> Path:
-    """curve.png in `run`: training return vs env steps and vs wall-clock."""
+    """curve.png in `run`: training return (and evaluation return, where the run evaluated) vs env steps and vs
+    wall-clock."""
     return plot_runs([run], run / "curve.png")
 
 
@@ -61,20 +66,24 @@ def plot_runs(runs: list[Path], out: Path) -> Path:
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
     for members in groups.values():
         curves = [run_curve(r) for r in members]
-        n = min(len(c["return"]) for c in curves)
-        if n == 0:
-            continue
         label = members[0].name if len(members) == 1 else f"{members[0].name} (+{len(members) - 1} seeds)"
-        ret = np.stack([c["return"][:n] for c in curves])
-        mean, std = ret.mean(axis=0), ret.std(axis=0)
-        for ax, x_key in zip(axes, ("env_steps", "wall_clock_s"), strict=True):
-            x = np.stack([c[x_key][:n] for c in curves]).mean(axis=0)
-            (line,) = ax.plot(x, mean, marker="o", ms=3, label=label)
-            if len(members) > 1:
-                ax.fill_between(x, mean - std, mean + std, color=line.get_color(), alpha=0.2)
+        color = None
+        for prefix in ("", "eval_"):  # training return: a line with dots; evaluation return: dashed with squares
+            n = min(len(c[f"{prefix}return"]) for c in curves)
+            if n == 0:
+                continue
+            ret = np.stack([c[f"{prefix}return"][:n] for c in curves])
+            mean, std = ret.mean(axis=0), ret.std(axis=0)
+            for ax, x_key in zip(axes, ("env_steps", "wall_clock_s"), strict=True):
+                x = np.stack([c[f"{prefix}{x_key}"][:n] for c in curves]).mean(axis=0)
+                style = {"marker": "o", "ms": 3} if not prefix else {"marker": "s", "ms": 4, "linestyle": "--"}
+                (line,) = ax.plot(x, mean, color=color, label=label if not prefix else f"{label} (eval)", **style)
+                if len(members) > 1:
+                    ax.fill_between(x, mean - std, mean + std, color=line.get_color(), alpha=0.2)
+            color = line.get_color()
     for ax, xlabel in zip(axes, ("env steps", "wall-clock (s)"), strict=True):
         ax.set_xlabel(xlabel)
-        ax.set_ylabel("training return")
+        ax.set_ylabel("return")
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=8)
     fig.tight_layout()

@@ -1,15 +1,15 @@
 """What each handler returns, as records: the handler builds one and sends `to_dict()` over HTTP; the control plane
 reads it back with `from_dict`, which names the field that is missing or of the wrong type. No handler result is
-read by string key anywhere else."""
+read by string key anywhere else. (`EvalRequest` goes the other way: the control plane's half of an evaluation.)"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Literal, Self
+from typing import Annotated, Any, Literal, Self
 
 import msgpack
-from pydantic import TypeAdapter, ValidationError
+from pydantic import Field, TypeAdapter, ValidationError
 
 from cache.errors import RecordError
 
@@ -127,6 +127,36 @@ class ActorResult(_Result):
     version: int
     env_steps: int
     episode_returns: list[float] = field(default_factory=list)
+
+
+# An evaluation episode's steps are bounded, so that an env without a TimeLimit of its own, or a deterministic policy
+# stuck in a loop (Breakout without FIRE), cannot hold an evaluation forever; an env's own TimeLimit ends episodes
+# first (CartPole-v1: 500 steps).
+EVAL_MAX_EPISODE_STEPS = 10_000
+EVAL_MAX_EPISODE_STEPS_LIMIT = 10_000_000
+EVAL_EPISODES_LIMIT = 10_000
+
+
+@dataclass(frozen=True)
+class EvalRequest(_Result):
+    """An actor invocation's `evaluate` event: `episodes` whole episodes with deterministic actions on an env of its
+    own reset with `seed`, of the policy `version` (None: the newest), each at most `max_episode_steps` steps."""
+
+    episodes: Annotated[int, Field(ge=1, le=EVAL_EPISODES_LIMIT)]
+    seed: int
+    version: Annotated[int, Field(ge=0)] | None = None
+    max_episode_steps: Annotated[int, Field(ge=1, le=EVAL_MAX_EPISODE_STEPS_LIMIT)] = EVAL_MAX_EPISODE_STEPS
+
+
+@dataclass(frozen=True)
+class EvalResult(_Result):
+    """One evaluation: the policy version it ran, each episode's undiscounted return and length in order, and how
+    many episodes were ended at `max_episode_steps` rather than by the env."""
+
+    version: int
+    episode_returns: list[float]
+    episode_lengths: list[int]
+    cut: int = 0
 
 
 @dataclass(frozen=True)

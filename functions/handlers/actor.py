@@ -1,4 +1,5 @@
-"""Actor function: pull the newest policy if it changed, step the envs, push one trajectory batch tagged with μ."""
+"""Actor function: pull the newest policy if it changed, step the envs, push one trajectory batch tagged with μ. An
+`evaluate` event instead runs deterministic evaluation episodes of one policy version on an env of its own."""
 
 from __future__ import annotations
 
@@ -11,8 +12,10 @@ import numpy as np
 
 from cache import TrajectoryBatch, VersionNotFound
 from cache.contract import ActorResult
+from cache.contract.results import EvalRequest, EvalResult
 from functions.context import Context
 from functions.envs import make_vector_env
+from functions.evaluation import run_episodes
 from functions.handlers import job_id_of
 from functions.jobspec import env_kind
 from functions.policies import ActorCritic
@@ -32,7 +35,34 @@ class ActorState:
     round_trips: int = 0  # the cache client's count when the last batch was pushed
 
 
+def evaluate(event: dict[str, Any], ctx: Context) -> dict[str, Any]:
+    """The `evaluate` event (EvalRequest): deterministic episodes of one policy version on a fresh env of its own,
+    seeded by the request (not an actor's seed stream); no trajectory is pushed and no actor state is touched."""
+    job = ctx.job(job_id_of(event))
+    spec = spec_of(ctx, job)
+    request = EvalRequest.from_dict(event["evaluate"])
+    try:
+        if request.version is None:
+            version, blob = job.policies.latest()
+        else:
+            version, blob = request.version, job.policies.get(request.version)
+    except VersionNotFound as exc:
+        raise LookupError(f"nothing to evaluate: {exc}") from exc
+    policy = new_policy(ctx, spec)
+    load_policy_bytes(policy, blob)
+    env = make_vector_env(spec.env_id, 1, seed=request.seed, env_kwargs=spec.env_kwargs, env_module=spec.env_module)
+    try:
+        done = run_episodes(
+            policy, env, episodes=request.episodes, seed=request.seed, max_episode_steps=request.max_episode_steps
+        )
+    finally:
+        env.close()
+    return EvalResult(version, done.returns, done.lengths, done.cut).to_dict()
+
+
 def handle(event: dict[str, Any], ctx: Context) -> dict[str, Any]:
+    if "evaluate" in event:  # the control plane's periodic evaluation (SB3's EvalCallback), not a rollout
+        return evaluate(event, ctx)
     job = ctx.job(job_id_of(event))
     actor_id = str(event.get("actor_id", "actor-0"))
     spec = spec_of(ctx, job)

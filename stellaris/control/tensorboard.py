@@ -20,6 +20,11 @@ TAGS = {
     "parameter_time": "latency/parameter", "cache_time": "latency/cache",
     "invocation_overhead": "latency/invocation_overhead", "learner_wait_time": "latency/learner_wait",
 }  # fmt: skip
+# Deterministic evaluation (--eval-every): written only in the rounds that evaluated, so no empty points between.
+EVAL_TAGS = {
+    "eval_reward_mean": "eval/return_mean", "eval_reward_max": "eval/return_max", "eval_reward_min": "eval/return_min",
+    "eval_reward_std": "eval/return_std", "eval_episodes": "eval/episodes",
+}  # fmt: skip
 
 
 class RoundBoard:
@@ -36,7 +41,8 @@ class RoundBoard:
         if self.writer is None:
             self.writer = SummaryWriter(log_dir=str(self.path), purge_step=step)
             self.last_steps = 0.0 if step <= 1 else None  # resumed: the steps before this round are not known here
-        for column, tag in TAGS.items():
+        evaluated = (_number(row.get("eval_episodes")) or 0) > 0
+        for column, tag in (TAGS | EVAL_TAGS if evaluated else TAGS).items():
             value = _number(row.get(column))
             if value is not None:
                 self.writer.add_scalar(tag, value, step)

@@ -21,6 +21,7 @@ from cache.contract import AggregatorState, InitResult, RoundShape
 from stellaris.config import TrainConfig
 from stellaris.control.billing import Billing
 from stellaris.control.deployment import Deployment, placements
+from stellaris.control.evaluation import Evaluator
 from stellaris.control.outputs import RunDir
 from stellaris.control.platform import Platform
 from stellaris.control.report import RoundFacts, episode_returns, gradient_rows, info_row, take_applied
@@ -58,6 +59,9 @@ class Trainer:
         )
         self.rounds = Rounds(
             self.job, self.deployment.functions, mode=cfg.mode, learners=cfg.learners, actors=cfg.actors
+        )
+        self.evaluator = Evaluator(
+            self.deployment.functions, self.job_id, every=cfg.eval_every, episodes=cfg.eval_episodes, seed=cfg.seed
         )
         self.collect_estimate_s = 0.0
         self.last_policy: bytes | None = None  # the newest checkpointed weights, written as safetensors at the end
@@ -106,6 +110,8 @@ class Trainer:
         else:
             self.deployment.start_actors(self.cfg.actors)
             self.billing.actors_started()
+            if self.cfg.eval_every:  # evaluations are actor-function calls: one instance for them
+                self.deployment.register_pool("actor", 1, env)
 
     def _restore(self) -> None:
         """On resume, put the checkpoint into this epoch's fresh namespace: the policy at its version, optimizer state,
@@ -200,6 +206,7 @@ class Trainer:
         self.run.timeline.write([{"wall_clock_s": round(now, 3), "episodic_reward": r} for r in returns])
         applied = take_applied(self.job)
         self.run.gradients.write(gradient_rows(applied))
+        evaluated = self._evaluate(rs)
         self._charge(rs.activations)
         self.billing.charge_held(serverful_actors=bool(self.deployment.actor_procs))
         facts = RoundFacts(
@@ -215,11 +222,20 @@ class Trainer:
             cost_actor=self.billing.cost_actor,
             dead_lettered=self._dead_letters(),
         )
-        row = info_row(facts, rs, returns, applied)
+        row = info_row(facts, rs, returns, applied) | evaluated
         self.run.record_round(row)
         self._checkpoint()
         row["max_in_flight"] = rs.max_in_flight
         return row
+
+    def _evaluate(self, rs: RoundStats) -> dict[str, Any]:
+        """When due, deterministic episodes of the policy the round ended with (stellaris.control.evaluation): its
+        info-row columns; its calls are metered with the round's."""
+        if not self.evaluator.due(self.round, last=self.done()):
+            return {}
+        columns, acts = self.evaluator.evaluate(self.round, self.job.policies.version())
+        rs.activations += acts
+        return columns
 
     def _checkpoint(self) -> None:
         version, policy = self.job.policies.latest()
