@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Literal
+from typing import Any, Literal
 
+import numpy as np
 import torch
 from gymnasium import spaces
 from torch import Tensor, nn
@@ -56,6 +57,7 @@ class ActorCritic(nn.Module):
         self.action_kind = action_kind
         self.action_dim = action_dim
         self.log_std = nn.Parameter(torch.zeros(action_dim)) if action_kind == "gaussian" else None
+        self.card: dict[str, Any] = {}  # build_policy's arguments as JSON: a saved policy says what rebuilds it
 
     def _features(self, obs: Tensor) -> Tensor:
         features = self.encoder(obs)
@@ -173,6 +175,28 @@ def build_policy(
     MLPs otherwise (Discrete observations are one-hot encoded). Box actions get a Gaussian head (actions
     are not squashed; clip them in the actor), Discrete actions a categorical one.
     """
+    policy = _network(
+        observation_space, action_space, hidden=hidden, kind=kind, activation=activation, normalize_obs=normalize_obs
+    )
+    network = {"kind": kind, "hidden": list(hidden), "activation": activation, "normalize_obs": normalize_obs}
+    policy.card = {
+        "network": network,
+        "observation_space": space_to_json(observation_space),
+        "action_space": space_to_json(action_space),
+    }
+    return policy
+
+
+def _network(
+    observation_space: spaces.Space,
+    action_space: spaces.Space,
+    *,
+    hidden: Sequence[int] = (256, 256),
+    kind: PolicyKind = "auto",
+    activation: Activation = "tanh",
+    normalize_obs: bool = False,
+) -> ActorCritic:
+    """build_policy without the card."""
     action_kind: ActionKind
     if isinstance(action_space, spaces.Discrete):
         action_kind, action_dim = "categorical", int(action_space.n)
@@ -201,4 +225,56 @@ def build_policy(
         raise TypeError(f"unsupported observation space {observation_space}: use Box or Discrete")
     return _mlp_policy(
         encoder, obs_dim, action_kind, action_dim, hidden=hidden, activation=activation, normalize_obs=normalize_obs
+    )
+
+
+# -- a policy's card: JSON that rebuilds it (with its state_dict: weights and observation statistics) -----------------
+def _json_number(x: Any) -> Any:
+    """JSON has no ±inf: non-finite bounds travel as the strings numpy reads back ("inf", "-inf")."""
+    if isinstance(x, list):
+        return [_json_number(v) for v in x]
+    return x if math.isfinite(x) else str(float(x))
+
+
+def _bound(values: np.ndarray) -> Any:
+    """A Box bound as JSON: one number when uniform (an image's 0..255), else nested lists."""
+    flat = values.reshape(-1).tolist()
+    return _json_number(flat[0] if flat and all(x == flat[0] for x in flat) else values.tolist())
+
+
+def space_to_json(space: spaces.Space) -> dict[str, Any]:
+    """A Box or Discrete space as JSON (shape, dtype, bounds; or n and start)."""
+    if isinstance(space, spaces.Discrete):
+        return {"type": "Discrete", "n": int(space.n), "start": int(space.start)}
+    if isinstance(space, spaces.Box):
+        low, high = (_bound(np.asarray(b)) for b in (space.low, space.high))
+        return {"type": "Box", "shape": list(space.shape), "dtype": str(space.dtype), "low": low, "high": high}
+    raise TypeError(f"unsupported space {space}: use Box or Discrete")
+
+
+def space_from_json(data: dict[str, Any]) -> spaces.Space:
+    """The space `space_to_json` described; a ValueError names what is missing or wrong."""
+    try:
+        if data["type"] == "Discrete":
+            return spaces.Discrete(int(data["n"]), start=int(data.get("start", 0)))
+        if data["type"] == "Box":
+            dtype = np.dtype(data["dtype"])
+            low, high = (np.asarray(data[b], dtype=np.float64).astype(dtype) for b in ("low", "high"))
+            bounds = [b.item() if b.ndim == 0 else b for b in (low, high)]  # a uniform bound is one number
+            return spaces.Box(low=bounds[0], high=bounds[1], shape=tuple(data["shape"]), dtype=dtype)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"bad space description {data!r}: {exc!r}") from exc
+    raise ValueError(f"bad space description {data!r}: type must be Box or Discrete")
+
+
+def policy_from_card(card: dict[str, Any]) -> ActorCritic:
+    """A fresh policy of the architecture `card` (``ActorCritic.card``) describes; load its state_dict next."""
+    network = card["network"]
+    return build_policy(
+        space_from_json(card["observation_space"]),
+        space_from_json(card["action_space"]),
+        hidden=tuple(network["hidden"]),
+        kind=network["kind"],
+        activation=network["activation"],
+        normalize_obs=bool(network["normalize_obs"]),
     )

@@ -9,8 +9,13 @@ from cache.codec import decode, encode
 
 
 def policy_to_bytes(policy: nn.Module, *, version: int) -> bytes:
-    """The weights, copied to the CPU (the wire names no device: they load onto any device)."""
-    return encode({k: v.detach().cpu() for k, v in policy.state_dict().items()}, {"kind": "policy", "version": version})
+    """The weights, copied to the CPU (the wire names no device: they load onto any device), and the policy's card
+    (`ActorCritic.card`: network and spaces as JSON), so every frame, checkpoint and policy file says what it fits."""
+    meta: dict[str, object] = {"kind": "policy", "version": version}
+    card = getattr(policy, "card", None)
+    if card:
+        meta["card"] = card
+    return encode({k: v.detach().cpu() for k, v in policy.state_dict().items()}, meta)
 
 
 def load_policy_bytes(policy: nn.Module, blob: bytes) -> int:

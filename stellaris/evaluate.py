@@ -6,12 +6,12 @@ from pathlib import Path
 
 import yaml
 from pydantic import ValidationError
-from safetensors.torch import load_file
 
 from functions.envs import make_vector_env
 from functions.evaluation import run_episodes
 from functions.jobspec import JobSpec
-from functions.policies import build_policy
+from stellaris.api import load_policy
+from stellaris.policy_file import PolicyFileError
 
 
 class EvalError(ValueError):
@@ -35,12 +35,10 @@ def _job_spec(run_dir: Path) -> JobSpec:
 def evaluate_run(run_dir: Path, *, episodes: int, seed: int) -> list[float]:
     spec = _job_spec(run_dir)
     env = make_vector_env(spec.env_id, 1, seed=seed, env_kwargs=spec.env_kwargs, env_module=spec.env_module)
-    net = spec.algo.network
-    policy = build_policy(
-        env.single_observation_space, env.single_action_space, hidden=net.hidden, kind=net.kind,
-        activation=net.activation, normalize_obs=spec.algo.normalize_obs,
-    )  # fmt: skip
-    policy.load_state_dict(load_file(str(run_dir / "policy.safetensors")))
+    try:
+        policy = load_policy(run_dir).network  # rebuilt from policy.safetensors alone, as users load it
+    except PolicyFileError as exc:
+        raise EvalError(str(exc)) from exc
     try:
         return run_episodes(policy, env, episodes=episodes, seed=seed).returns
     finally:

@@ -19,6 +19,7 @@ from cache.codec import decode
 from cache.contract.results import device_of
 from gateway.models import Activation
 from stellaris.control.tensorboard import RoundBoard
+from stellaris.policy_file import FILE_NAME, policy_metadata
 
 INFO_COLUMNS = [
     "round_id", "duration", "num_actors", "envs_per_actor", "episodes", "learner_time", "actor_time",
@@ -187,10 +188,15 @@ class RunDir:
         return json.loads(path.read_text()) if path.exists() else None
 
     def write_final_policy(self, policy: bytes) -> Path:
+        """policy.safetensors: the weights (observation statistics included) and, in its metadata, what rebuilds the
+        network without this run (`stellaris.policy_file`): the card the policy frame carries (architecture and
+        spaces, from the functions side) and the env and algorithm of the job spec that config.yaml holds."""
         frame = decode(policy)
-        path = self.path / "policy.safetensors"
-        arrays = {k: np.ascontiguousarray(v) for k, v in frame.arrays.items()}
-        save_file(arrays, str(path), metadata={"version": str(frame.meta.get("version", ""))})
+        path = self.path / FILE_NAME
+        config = self.path / "config.yaml"
+        job_spec = (yaml.safe_load(config.read_text()) or {}).get("job_spec") or {} if config.exists() else {}
+        arrays = {k: np.array(v, order="C") for k, v in frame.arrays.items()}  # 0-d stays 0-d (a count)
+        save_file(arrays, str(path), metadata=policy_metadata(frame.meta, job_spec))
         return path
 
     def close(self) -> None:
