@@ -3,7 +3,9 @@
 The Stellaris knobs (`mode`, `d`, `v`, `rho`, `truncation`, `softsync_k`, `ssp_bound`) are declared once, in
 `cache/contract/knobs.py`, and inherited here. A YAML file may also set them as `overrides.stellaris.<knob>`
 (`rule` for `mode`), the job spec's spelling: that is the same field, so giving it both ways with different values
-is an error naming both. An explicit flag beats the YAML file, either spelling (README, "Configuration").
+is an error naming both. An explicit flag beats the YAML file, either spelling (README, "Configuration"); `--set`
+entries merge over the file's `overrides:`. Every override is resolved against the preset here, before anything
+starts (stellaris/override_check.py).
 """
 
 from __future__ import annotations

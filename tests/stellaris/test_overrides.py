@@ -41,9 +41,9 @@ def test_set_nests_dotted_keys_into_overrides_and_reaches_the_job(
 ) -> None:
     cfg = _train(
         monkeypatch, "--config", str(_yaml(tmp_path, "")), "--set", "lr=1e-4", "--set", "stellaris.d=0.9",
-        "--set", "network.hidden=[64,64]", "--set", "stellaris.beta_floor=3",
+        "--set", "network.hidden=[64,64]", "--set", "stellaris.beta_floor=3", "--set", "stellaris.rule=ssp",
     )  # fmt: skip
-    assert cfg.d == 0.9  # a knob's `stellaris.<knob>` is its field
+    assert (cfg.d, cfg.mode) == (0.9, "ssp")  # a knob's `stellaris.<knob>` is its field (`rule`: `mode`)
     assert cfg.overrides == {"lr": 1e-4, "network": {"hidden": [64, 64]}, "stellaris": {"beta_floor": 3}}
     algo = resolve(JobRequest.model_validate(cfg.job_request("j"))).algo
     assert (algo.lr, algo.network.hidden, algo.stellaris.d, algo.stellaris.beta_floor) == (1e-4, (64, 64), 0.9, 3.0)
@@ -126,3 +126,15 @@ def test_a_bad_override_stops_the_cli_before_anything_starts(
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert proc.stderr.splitlines() == [proc.stderr.strip()] and proc.stderr.startswith(line), proc.stderr
     assert not out.exists()
+
+
+def test_mapping_flags_take_json_and_resources_also_name_amount_pairs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cfg = _train(monkeypatch, "--config", str(_yaml(tmp_path, "")), "--overrides", '{"lr": 0.01}', "--set", "gamma=0.9")
+    assert cfg.overrides == {"lr": 0.01, "gamma": 0.9}
+    ray = _train(monkeypatch, "--config", str(_yaml(tmp_path, "backend: ray\n")), "--learner-resources",
+                 '{"gpu_node": 0.01}', "--actor-resources", "cpu_node=0.5")  # fmt: skip
+    assert (ray.learner_resources, ray.actor_resources) == ({"gpu_node": 0.01}, {"cpu_node": 0.5})
+    result = CliRunner().invoke(app, ["train", "--config", str(_yaml(tmp_path, "")), "--overrides", "[1]"])
+    assert result.exit_code == 2 and "--overrides: '[1]' is not a JSON object" in result.output, result.output
