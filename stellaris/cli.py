@@ -12,8 +12,6 @@ from typing import Any, NoReturn
 import click
 import typer
 
-from cache.contract.knobs import knob_info, train_name
-
 app = typer.Typer(help="Stellaris: serverless asynchronous-learner deep RL.", no_args_is_help=True)
 
 
@@ -55,16 +53,6 @@ def _exit_with(command: Callable[[], int]) -> NoReturn:
             typer.echo(f"error: {type(exc).__name__}: {exc}\n(set {DEBUG_ENV}=1 to see the traceback)", err=True)
         raise typer.Exit(2 if isinstance(exc, (ConfigError, RunDirError, EvalError)) else 1) from None
     raise typer.Exit(code)
-
-
-def _knob_option(name: str) -> Any:
-    """The `train` flag of a Stellaris knob, from its one declaration (cache/contract/knobs.py): its help and
-    default come from there, and it is None unless given, so that the YAML file or the declared default applies
-    (pydantic checks the bounds, in TrainConfig, and names the field)."""
-    info = knob_info(name)
-    flag = "--" + train_name(name).replace("_", "-")
-    decls = [f"{flag}/--no-{flag[2:]}"] if isinstance(info.default, bool) else [flag]
-    return typer.Option(None, *decls, help=f"{info.description} (default {info.default})", show_default=False)
 
 
 @app.command()
@@ -122,99 +110,37 @@ def demo(
     _exit_with(body)
 
 
-@app.command()
-def train(
-    config: Path | None = typer.Option(None, "--config", help="YAML file with TrainConfig fields"),
-    env: str | None = typer.Option(None, help="Gymnasium env id, e.g. Hopper-v5, or module:EnvClass"),
-    env_module: str | None = typer.Option(None, "--env-module", help="module imported first (it registers env ids)"),
-    env_kwargs: str | None = typer.Option(None, "--env-kwargs", help='gymnasium.make kwargs as JSON, e.g. {"size": 3}'),
-    algo: str | None = typer.Option(None, help="ppo, impact or appo"),
-    preset: str | None = typer.Option(None, help="paper or fast (SPEC §4)"),
-    mode: str | None = _knob_option("rule"),
-    rounds: int | None = typer.Option(None),
-    total_steps: int | None = typer.Option(None, "--total-steps"),
-    max_minutes: float | None = typer.Option(None, "--max-minutes"),
-    actors: int | None = typer.Option(None),
-    actor_kind: str | None = typer.Option(None, "--actor-kind", help="serverful or serverless"),
-    envs_per_actor: int | None = typer.Option(None, "--envs-per-actor"),
-    learners: int | None = typer.Option(None, help="learner capacity: max concurrent learner functions"),
-    d: float | None = _knob_option("d"),
-    v: float | None = _knob_option("v"),
-    rho: float | None = _knob_option("rho"),
-    truncation: bool | None = _knob_option("truncation"),
-    softsync_k: int | None = _knob_option("softsync_k"),
-    ssp_bound: int | None = _knob_option("ssp_bound"),
-    billing: str | None = typer.Option(None, help="serverless (metered invocations) or serverful (held resources)"),
-    seed: int | None = typer.Option(None),
-    out: Path | None = typer.Option(None, help="run directory"),
-    redis_url: str | None = typer.Option(None, "--redis-url", envvar="REDIS_URL"),
-    gateway_url: str | None = typer.Option(None, "--gateway-url", envvar="STELLARIS_GATEWAY_URL"),
-    gateway_token: str | None = typer.Option(None, "--gateway-token", envvar="STELLARIS_GATEWAY_TOKEN"),
-    resume: Path | None = typer.Option(None, help="continue the run in this directory"),
-    backend: str | None = typer.Option(
-        None, help="process (beside the gateway, the default), docker (containers) or ray (actors on a Ray cluster)"
-    ),
-    image: str | None = typer.Option(None, help="docker: the image of every role without its own flag"),
-    learner_image: str | None = typer.Option(None, "--learner-image", help="docker: the learners' image"),
-    parameter_image: str | None = typer.Option(None, "--parameter-image", help="docker: the parameter image"),
-    actor_image: str | None = typer.Option(None, "--actor-image", help="docker: the serverless actors' image"),
-    learner_gpus: float | None = typer.Option(
-        None, "--learner-gpus", help="docker: GPUs per learner (default 0); ray: fractions too (0.25: 4 per GPU)"
-    ),
-    parameter_gpus: float | None = typer.Option(None, "--parameter-gpus", help="docker/ray: the parameter's GPUs"),
-    device: str | None = typer.Option(None, help="auto, cpu or cuda: the learners' and parameter function's device"),
-    ray_address: str | None = typer.Option(
-        None, "--ray-address", help="ray: the cluster to join (host:port or auto); default a private local Ray"
-    ),
-    learner_resources: str | None = typer.Option(
-        None, "--learner-resources", help="ray: custom resources per learner, e.g. gpu_node=0.01 (comma-separated)"
-    ),
-    parameter_resources: str | None = typer.Option(None, "--parameter-resources", help="ray: the parameter's"),
-    actor_resources: str | None = typer.Option(None, "--actor-resources", help="ray: serverless actors' resources"),
-) -> None:
-    """Train with the Stellaris workflow through the gateway and the cache. A flag given beats the --config file,
-    a knob's `overrides.stellaris` entry there included."""
+def _train(**given: Any) -> None:
+    """Train with the Stellaris workflow through the gateway and the cache. Each option is a field of the --config
+    YAML file, and a flag given beats the file (a knob's `overrides.stellaris` entry there included); `--set` beats
+    the file's `overrides:` entry."""
     from stellaris.config import ConfigError, load_config
     from stellaris.control.run import run_training
+    from stellaris.train_options import field_values, parsed_sets
 
     _sigterm_as_exit()
-    flags = {
-        "env": env, "algo": algo, "preset": preset, "mode": mode, "rounds": rounds, "total_steps": total_steps,
-        "max_minutes": max_minutes, "actors": actors, "actor_kind": actor_kind, "envs_per_actor": envs_per_actor,
-        "learners": learners, "d": d, "v": v, "rho": rho, "truncation": truncation, "softsync_k": softsync_k,
-        "ssp_bound": ssp_bound, "billing": billing, "seed": seed, "out": out, "redis_url": redis_url,
-        "gateway_url": gateway_url, "gateway_token": gateway_token, "backend": backend, "image": image,
-        "learner_image": learner_image, "parameter_image": parameter_image, "actor_image": actor_image,
-        "env_module": env_module, "env_kwargs": env_kwargs,
-        "learner_gpus": learner_gpus, "parameter_gpus": parameter_gpus, "device": device, "ray_address": ray_address,
-    }  # fmt: skip
+    config, resume, sets = given.pop("config"), given.pop("resume"), given.pop("sets")
     try:
-        for role, given in (("learner", learner_resources), ("parameter", parameter_resources),
-                            ("actor", actor_resources)):  # fmt: skip
-            flags[f"{role}_resources"] = None if given is None else _resources(f"--{role}-resources", given)
+        flags, nested = field_values(given), parsed_sets(sets or [])
         if resume is not None:
-            cfg = load_config(resume / "config.yaml", flags, section="config")
+            cfg = load_config(resume / "config.yaml", flags, section="config", sets=nested)
             cfg.out = resume
         else:
-            cfg = load_config(config, flags)
+            cfg = load_config(config, flags, sets=nested)
     except ConfigError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from exc
     _exit_with(lambda: run_training(cfg, resume=resume is not None))
 
 
-def _resources(flag: str, text: str) -> dict[str, float]:
-    """`name=amount[,name=amount]` as a mapping; raises ConfigError naming the flag and the bad part."""
-    from stellaris.config import ConfigError
+def _register_train() -> None:
+    """`train`, its options built from TrainConfig's fields (stellaris/train_options.py)."""
+    from stellaris.train_options import with_train_signature
 
-    resources: dict[str, float] = {}
-    for part in filter(None, (p.strip() for p in text.split(","))):
-        name, _, amount = part.partition("=")
-        try:
-            resources[name.strip()] = float(amount)
-        except ValueError as exc:  # no '=' leaves amount empty: an error too
-            raise ConfigError(f"{flag}: {part!r} is not name=amount (e.g. gpu_node=0.01)") from exc
-    return resources
+    app.command("train")(with_train_signature(_train))
+
+
+_register_train()
 
 
 @app.command()
@@ -222,7 +148,9 @@ def experiment(
     suite: str = typer.Argument(
         ..., help="algorithms, cost, ablation, sensitivity, breakdown, or rllib (RLlib PPO vs Stellaris, own venv)"
     ),
-    preset: str = typer.Option("quick", help="quick (≤15 min per suite on 2 cores) or paper (50 rounds, Table III)"),
+    preset: str = typer.Option(
+        "quick", help="quick (≤15 min per suite on 2 cores) or paper (50 rounds, the paper preset's hyperparameters)"
+    ),
     seeds: int | None = typer.Option(None, help="seeds per configuration (default: quick 2, paper 10)"),
     out: Path = typer.Option(Path("results"), help="output root; suites under one root share identical runs"),
     parallel: int = typer.Option(2, help="training runs at a time"),

@@ -3,14 +3,14 @@
 The Stellaris knobs (`mode`, `d`, `v`, `rho`, `truncation`, `softsync_k`, `ssp_bound`) are declared once, in
 `cache/contract/knobs.py`, and inherited here. A YAML file may also set them as `overrides.stellaris.<knob>`
 (`rule` for `mode`), the job spec's spelling: that is the same field, so giving it both ways with different values
-is an error naming both. An explicit flag beats the YAML file, either spelling (README, "Configuration").
+is an error naming both. An explicit flag beats the YAML file, either spelling (README, "Configuration"); `--set`
+entries merge over the file's `overrides:`. Every override is resolved against the preset here, before anything
+starts (stellaris/override_check.py).
 """
 
 from __future__ import annotations
 
-import socket
 import time
-from importlib.metadata import version
 from pathlib import Path
 from typing import Any, Literal
 
@@ -19,58 +19,10 @@ from pydantic import ConfigDict, Field, ValidationError, ValidationInfo, field_v
 
 from cache.contract.knobs import KNOB_NAMES, RuleName, StellarisKnobs, rule_field, train_name
 from stellaris.env_check import env_kwargs_object, import_env_module, known_env, make_once
+from stellaris.override_check import override_problems
+from stellaris.placement import Backend, Device, FunctionRole, check_placement, default_image
 
 Mode = RuleName
-Backend = Literal["process", "docker", "ray"]
-Device = Literal["auto", "cpu", "cuda"]
-FunctionRole = Literal["actor", "learner", "parameter"]
-GPU_IMAGE = "stellaris/function"  # docker/Dockerfile.function: CUDA base (GPU learners and the parameter function)
-CPU_IMAGE = "stellaris/function-cpu"  # docker/Dockerfile.function-cpu: CPU torch (actors, CPU-only functions)
-
-
-_DOCKER_FIELDS = ("image", "learner_image", "parameter_image", "actor_image")
-_RAY_FIELDS = ("ray_address", "learner_resources", "parameter_resources", "actor_resources")
-_GPU_FIELDS = ("learner_gpus", "parameter_gpus")
-_FIELD_BACKENDS = {
-    **dict.fromkeys(_DOCKER_FIELDS, "docker"), **dict.fromkeys(_RAY_FIELDS, "ray"),
-    **dict.fromkeys(_GPU_FIELDS, "docker or ray"),
-}  # fmt: skip
-
-
-def _shown(value: Any) -> Any:
-    """A whole float as an int: `learner_gpus: 1`, not 1.0, in messages."""
-    return int(value) if isinstance(value, float) and value.is_integer() else value
-
-
-def _foreign_fields(backend: str) -> tuple[str, ...]:
-    """The placement fields that mean nothing on `backend` (process functions run beside the gateway)."""
-    if backend == "docker":
-        return _RAY_FIELDS
-    if backend == "ray":
-        return _DOCKER_FIELDS
-    return _DOCKER_FIELDS + _RAY_FIELDS + _GPU_FIELDS
-
-
-def _on_this_machine(host: str) -> bool:
-    """Whether `host` names one of this machine's own addresses (loopback included): binding to it succeeds."""
-    try:
-        infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
-    except OSError:
-        return False
-    for family, kind, proto, _, addr in infos:
-        try:
-            with socket.socket(family, kind, proto) as probe:
-                probe.bind((addr[0], 0))
-            return True
-        except OSError:
-            continue
-    return False
-
-
-def default_image(gpus: float) -> str:
-    """The project's function image, as docker/ tags it (the package's version): the CUDA one where GPUs are asked
-    for, else the CPU one."""
-    return f"{GPU_IMAGE if gpus > 0 else CPU_IMAGE}:{version('stellaris')}"
 
 
 class ConfigError(ValueError):
@@ -81,20 +33,28 @@ class TrainConfig(StellarisKnobs):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
     # env_module first: validators run in field order, and env's and env_kwargs' need the module imported.
-    env_module: str | None = Field(default=None, description="module imported first (it registers env ids)")
+    env_module: str | None = Field(
+        default=None, description="module imported first, in every function (it registers env ids)"
+    )
     env: str = Field(default="Hopper-v5", description="Gymnasium env id (Box or Discrete actions), or module:EnvClass")
     env_kwargs: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of gymnasium.make")
-    algo: Literal["ppo", "impact", "appo"] = "ppo"
-    preset: Literal["paper", "fast"] = "fast"
+    algo: Literal["ppo", "impact", "appo"] = Field(default="ppo", description="the learning algorithm")
+    preset: Literal["paper", "fast"] = Field(
+        default="fast",
+        description="hyperparameters: paper (the Stellaris paper's; PPO: lr 5e-5, 4096-step batches, 256x256 net) "
+        "or fast (CleanRL/SB3's PPO: lr 3e-4, 2048-step batches, 32 minibatches, 10 epochs, 64x64 net)",
+    )
     mode: Mode = rule_field()
-    rounds: int | None = Field(default=None, gt=0)
-    total_steps: int | None = Field(default=None, gt=0)
+    rounds: int | None = Field(default=None, gt=0, description="stop after this many rounds")
+    total_steps: int | None = Field(default=None, gt=0, description="stop after this many env steps")
     max_minutes: float | None = Field(default=None, gt=0, description="stop after this much wall-clock time")
     # Defaults for a 2-core machine: one actor stepping 2 envs with batched inference and 2 learners (Hopper fast
     # preset: 963 env steps/s, against 688 with 2 actors x 1 env and 2 learners, and ~500 with 4 learners).
-    actors: int = Field(default=1, ge=1, le=1024)
-    actor_kind: Literal["serverful", "serverless"] = "serverful"
-    envs_per_actor: int = Field(default=2, ge=1, le=1024)
+    actors: int = Field(default=1, ge=1, le=1024, description="actors collecting each round's batch")
+    actor_kind: Literal["serverful", "serverless"] = Field(
+        default="serverful", description="serverful (long-lived processes) or serverless (one invocation a batch)"
+    )
+    envs_per_actor: int = Field(default=2, ge=1, le=1024, description="envs one actor steps (batched inference)")
     # Policy lag: a batch is collected while learners train on the previous one. Following the newest policy every 4
     # steps mid-batch, Hopper (fast preset, seed 1) returned 1,330 over 200-250k steps, against 537 holding one
     # policy per batch and 887 refreshing every 16 steps (README, "Actors and policy lag").
@@ -104,19 +64,32 @@ class TrainConfig(StellarisKnobs):
         description="steps per env between an actor's looks for a newer policy mid-batch (0: once a batch)",
     )  # fmt: skip
     learners: int = Field(default=2, ge=1, le=256, description="max concurrent learner functions")
-    seed: int = 0
+    seed: int = Field(default=0, description="seed of envs, action sampling, minibatch order and network init")
     # SB3's EvalCallback: deterministic actions on a separate env, every N rounds (0: never), M episodes each time.
     eval_every: int = Field(default=0, ge=0, le=1_000_000, description="rounds between evaluations (0: none)")
     eval_episodes: int = Field(default=5, ge=1, le=10_000, description="deterministic episodes per evaluation")
-    overrides: dict[str, Any] = Field(default_factory=dict, description="algorithm fields, e.g. {lr: 1e-4}")
-    out: Path | None = Field(default=None, description="run directory (default runs/<env>-<mode>-<time>)")
-    redis_url: str | None = None
-    gateway_url: str | None = None
-    gateway_token: str | None = None
+    overrides: dict[str, Any] = Field(
+        default_factory=dict, description='algorithm fields over the preset, e.g. {"lr": 1e-4} (or --set lr=1e-4)'
+    )
+    out: Path | None = Field(default=None, description="run directory (none: runs/<env>-<mode>-<time>)")
+    # The flags read these environment variables too (stellaris/train_options.py).
+    redis_url: str | None = Field(
+        default=None,
+        description="the Redis to use (none: a private embedded one)",
+        json_schema_extra={"envvar": "REDIS_URL"},
+    )
+    gateway_url: str | None = Field(
+        default=None,
+        description="a running gateway (none: a local one)",
+        json_schema_extra={"envvar": "STELLARIS_GATEWAY_URL"},
+    )
+    gateway_token: str | None = Field(
+        default=None, description="the gateway's bearer token", json_schema_extra={"envvar": "STELLARIS_GATEWAY_TOKEN"}
+    )
     billing: Literal["serverless", "serverful"] = Field(
         default="serverless",
         description="serverless: each invocation's metered cost; serverful: actors, learner capacity and the "
-        "parameter server charged for the whole wall-clock time (SPEC §7)",
+        "parameter server charged for the whole wall-clock time",
     )
     torch_threads: int = Field(default=1, ge=1, le=64, description="torch threads per function instance")
     # Where the job's functions run (README, "Training on containers"). Serverful actors are always processes.
@@ -130,7 +103,7 @@ class TrainConfig(StellarisKnobs):
     device: Device = Field(default="auto", description="learners' and parameter function's torch device")
     # Ray backend: the cluster, and the custom resources that place each role's instances on the nodes declaring them
     # (deploy/: GPU nodes declare gpu_node, CPU nodes cpu_node).
-    ray_address: str | None = Field(default=None, description="ray: the cluster to join; None: a private local Ray")
+    ray_address: str | None = Field(default=None, description="ray: the cluster to join (none: a private local Ray)")
     learner_resources: dict[str, float] = Field(default_factory=dict, description="ray: learners' custom resources")
     parameter_resources: dict[str, float] = Field(default_factory=dict, description="ray: the parameter function's")
     actor_resources: dict[str, float] = Field(default_factory=dict, description="ray: serverless actors' resources")
@@ -190,29 +163,19 @@ class TrainConfig(StellarisKnobs):
 
     @model_validator(mode="after")
     def _placement(self) -> TrainConfig:
-        """Images are the docker backend's, custom resources and the Ray address the ray backend's, GPUs either's;
-        `device: cuda` in a container or a Ray actor needs the GPUs requested."""
-        foreign = [field for field in _foreign_fields(self.backend) if getattr(self, field)]
-        if foreign:
-            given = ", ".join(f"{f}: {_shown(getattr(self, f))!r} needs backend {_FIELD_BACKENDS[f]}" for f in foreign)
-            raise ValueError(f"{given}, but backend is {self.backend!r} (give that backend, or drop them)")
-        if self.backend == "ray" and self.ray_address and self.redis_url is None:
-            host = self.ray_address.removeprefix("ray://").rsplit(":", 1)[0]
-            if host != "auto" and not _on_this_machine(host):
-                raise ValueError(
-                    f"ray_address {self.ray_address!r} is a cluster on other machines, but no redis_url is given: an "
-                    "embedded Redis listens on this machine's loopback only, which the cluster's nodes cannot reach; "
-                    "give --redis-url (or REDIS_URL) a Redis every node can reach (deploy/README.md)"
-                )
-        for role in ("learner", "parameter"):
-            gpus = getattr(self, f"{role}_gpus")
-            if self.backend == "docker" and gpus != int(gpus):
-                raise ValueError(f"{role}_gpus {gpus} is fractional: a container takes whole GPUs (ray shares them)")
-            if self.device == "cuda" and self.backend != "process" and gpus == 0:
-                raise ValueError(
-                    f"device: 'cuda' with backend {self.backend!r} needs {role}_gpus > 0 (an instance sees no GPU it "
-                    f"did not request), but {role}_gpus is 0"
-                )
+        check_placement(self)
+        return self
+
+    @model_validator(mode="after")
+    def _overrides_resolve(self) -> TrainConfig:
+        """Every override checked now, naming the field as written, rather than by the parameter function once the
+        platform is up (stellaris/override_check.py: a local check, not the control plane calling functions)."""
+        stellaris = self.overrides.get("stellaris", {})
+        if not isinstance(stellaris, dict):
+            raise ValueError(f"overrides.stellaris: must be a mapping of fields, got {stellaris!r}")
+        problems = override_problems(self.job_request("check"))
+        if problems:
+            raise ValueError(problems)
         return self
 
     def role_image(self, role: FunctionRole) -> str | None:
@@ -265,9 +228,12 @@ class TrainConfig(StellarisKnobs):
         }
 
 
-def load_config(path: Path | None, overrides: dict[str, Any], *, section: str | None = None) -> TrainConfig:
+def load_config(
+    path: Path | None, overrides: dict[str, Any], *, section: str | None = None, sets: dict[str, Any] | None = None
+) -> TrainConfig:
     """YAML file (optional; `section` picks a sub-mapping) with flag overrides on top (a flag given, not None, beats
-    the file, a knob's `overrides.stellaris` spelling included); raises ConfigError naming the bad field."""
+    the file, a knob's `overrides.stellaris` spelling included) and `sets` (`--set`, nested) merged over its
+    `overrides:`, a knob's `stellaris.<knob>` taken as the knob's flag; raises ConfigError naming the bad field."""
     data: dict[str, Any] = {}
     if path is not None:
         try:
@@ -280,13 +246,48 @@ def load_config(path: Path | None, overrides: dict[str, Any], *, section: str | 
         if section is not None:
             data = dict(data.get(section) or {})
     flags = {k: v for k, v in overrides.items() if v is not None}
+    sets = _knob_sets_as_flags(dict(sets or {}), flags)
     data = _without_overridden_knobs(data, flags)
     data.update(flags)
+    if sets:
+        if not isinstance(data.get("overrides", {}), dict):
+            raise ConfigError(f"overrides: {data['overrides']!r} is not a mapping, so --set cannot add to it")
+        data["overrides"] = _merged(data.get("overrides", {}), sets)
     try:
         return TrainConfig.model_validate(data)
     except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'config'}: {e['msg']}" for e in exc.errors())
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" if e["loc"] else e["msg"].removeprefix("Value error, ")
+            for e in exc.errors()
+        )
         raise ConfigError(f"invalid configuration: {problems}") from exc
+
+
+def _knob_sets_as_flags(sets: dict[str, Any], flags: dict[str, Any]) -> dict[str, Any]:
+    """`sets` less its `stellaris.<knob>` entries, which go to `flags` as the knob's field (a knob's one value);
+    the same knob given as a flag too, with another value, is an error naming both."""
+    section = sets.get("stellaris")
+    if not isinstance(section, dict):
+        return sets
+    section = dict(section)
+    for knob in [k for k in KNOB_NAMES if k in section]:
+        field, value = train_name(knob), section.pop(knob)
+        if flags.get(field, value) != value:
+            flag = "--" + field.replace("_", "-")
+            raise ConfigError(
+                f"{flag} {flags[field]!r} and --set stellaris.{knob}={value!r} set the same knob; give one"
+            )
+        flags[field] = value
+    return {**sets, "stellaris": section} if section else {k: v for k, v in sets.items() if k != "stellaris"}
+
+
+def _merged(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
+    """`top` over `base`, mappings merged key by key (`--set network.hidden=...` keeps the file's network.kind)."""
+    merged = dict(base)
+    for key, value in top.items():
+        both = isinstance(value, dict) and isinstance(merged.get(key), dict)
+        merged[key] = _merged(merged[key], value) if both else value
+    return merged
 
 
 def _without_overridden_knobs(data: dict[str, Any], flags: dict[str, Any]) -> dict[str, Any]:

@@ -20,8 +20,8 @@ RULE_NAMES: tuple[str, ...] = get_args(RuleName)
 _RULE = Field(
     default="stellaris",
     validate_default=True,  # so that a model narrowing the type (an enum of these names) gets its member
-    description="aggregation rule: stellaris (staleness-aware, paper Eq. 3-4), or the baselines sync, async, "
-    "softsync, ssp",
+    description="aggregation rule: stellaris (staleness-aware: a threshold β_k on staleness and gradients scaled by "
+    "1/δ^(1/v)), or the baselines sync, async, softsync (K gradients per update), ssp (staleness bound s)",
 )
 
 
@@ -35,11 +35,13 @@ class StellarisKnobs(BaseModel):
 
     d: float = Field(
         default=0.96, ge=0.0, le=1.0,
-        description="decay of the staleness threshold β_k = δ_max·d^k (paper Eq. 3; 0: synchronous, 1: asynchronous)",
+        description="decay of the staleness threshold β_k = δ_max·d^k of round k (0: synchronous, 1: asynchronous)",
     )  # fmt: skip
-    v: float = Field(default=3.0, gt=0.0, description="a gradient of staleness δ > 0 is scaled by 1/δ^(1/v) (Eq. 4)")
+    v: float = Field(default=3.0, gt=0.0, description="a gradient of staleness δ > 0 is scaled by 1/δ^(1/v)")
     rho: float = Field(
-        default=1.0, gt=0.0, description="truncation bound ρ of the importance weight across learner policies (Eq. 2)"
+        default=1.0,
+        gt=0.0,
+        description="truncation bound ρ: importance weights across learner policies are capped at ρ",
     )
     truncation: bool = Field(default=True, description="importance-sampling truncation across learner policies")
     softsync_k: int = Field(default=4, ge=1, description="softsync rule: gradients per update (K)")

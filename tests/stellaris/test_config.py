@@ -216,8 +216,8 @@ def test_gpu_shares_custom_resources_and_the_cluster_with_the_ray_backend(tmp_pa
 
 
 def test_ray_resource_flags_parse_name_amount_pairs() -> None:
-    from stellaris.cli import _resources
     from stellaris.config import ConfigError
+    from stellaris.train_options import resources as _resources
 
     assert _resources("--learner-resources", "gpu_node=0.01, fast=2") == {"gpu_node": 0.01, "fast": 2.0}
     with pytest.raises(ConfigError, match=r"--actor-resources: 'cpu_node' is not name=amount"):
