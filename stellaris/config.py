@@ -65,14 +65,13 @@ class TrainConfig(StellarisKnobs):
     )  # fmt: skip
     learners: int = Field(default=2, ge=1, le=256, description="max concurrent learner functions")
     seed: int = Field(default=0, description="seed of envs, action sampling, minibatch order and network init")
-    # SB3's EvalCallback: deterministic actions on a separate env, every N rounds (0: never), M episodes each time.
-    eval_every: int = Field(default=0, ge=0, le=1_000_000, description="rounds between evaluations (0: none)")
+    eval_every: int = Field(default=0, ge=0, le=1_000_000, description="rounds between evaluations, and the last")
     eval_episodes: int = Field(default=5, ge=1, le=10_000, description="deterministic episodes per evaluation")
+    eval_max_episode_steps: int = Field(default=10_000, ge=1, le=10_000_000, description="eval episode cap (steps)")
     overrides: dict[str, Any] = Field(
         default_factory=dict, description='algorithm fields over the preset, e.g. {"lr": 1e-4} (or --set lr=1e-4)'
     )
     out: Path | None = Field(default=None, description="run directory (none: runs/<env>-<mode>-<time>)")
-    # The flags read these environment variables too (stellaris/train_options.py).
     redis_url: str | None = Field(
         default=None,
         description="the Redis to use (none: a private embedded one)",

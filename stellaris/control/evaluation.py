@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from cache.contract.results import EvalRequest, EvalResult
+from cache.contract.results import EVAL_MAX_EPISODE_STEPS, EvalRequest, EvalResult
 from gateway.models import Activation
 from stellaris.control.outputs import stats
 from stellaris.control.rounds import Functions
@@ -38,9 +38,19 @@ def eval_columns(returns: list[float]) -> dict[str, Any]:
 class Evaluator:
     """A job's evaluations. `every` 0: never."""
 
-    def __init__(self, functions: Functions, job_id: str, *, every: int, episodes: int, seed: int) -> None:
+    def __init__(
+        self,
+        functions: Functions,
+        job_id: str,
+        *,
+        every: int,
+        episodes: int,
+        seed: int,
+        max_episode_steps: int = EVAL_MAX_EPISODE_STEPS,
+    ) -> None:
         self.functions, self.job_id = functions, job_id
         self.every, self.episodes, self.seed = every, episodes, seed + EVAL_SEED_OFFSET
+        self.max_episode_steps = max_episode_steps
 
     def due(self, round_k: int, *, last: bool) -> bool:
         """Every `every` rounds, and the run's last round (its final policy gets a score of its own)."""
@@ -48,7 +58,9 @@ class Evaluator:
 
     def evaluate(self, round_k: int, version: int | None) -> tuple[dict[str, Any], list[Activation]]:
         """The info row's evaluation columns for policy `version` and the metered activations of the calls."""
-        request = EvalRequest(episodes=self.episodes, seed=self.seed, version=version)
+        request = EvalRequest(
+            episodes=self.episodes, seed=self.seed, version=version, max_episode_steps=self.max_episode_steps
+        )
         event = {"job": self.job_id, "evaluate": request.to_dict()}
         acts: list[Activation] = []
         failure: BaseException | None = None

@@ -61,8 +61,9 @@ class Trainer:
             self.job, self.deployment.functions, mode=cfg.mode, learners=cfg.learners, actors=cfg.actors
         )
         self.evaluator = Evaluator(
-            self.deployment.functions, self.job_id, every=cfg.eval_every, episodes=cfg.eval_episodes, seed=cfg.seed
-        )
+            self.deployment.functions, self.job_id, every=cfg.eval_every, episodes=cfg.eval_episodes, seed=cfg.seed,
+            max_episode_steps=cfg.eval_max_episode_steps,
+        )  # fmt: skip
         self.collect_estimate_s = 0.0
         self.last_policy: bytes | None = None  # the newest checkpointed weights, written as safetensors at the end
         self.shape: RoundShape | None = None  # from the job's resolved spec, once the parameter function made it
