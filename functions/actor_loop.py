@@ -1,7 +1,9 @@
 """Serverful actors, as in the paper: long-lived processes that call the actor handler in a loop.
 
 Each loop pushes one trajectory batch per iteration and blocks on the trajectory stream's backpressure when
-learners fall behind; it stops at the next iteration boundary once its stop event is set.
+learners fall behind; it stops at the next iteration boundary once its stop event is set. After its first batch an
+actor waits for the policy that batch trains before it runs ahead: round 1 is every actor's first batch, whatever the
+actors' relative speed, so the same seed gives the same round 1 (README, "Reproducing a run").
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from multiprocessing.synchronize import Event
 from typing import Any
 
 from cache import BackpressureTimeout, Cache, CacheSettings
+from cache.contract import ActorResult
 from functions.context import Context, Instance
 from functions.handlers import actor
 
@@ -30,13 +33,17 @@ def actor_loop(
         while not stop.is_set() and (max_batches is None or pushed < max_batches):
             event: dict[str, Any] = {"job": job, "actor_id": actor_id, "actor_index": actor_index}
             try:
-                actor.handle(event, Context(uuid.uuid4().hex[:12], instance))
+                result = ActorResult.from_dict(actor.handle(event, Context(uuid.uuid4().hex[:12], instance)))
             except BackpressureTimeout as exc:
                 # Learners are behind for longer than the bounded wait: drop this batch and keep going rather
                 # than die; the queue bound keeps the data fresh.
                 log.warning("%s: %s", actor_id, exc)
                 continue
             pushed += 1
+            if pushed == 1:
+                policies = instance.job(job).policies
+                while not stop.is_set() and policies.wait_for_version(result.version, timeout_s=1.0) is None:
+                    pass
 
 
 def main() -> None:

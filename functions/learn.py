@@ -32,9 +32,10 @@ def flat(x: Tensor) -> Tensor:
     return x.reshape(-1, *x.shape[2:])
 
 
-def minibatch_index(total: int, task: Task) -> Tensor:
-    """The task's slice of a permutation fixed by (round, epoch), so the minibatches of an epoch partition it."""
-    g = torch.Generator().manual_seed(1_000_003 * task.round + task.epoch)
+def minibatch_index(total: int, task: Task, seed: int = 0) -> Tensor:
+    """The task's slice of a permutation fixed by (job seed, round, epoch), so the minibatches of an epoch partition
+    it, every learner draws the same one, and another seed shuffles differently."""
+    g = torch.Generator().manual_seed((1_000_003 * task.round + task.epoch + 7_919_009 * seed) % 2**63)
     perm = torch.randperm(total, generator=g)
     size = total // task.num_minibatches
     return perm[task.minibatch * size : (task.minibatch + 1) * size]

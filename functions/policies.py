@@ -101,9 +101,10 @@ class ActorCritic(nn.Module):
         if self.obs_normalizer is not None:
             self.obs_normalizer.update(self.encoder(obs))
 
-    def sampler(self) -> Sampler:
-        """``act(obs)`` for stepping envs, fast (see ``Sampler``); take a new one after the policy changes."""
-        return Sampler(self)
+    def sampler(self, generator: torch.Generator | None = None) -> Sampler:
+        """``act(obs)`` for stepping envs, fast (see ``Sampler``), drawing from `generator` (None: torch's global
+        RNG); take a new one after the policy changes."""
+        return Sampler(self, generator)
 
 
 def _mlp_policy(

@@ -170,12 +170,14 @@ def collect(
     *,
     refresh: Callable[[], bool] | None = None,
     refresh_every: int = 0,
+    generator: torch.Generator | None = None,
 ) -> tuple[dict[str, np.ndarray], np.ndarray]:
     """Step `envs` for `steps` steps from `obs`; return time-major arrays [T, N, ...] and the next observation.
 
     With `refresh`, every `refresh_every` steps it is called to bring `policy` up to date (True when it changed
     the weights), so that a rollout collected while learners train follows their newest policy rather than the
-    one it started with; every step's behaviour log-prob is that of the policy that took it.
+    one it started with; every step's behaviour log-prob is that of the policy that took it. Actions are drawn
+    from `generator` (an actor's own, seeded: the same actions whatever else ran in the process).
 
     One batched policy call per step for all N envs. Besides the trajectory it records what the learners need
     to bootstrap: V of the true final observation at truncated steps (`truncation_values`), and the observation
@@ -192,11 +194,11 @@ def collect(
     log_probs: list[torch.Tensor] = []
     values: list[torch.Tensor] = []
     space = envs.single_action_space
-    sample = policy.sampler()  # a snapshot: taken again whenever `refresh` changes the policy
+    sample = policy.sampler(generator)  # a snapshot: taken again whenever `refresh` changes the policy
     step = _stepper(envs)
     for t in range(steps):
         if refresh is not None and refresh_every > 0 and t and t % refresh_every == 0 and refresh():
-            sample = policy.sampler()
+            sample = policy.sampler(generator)
         obs_buf[t] = obs
         action, log_prob, value = sample(torch.as_tensor(obs))
         actions.append(action)

@@ -42,7 +42,8 @@ def _run(calls: list[Callable[[Tensor], Tensor]], x: Tensor) -> Tensor:
 class Sampler:
     """``ActorCritic.act`` (sampling) with plain tensor math under ``torch.inference_mode``: no distribution
     objects, no module dispatch, the state-independent terms computed once. The same RNG calls as ``act``
-    (``torch.normal`` / ``torch.multinomial`` on the same arguments), so the same samples for the same seed,
+    (``torch.normal`` / ``torch.multinomial`` on the same arguments), so the same samples for the same seed (of
+    `generator`, an actor's own, else torch's global RNG),
     and log-probs by the same formulas as ``Normal``/``Categorical``:
 
         Gaussian:    log π(a|s) = Σ_d −(a_d − μ_d)²/(2σ_d²) − log σ_d − ½ log 2π
@@ -52,7 +53,8 @@ class Sampler:
     loaded, an optimiser step, a normaliser update). Outputs are inference tensors, outside autograd.
     """
 
-    def __init__(self, policy: ActorCritic) -> None:
+    def __init__(self, policy: ActorCritic, generator: torch.Generator | None = None) -> None:
+        self.generator = generator  # None: torch's global RNG
         self.encode = _plain_calls(policy.encoder)
         self.actor = _plain_calls(policy.actor)
         self.critic = _plain_calls(policy.critic)
@@ -77,11 +79,11 @@ class Sampler:
         out = _run(self.actor, features)
         if self.gaussian is None:
             log_pmf = out - out.logsumexp(dim=-1, keepdim=True)
-            action = torch.multinomial(torch.softmax(log_pmf, dim=-1), 1, True)
+            action = torch.multinomial(torch.softmax(log_pmf, dim=-1), 1, True, generator=self.generator)
             log_prob = log_pmf.gather(-1, action).squeeze(-1)
             action = action.squeeze(-1)
         else:
             std, log_std, two_var = self.gaussian
-            action = torch.normal(out, std.expand_as(out))
+            action = torch.normal(out, std.expand_as(out), generator=self.generator)
             log_prob = (-((action - out) ** 2) / two_var - log_std - self.log_sqrt_2pi).sum(-1)
         return action, log_prob, _run(self.critic, features).squeeze(-1)

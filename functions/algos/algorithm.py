@@ -34,6 +34,7 @@ class LearnInputs:
     others: Sequence[ActorCritic] = ()
     target: ActorCritic | None = None
     kl_coef: float | None = None
+    seed: int = 0  # the job's: with the round and epoch it fixes the minibatch order
 
 
 def no_target(cfg: Any) -> bool:

@@ -57,7 +57,7 @@ def prepare(batches: Sequence[Batch], cfg: PPOConfig) -> PPORound:
 
 def gradient(policy: ActorCritic, data: PPORound, task: LearnerTask, cfg: PPOConfig, inputs: LearnInputs) -> Gradient:
     """PPO gradient of one minibatch of the round (advantages by GAE over each whole batch)."""
-    idx = minibatch_index(len(data.obs), task).to(data.obs.device)  # drawn on the CPU: the same on every device
+    idx = minibatch_index(len(data.obs), task, inputs.seed).to(data.obs.device)  # drawn on the CPU: same on any device
     o, act, mu = data.obs[idx], data.actions[idx], data.behaviour_log_probs[idx]
     advantages, returns = data.advantages[idx], data.returns[idx]
     if cfg.normalize_advantages and len(advantages) > 1:

@@ -9,6 +9,7 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
+import torch
 
 from cache import TrajectoryBatch, VersionNotFound
 from cache.contract import ActorResult
@@ -31,6 +32,7 @@ class ActorState:
     tracker: EpisodeTracker
     policy: ActorCritic
     reward_scaler: RewardScaler | ClippedRewards | None
+    rng: torch.Generator  # the actor's own action sampling, seeded like its envs: round 1 repeats for a seed
     version: int = -1
     round_trips: int = 0  # the cache client's count when the last batch was pushed
 
@@ -83,7 +85,8 @@ def handle(event: dict[str, Any], ctx: Context) -> dict[str, Any]:
                 scaler.restore(json.loads(saved))
         if env_kind(spec.env_id) == "atari":
             scaler = ClippedRewards(then=scaler)
-        state = ActorState(envs, obs, EpisodeTracker.for_envs(spec.num_envs), new_policy(ctx, spec), scaler)
+        rng = torch.Generator().manual_seed(seed)
+        state = ActorState(envs, obs, EpisodeTracker.for_envs(spec.num_envs), new_policy(ctx, spec), scaler, rng)
         ctx.memo.actors[key] = state
 
     def refresh() -> bool:
@@ -103,7 +106,7 @@ def handle(event: dict[str, Any], ctx: Context) -> dict[str, Any]:
     steps = int(event.get("steps", spec.actor_steps))
     arrays, state.obs = collect(
         state.policy, state.envs, state.obs, state.tracker, steps, state.reward_scaler,
-        refresh=refresh, refresh_every=spec.policy_refresh_steps,
+        refresh=refresh, refresh_every=spec.policy_refresh_steps, generator=state.rng,
     )  # fmt: skip
     returns, lengths = state.tracker.take()
     scaler = state.reward_scaler.then if isinstance(state.reward_scaler, ClippedRewards) else state.reward_scaler

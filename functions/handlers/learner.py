@@ -79,7 +79,7 @@ def task_gradient(
         target = _policy_or_none(ctx, job, spec, target_version) or policy
     prepared = _prepared(ctx, job, spec, task, compute)
     with compute:
-        inputs = LearnInputs(others=others, target=target, kl_coef=claim.kl_coef)
+        inputs = LearnInputs(others=others, target=target, kl_coef=claim.kl_coef, seed=spec.seed)
         grads, stats = algo.gradient(policy, prepared.data, task, spec.algo, inputs)
     moments = None
     if policy.obs_normalizer is not None and task.epoch == 0 and task.minibatch == 0:

@@ -19,6 +19,7 @@ import redis
 from cache import BatchMeta, JobCache, JobLimits
 from cache.contract import AggregatorState, InitResult, RoundShape
 from stellaris.config import TrainConfig
+from stellaris.control.batches import actors_in, first_of_each
 from stellaris.control.billing import Billing
 from stellaris.control.deployment import Deployment, placements
 from stellaris.control.evaluation import Evaluator
@@ -70,6 +71,7 @@ class Trainer:
         self.dead_letters_after = "0-0"
         # Each actor's reward-scaler moments from its newest batch: checkpointed, and given back to actors on resume.
         self.reward_scalers: dict[str, list[float]] = dict(self.state.get("reward_scalers") or {})
+        self.carried: list[tuple[str, BatchMeta]] = []  # landed beyond a round's choice: the next round's first
         self.finished = False
 
     def _queue_bound(self) -> int:
@@ -169,10 +171,10 @@ class Trainer:
         t0 = time.monotonic()
         if self.cfg.actor_kind == "serverless":
             self.rounds.invoke_actors(self.cfg.actors, rs)
-        batches: list[tuple[str, BatchMeta]] = []
-        steps = 0
+        batches, self.carried = self.carried, []
+        steps = sum(b.env_steps for _, b in batches)
         deadline = time.monotonic() + BATCH_WAIT_S
-        while steps < need:
+        while steps < need or (self.round == 1 and actors_in(batches) < self.cfg.actors):
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise TrainingError(f"no trajectory batch arrived within {BATCH_WAIT_S:.0f} s: are the actors alive?")
@@ -183,6 +185,9 @@ class Trainer:
             rs.redis_round_trips += sum(int(b.info.get("redis_round_trips", 0)) for _, b in got)
             if not got:
                 rs.actor_restarts += self.deployment.restart_dead_actors()
+        if self.round == 1:  # the same seed, the same round 1 (README, "Reproducing a run")
+            batches, self.carried = first_of_each(batches)
+            steps = sum(b.env_steps for _, b in batches)
         self.env_steps += steps
         return batches, time.monotonic() - t0
 

@@ -19,7 +19,18 @@ def test_serverful_actor_processes_push_batches_until_stopped(cache_conn: Cache,
     try:
         for p in procs:
             p.start()
-        got = job.trajectories.take("test", count=6, block_s=60)
+        # Each actor's first batch, then nothing until the policy those batches train is published (round 1 is
+        # every actor's first batch, however fast each one is).
+        first = job.trajectories.take("test", count=6, block_s=60)
+        while len(first) < 2:
+            more = job.trajectories.take("test", count=6, block_s=60)
+            assert more, "actors stopped pushing"
+            first += more
+        assert sorted(b.actor_id for _, b in first) == ["actor-0", "actor-1"]
+        assert job.trajectories.take("test", count=6, block_s=1.0) == []
+        lease = job.policies.acquire("test")
+        job.policies.publish(lease, expected_version=0, weights=job.policies.get(0))
+        got = list(first)
         while len(got) < 6:
             more = job.trajectories.take("test", count=6, block_s=60)
             assert more, "actors stopped pushing"
@@ -29,7 +40,8 @@ def test_serverful_actor_processes_push_batches_until_stopped(cache_conn: Cache,
         for p in procs:
             p.join(30)
         assert sorted({b.actor_id for _, b in got}) == ["actor-0", "actor-1"]
-        assert all(b.behaviour_version == 0 and b.env_steps == 2 * 64 for _, b in got)
+        assert all(b.behaviour_version == 0 for _, b in first) and all(b.env_steps == 2 * 64 for _, b in got)
+        assert {b.behaviour_version for _, b in got[2:]} == {1}
         assert all(pid is not None and not pid_alive(pid) for pid in pids)
     finally:
         for p in procs:

@@ -1,0 +1,37 @@
+"""The same seed and config give the same round 1: the same episodes, returns and training statistics, from real
+`stellaris train` runs (serverful actors running ahead, two learners); another seed gives another round 1."""
+
+from __future__ import annotations
+
+import csv
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from tests.stellaris.test_train import run_train, train_cmd
+
+ROUND_ONE = ("episodes", "env_steps", "train_reward_max", "train_reward_mean", "train_reward_min", "train_reward_std")
+
+
+def _round_one(tmp_path: Path, name: str, seed: int) -> tuple[list[str], dict[str, str]]:
+    """(the timeline's episode returns in order, info.csv's round-1 statistics) of a one-round run."""
+    run_dir = tmp_path / name
+    (tmp_path / f"{name}-cfg").mkdir()
+    proc = run_train(train_cmd(tmp_path / f"{name}-cfg", "--out", str(run_dir), rounds=1, seed=seed))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    with (run_dir / "timeline.csv").open() as f:
+        returns = [row["episodic_reward"] for row in csv.DictReader(f)]
+    with (run_dir / "info.csv").open() as f:
+        (info,) = list(csv.DictReader(f))
+    return returns, {k: info[k] for k in ROUND_ONE}
+
+
+@pytest.mark.slow  # three training runs: CI's long stage
+def test_the_same_seed_gives_the_same_round_one_and_another_seed_another(tmp_path: Path) -> None:
+    with ThreadPoolExecutor(3) as pool:  # side by side: whichever actor runs ahead, round 1 must not change
+        runs = list(pool.map(lambda a: _round_one(tmp_path, *a), [("a", 7), ("b", 7), ("c", 8)]))
+    (returns_a, info_a), (returns_b, info_b), (returns_c, info_c) = runs
+    assert len(returns_a) == int(info_a["episodes"]) > 0
+    assert (returns_a, info_a) == (returns_b, info_b)
+    assert returns_a != returns_c
