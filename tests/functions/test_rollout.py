@@ -151,8 +151,8 @@ def test_one_batched_policy_call_per_step(monkeypatch: pytest.MonkeyPatch) -> No
     batch_sizes: list[int] = []
     make_sampler = policy.sampler
 
-    def counting_sampler() -> Sampler:
-        sample = make_sampler()
+    def counting_sampler(generator: torch.Generator | None = None) -> Sampler:
+        sample = make_sampler(generator)
 
         def call(obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
             batch_sizes.append(len(obs))
