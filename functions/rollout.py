@@ -23,6 +23,7 @@ class EpisodeTracker:
     lengths: np.ndarray
     finished_returns: list[float] = field(default_factory=list)
     finished_lengths: list[int] = field(default_factory=list)
+    finished_steps: list[int] = field(default_factory=list)  # 1-based step of the block in which each one ended
 
     @classmethod
     def for_envs(cls, num_envs: int) -> EpisodeTracker:
@@ -40,14 +41,20 @@ class EpisodeTracker:
         for t, i in zip(*np.nonzero(done), strict=True):
             self.finished_returns.append(_running_total(self.returns[i], rewards[start[i] : t + 1, i]))
             self.finished_lengths.append(int(self.lengths[i] + t + 1 - start[i]))
+            self.finished_steps.append(int(t) + 1)
             self.returns[i], self.lengths[i], start[i] = 0.0, 0, t + 1
         unfinished = np.where(np.arange(len(rewards))[:, None] >= start, rewards, 0.0)
         self.returns[:] = np.cumsum(np.vstack([self.returns, unfinished]), axis=0)[-1]
         self.lengths += len(rewards) - start
 
     def take(self) -> tuple[list[float], list[int]]:
-        out = (self.finished_returns, self.finished_lengths)
-        self.finished_returns, self.finished_lengths = [], []
+        returns, lengths, _ = self.take_with_steps()
+        return returns, lengths
+
+    def take_with_steps(self) -> tuple[list[float], list[int], list[int]]:
+        """(returns, lengths, steps): each finished episode's step in the block it ended in, with its return."""
+        out = (self.finished_returns, self.finished_lengths, self.finished_steps)
+        self.finished_returns, self.finished_lengths, self.finished_steps = [], [], []
         return out
 
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -104,11 +105,14 @@ def handle(event: dict[str, Any], ctx: Context) -> dict[str, Any]:
         raise LookupError(f"job {job.keys.job!r} has no policy yet") from exc
     first_version = state.version
     steps = int(event.get("steps", spec.actor_steps))
+    began = time.time()  # wall clock: the control plane places each episode's end on the run's clock
     arrays, state.obs = collect(
         state.policy, state.envs, state.obs, state.tracker, steps, state.reward_scaler,
         refresh=refresh, refresh_every=spec.policy_refresh_steps, generator=state.rng,
     )  # fmt: skip
-    returns, lengths = state.tracker.take()
+    ended, (returns, lengths, end_steps) = time.time(), state.tracker.take_with_steps()
+    # An episode's end, interpolated by its step between the batch's start and end (steps take about equal time).
+    end_times = [began + (ended - began) * t / steps for t in end_steps]
     scaler = state.reward_scaler.then if isinstance(state.reward_scaler, ClippedRewards) else state.reward_scaler
     batch = TrajectoryBatch(
         actor_id=actor_id,
@@ -119,6 +123,8 @@ def handle(event: dict[str, Any], ctx: Context) -> dict[str, Any]:
         info={
             "episode_returns": returns,
             "episode_lengths": lengths,
+            "episode_end_times": end_times,  # unix seconds
+            "collect_span": [began, ended],  # the control plane counts the run's env steps at each episode's end
             "redis_round_trips": ctx.instance.cache.round_trips - state.round_trips + 1,
             # checkpointed by the control plane, so that a resumed actor scales rewards as this one did
             **({"reward_scaler": scaler.moments()} if scaler is not None else {}),

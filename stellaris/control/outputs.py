@@ -32,7 +32,7 @@ INFO_COLUMNS = [
     "learner_restarts", "parameter_restarts", "actor_restarts",
 ]  # fmt: skip
 GRADIENT_COLUMNS = ["gradient_id", "task_id", "round", "base_version", "applied_version"]
-TIMELINE_COLUMNS = ["wall_clock_s", "episodic_reward"]
+TIMELINE_COLUMNS = ["wall_clock_s", "env_steps", "episodic_reward"]
 INVOCATION_COLUMNS = [
     "function", "activation_id", "start", "end", "cold", "init_time", "duration", "resource_seconds", "cost",
     "device", "instance", "container_id", "image", "node",

@@ -40,6 +40,39 @@ def episode_returns(batches: Sequence[tuple[str, BatchMeta]]) -> list[float]:
     return [float(r) for _, b in batches for r in b.info.get("episode_returns", [])]
 
 
+def _steps_by(batches: Sequence[tuple[str, BatchMeta]], unix_s: float) -> float:
+    """The env steps a round's batches had taken by wall-clock `unix_s`: each batch's steps spread evenly over its
+    collection span (an actor steps at an even pace within a batch); a batch without a span counts whole."""
+    total = 0.0
+    for _, meta in batches:
+        span = meta.info.get("collect_span")
+        if span is None or float(span[1]) <= float(span[0]):
+            total += meta.env_steps
+        else:
+            began, ended = float(span[0]), float(span[1])
+            total += meta.env_steps * min(1.0, max(0.0, (unix_s - began) / (ended - began)))
+    return total
+
+
+def timeline_rows(
+    batches: Sequence[tuple[str, BatchMeta]], *, steps_before: int, now_s: float, now_unix: float
+) -> list[dict[str, Any]]:
+    """timeline.csv's rows of a round's episodes, in finishing order: when each ended on the run's clock (`now_s` is
+    the run's elapsed seconds at wall-clock `now_unix`; an actor's clock ahead or behind is clamped to [0, now_s]) and
+    the run's env steps then: `steps_before` the round, plus what every batch of the round had taken by that moment
+    (so env_steps rises with wall_clock_s across actors). A batch whose header carries no episode ends (an actor from
+    before they did) stamps its episodes now, with the round's steps."""
+    rows: list[dict[str, Any]] = []
+    for _, meta in batches:
+        ends = meta.info.get("episode_end_times")
+        for i, reward in enumerate(meta.info.get("episode_returns", [])):
+            end = now_unix if ends is None else min(now_unix, float(ends[i]))
+            at = max(0.0, now_s - (now_unix - end))
+            step = steps_before + round(_steps_by(batches, end))
+            rows.append({"wall_clock_s": round(at, 3), "env_steps": step, "episodic_reward": float(reward)})
+    return sorted(rows, key=lambda row: (row["wall_clock_s"], row["env_steps"]))
+
+
 @dataclass(frozen=True)
 class RoundFacts:
     """What the info row reports beyond the round's stats: who ran, how long, what it cost so far."""

@@ -25,7 +25,7 @@ from stellaris.control.deployment import Deployment, placements
 from stellaris.control.evaluation import Evaluator
 from stellaris.control.outputs import RunDir
 from stellaris.control.platform import Platform
-from stellaris.control.report import RoundFacts, episode_returns, gradient_rows, info_row, take_applied
+from stellaris.control.report import RoundFacts, episode_returns, gradient_rows, info_row, take_applied, timeline_rows
 from stellaris.control.rounds import Rounds, RoundStats, TrainingError, round_tasks
 
 BATCH_WAIT_S = 300.0
@@ -208,8 +208,9 @@ class Trainer:
         self, batches: list[tuple[str, BatchMeta]], rs: RoundStats, duration: float, actor_time: float
     ) -> dict[str, Any]:
         returns = episode_returns(batches)
-        now = self.elapsed_s()
-        self.run.timeline.write([{"wall_clock_s": round(now, 3), "episodic_reward": r} for r in returns])
+        steps_before = self.env_steps - sum(meta.env_steps for _, meta in batches)
+        rows = timeline_rows(batches, steps_before=steps_before, now_s=self.elapsed_s(), now_unix=time.time())
+        self.run.timeline.write(rows)
         applied = take_applied(self.job)
         self.run.gradients.write(gradient_rows(applied))
         evaluated = self._evaluate(rs)
