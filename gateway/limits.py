@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import fnmatch
+import importlib.util
 import json
 import sys
 from importlib.machinery import ModuleSpec, PathFinder
@@ -125,7 +126,10 @@ def module_exists(name: str) -> bool:
         where = None if found is None else found.submodule_search_locations
         if found is not None and where is None:  # a plain module has no submodules
             return False
-        found = PathFinder.find_spec(part if found is None else f"{found.name}.{part}", where)
+        # The top level through every finder (an editable install maps its packages with a meta-path finder of its
+        # own, not a sys.path entry: found from any directory); a top-level lookup runs no code. Below it, only
+        # the parent's own directories.
+        found = importlib.util.find_spec(part) if found is None else PathFinder.find_spec(f"{found.name}.{part}", where)
         if found is None:
             return False
     return True

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
+from pathlib import Path
 
 from rich.console import Console
 from rich.live import Live
@@ -12,10 +14,23 @@ from cache import RedisServerDied
 from stellaris.config import TrainConfig
 from stellaris.control.outputs import RunDir, fmt
 from stellaris.control.platform import Platform
+from stellaris.control.progress import clock, eta_s, sparkline
 from stellaris.control.trainer import Trainer
 
+TOKEN_FILE = "gateway-token"  # the local gateway's bearer token, for scraping /metrics during the run (0600)
 
-def _progress(trainer: Trainer, row: dict | None, steps_per_s: float) -> Table:
+
+def _times(trainer: Trainer) -> str:
+    """elapsed and ETA against the run's budget (the first of rounds, steps and minutes to run out)."""
+    cfg, elapsed = trainer.cfg, trainer.elapsed_s()
+    eta = eta_s(
+        elapsed_s=elapsed, round_k=trainer.round, env_steps=trainer.env_steps,
+        rounds=cfg.rounds, total_steps=cfg.total_steps, max_minutes=cfg.max_minutes,
+    )  # fmt: skip
+    return f"elapsed {clock(elapsed)} eta {clock(eta)}"
+
+
+def _progress(trainer: Trainer, row: dict | None, steps_per_s: float, history: list[float]) -> Table:
     table = Table.grid(padding=(0, 2))
     cfg = trainer.cfg
     budget = cfg.rounds or "-"
@@ -24,6 +39,7 @@ def _progress(trainer: Trainer, row: dict | None, steps_per_s: float) -> Table:
         f"round {trainer.round}/{budget}",
         f"env steps {trainer.env_steps:,}",
         f"{steps_per_s:,.0f} steps/s",
+        _times(trainer),
     )
     if row is not None:
         table.add_row(
@@ -31,8 +47,28 @@ def _progress(trainer: Trainer, row: dict | None, steps_per_s: float) -> Table:
             f"staleness {fmt(row['staleness_mean'], '.2f')} bound {fmt(row['staleness_bound'], '.2f')}",
             f"learners in flight {row.get('max_in_flight', 0)}/{cfg.learners}",
             f"cost ${trainer.cost:.4f}",
+            f"eval {fmt(row['eval_reward_mean'])}" if row.get("eval_episodes") else "",
         )
+        table.add_row(f"return history {sparkline(history)}", "", "", "", "")
     return table
+
+
+def _show_gateway(console: Console, platform: Platform, cfg: TrainConfig, run_path: Path) -> Path | None:
+    """Print where the gateway is, so that its /metrics can be scraped during the run: for the local gateway, with
+    its token in a 0600 file of the run directory (removed when the run ends), returned."""
+    url = platform.gateway_url
+    if cfg.gateway_url is not None or platform.gateway_token is None:
+        console.print(f"gateway {url} (the token given)", highlight=False, soft_wrap=True)
+        return None
+    token_file = run_path / TOKEN_FILE
+    token_file.touch(mode=0o600)
+    token_file.write_text(platform.gateway_token)
+    console.print(
+        f"gateway {url}, token in {token_file} (metrics: curl -H \"Authorization: Bearer $(cat {token_file})\" "
+        f"{url}/metrics)",
+        highlight=False, soft_wrap=True,
+    )  # fmt: skip
+    return token_file
 
 
 def _raise_if_cache_died(platform: Platform, exc: Exception) -> None:
@@ -67,6 +103,7 @@ def run_training(cfg: TrainConfig, *, resume: bool = False) -> int:
         cluster = cfg.ray_address or "a private local Ray"
         console.print(f"functions on Ray ({cluster}): {where}; device {cfg.device}", highlight=False, soft_wrap=True)
     trainer: Trainer | None = None
+    token_file: Path | None = None
     completed = False
     try:
         with Platform(
@@ -80,17 +117,23 @@ def run_training(cfg: TrainConfig, *, resume: bool = False) -> int:
             try:
                 trainer.setup()
                 console.print(f"run directory: {run.path}", highlight=False, soft_wrap=True)  # a failed start has none
+                token_file = _show_gateway(console, p, cfg, run.path)
                 start_steps, t0 = trainer.env_steps, time.monotonic()
-                row = None
-                with Live(_progress(trainer, None, 0.0), console=console, refresh_per_second=4) as live:
+                history: list[float] = []
+                # A terminal gets the live table; logs and CI one plain line per round, and no Live, whose last
+                # frame would leave the summary on its line.
+                live = Live(_progress(trainer, None, 0.0, history), console=console, refresh_per_second=4)
+                with live if console.is_terminal else contextlib.nullcontext():
                     while not trainer.done():
                         row = trainer.step()
+                        history.append(float(row["train_reward_mean"]))
                         rate = (trainer.env_steps - start_steps) / max(time.monotonic() - t0, 1e-9)
-                        live.update(_progress(trainer, row, rate))
-                        if not console.is_terminal:  # logs and CI get one plain line per round
+                        if console.is_terminal:
+                            live.update(_progress(trainer, row, rate, history))
+                        else:
                             console.print(
                                 f"round {row['round_id']} env_steps {row['env_steps']} "
-                                f"reward {fmt(row['train_reward_mean'])} cost {row['cost']:.6f}",
+                                f"reward {fmt(row['train_reward_mean'])} cost {row['cost']:.6f} {_times(trainer)}",
                                 highlight=False,
                             )
                 trainer.finish()
@@ -110,11 +153,15 @@ def run_training(cfg: TrainConfig, *, resume: bool = False) -> int:
             console.print(f"[yellow]interrupted[/]: stopped cleanly; resume with `stellaris train --resume {run.path}`")
         return 130
     finally:
+        if token_file is not None:
+            token_file.unlink(missing_ok=True)
         run.close()
         if not completed and run.load_state() is None:  # never started: no directory left to resume or to refuse
             run.discard()
     console.print(
         f"done: {trainer.round if trainer else 0} rounds, cost ${trainer.cost if trainer else 0:.4f}; "
-        f"outputs in {run.path}"
+        f"outputs in {run.path}",
+        highlight=False,
+        soft_wrap=True,
     )
     return 0

@@ -7,6 +7,7 @@ from __future__ import annotations
 import socket
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from urllib.parse import urlparse
 
 import pytest
@@ -171,20 +172,25 @@ def test_registration_refuses_foreign_targets_and_dangerous_env(
     assert client.http.post("/system/functions", json=ok).status_code == 201  # allowed names still pass
 
 
-def test_a_target_module_is_found_without_running_its_package() -> None:
+def test_a_target_module_is_found_without_running_its_package(tmp_path: Path) -> None:
+    import os
     import subprocess
     import sys
 
     assert module_exists("tests.functions.sample_handlers") and module_exists("json.decoder")
     assert not module_exists("tests.functions.no_such_module") and not module_exists("json.decoder.deeper")
     # Looked up, not imported (the gateway imports no functions/): checked in a fresh interpreter, since this test
-    # process may have imported functions/ for other tests.
+    # process may have imported functions/ for other tests; and from a directory outside the checkout, where an
+    # editable install's packages are found by its own finder, not by a sys.path entry.
     probe = (
         "import sys; from gateway.limits import module_exists; "
         "assert module_exists('functions.handlers.learner'); "
         "assert 'functions' not in sys.modules and 'functions.handlers' not in sys.modules, 'imported'"
     )
-    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, cwd=tmp_path,
+        env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
+    )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
 
 

@@ -1,0 +1,71 @@
+"""The live view's pure parts against hand-computed values: the history line, the ETA, the clock."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from stellaris.control.progress import clock, eta_s, sparkline
+
+
+def test_the_history_line_scales_between_the_least_and_greatest_of_the_last_rounds() -> None:
+    assert sparkline([0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0]) == "▁▂▃▄▅▆▇██"  # the top value is the top block
+    assert sparkline([0.0, 8.0, 4.0]) == "▁█▅"  # 4/8 of the range: block int(0.5 * 8) = 4, the fifth
+    assert sparkline([1.0, math.nan, 3.0]) == "▁ █"  # a round without episodes is a gap
+    assert sparkline([2.0, 2.0]) == "▄▄"  # flat: mid-height
+    assert sparkline([math.nan]) == " " and sparkline([]) == ""
+    assert sparkline(list(range(100)), width=30) == sparkline(list(range(70, 100)))  # only the last 30
+
+
+def test_the_eta_is_the_first_budget_to_run_out() -> None:
+    # 10 rounds of 40 done in 100 s: 300 s to go by rounds; steps 5,000 of 10,000: 100 s to go; 3 minutes: 80 s.
+    common = {"elapsed_s": 100.0, "round_k": 10, "env_steps": 5_000}
+    assert eta_s(**common, rounds=40, total_steps=None, max_minutes=None) == 300.0
+    assert eta_s(**common, rounds=40, total_steps=10_000, max_minutes=None) == 100.0
+    assert eta_s(**common, rounds=40, total_steps=10_000, max_minutes=3.0) == 80.0
+    assert eta_s(elapsed_s=5.0, round_k=0, env_steps=0, rounds=40, total_steps=None, max_minutes=None) is None
+    assert eta_s(elapsed_s=500.0, round_k=0, env_steps=0, rounds=None, total_steps=None, max_minutes=5.0) == 0.0
+
+
+def test_the_clock() -> None:
+    assert (clock(5.4), clock(65), clock(3_725), clock(None), clock(math.inf)) == ("0:05", "1:05", "1:02:05", "-", "-")
+
+
+def test_a_run_prints_its_gateway_and_a_token_file_that_scrapes_metrics(tmp_path: Path) -> None:
+    """`stellaris train` (not a terminal: plain lines) names the local gateway and a 0600 token file; /metrics
+    answers 200 with that token and 401 without while the run goes on; the file is gone after, and the summary
+    starts on a line of its own."""
+    import os
+    import re
+    import stat
+    import subprocess
+
+    import httpx
+
+    from tests.stellaris.test_train import ROOT, train_cmd
+
+    env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "STELLARIS_GATEWAY_URL")}
+    cmd = train_cmd(tmp_path, "--out", str(tmp_path / "run"), rounds=3)
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+    assert proc.stderr is not None
+    lines: list[str] = []
+    try:
+        for line in proc.stderr:  # the gateway line comes before round 1: the run is still going when we scrape
+            lines.append(line)
+            found = re.match(r"gateway (\S+), token in (\S+) ", line)
+            if found:
+                url, token_file = found.group(1), found.group(2)
+                assert stat.S_IMODE(os.stat(token_file).st_mode) == 0o600
+                token = Path(token_file).read_text()
+                assert httpx.get(f"{url}/metrics", headers={"Authorization": f"Bearer {token}"}).status_code == 200
+                assert httpx.get(f"{url}/metrics").status_code == 401
+                break
+        lines += proc.stderr.readlines()
+        assert proc.wait(timeout=300) == 0, "".join(lines[-20:])
+    finally:
+        proc.kill()
+    assert found, "".join(lines)
+    assert not os.path.exists(token_file)
+    rounds = [ln for ln in lines if ln.startswith("round ")]
+    assert len(rounds) == 3 and all(re.search(r" elapsed \d+:\d\d eta \d+:\d\d$", ln) for ln in rounds), rounds
+    assert lines[-1].startswith("done: 3 rounds"), lines[-3:]
