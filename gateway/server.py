@@ -14,6 +14,8 @@ from gateway.app import create_app
 from gateway.protocol import timed_h11
 from gateway.settings import GatewaySettings
 
+BACKLOG = 2048  # uvicorn's own default
+
 
 def serve(settings: GatewaySettings, *, ready_line: bool = True, log_level: str = "warning") -> None:
     """Serve until SIGINT/SIGTERM; prints `READY <port>` on stdout once requests are accepted."""
@@ -24,6 +26,10 @@ def serve(settings: GatewaySettings, *, ready_line: bool = True, log_level: str 
     # peer's delayed ACK (~40 ms per call).
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.bind((settings.host, settings.port))
+    # Listening before the announcement: uvicorn runs the app's startup (which announces READY) before it listens,
+    # and a client connecting in between was refused (a restarted gateway's first call, on a loaded machine).
+    # Connections that arrive early wait in the backlog until uvicorn accepts them.
+    sock.listen(BACKLOG)
     port = sock.getsockname()[1]
 
     def ready() -> None:
@@ -34,7 +40,7 @@ def serve(settings: GatewaySettings, *, ready_line: bool = True, log_level: str 
     app = create_app(settings, on_ready=ready if ready_line else None)
 
     config = uvicorn.Config(
-        app, log_level=log_level, access_log=False, timeout_graceful_shutdown=30,
+        app, log_level=log_level, access_log=False, timeout_graceful_shutdown=30, backlog=BACKLOG,
         http=timed_h11(settings.header_timeout_s),
     )  # fmt: skip
     server = uvicorn.Server(config)
