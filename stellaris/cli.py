@@ -175,7 +175,9 @@ def experiment(
 def evaluate(
     run_dir: Path = typer.Argument(..., help="a run directory with policy.safetensors"),
     episodes: int = typer.Option(10, min=1),
-    seed: int = typer.Option(12345),
+    seed: int | None = typer.Option(
+        None, help="the eval env's seed (default: the run's evaluation seed, seed + 1000003)"
+    ),
 ) -> None:
     """Run the run's final policy for N episodes (deterministic actions) and print the mean return."""
     from stellaris.evaluate import evaluate_run

@@ -11,6 +11,7 @@ from functions.envs import make_vector_env
 from functions.evaluation import run_episodes
 from functions.jobspec import JobSpec
 from stellaris.api import load_policy
+from stellaris.control.evaluation import EVAL_SEED_OFFSET
 from stellaris.policy_file import PolicyFileError
 
 
@@ -32,8 +33,11 @@ def _job_spec(run_dir: Path) -> JobSpec:
         raise EvalError(f"{run_dir / 'config.yaml'} is not a run's config (no valid job_spec)") from exc
 
 
-def evaluate_run(run_dir: Path, *, episodes: int, seed: int) -> list[float]:
+def evaluate_run(run_dir: Path, *, episodes: int, seed: int | None = None) -> list[float]:
+    """Deterministic episodes of the run's final policy. The default seed is the run's evaluation env's (its seed +
+    EVAL_SEED_OFFSET), so that a run's last `eval_reward_*` row is played again exactly."""
     spec = _job_spec(run_dir)
+    seed = spec.seed + EVAL_SEED_OFFSET if seed is None else seed
     env = make_vector_env(spec.env_id, 1, seed=seed, env_kwargs=spec.env_kwargs, env_module=spec.env_module)
     try:
         policy = load_policy(run_dir).network  # rebuilt from policy.safetensors alone, as users load it
