@@ -121,4 +121,6 @@ def test_no_pointer_to_a_document_the_repository_does_not_ship(source: str) -> N
     assert len(texts) > 5 or source == "README.md"
     for where, text in texts:
         assert "Usage" in text or where == "README.md", text
-        assert not re.search(r"\bSPEC\b", text), (where, [ln for ln in text.splitlines() if "SPEC" in ln])
+        # SPEC.md and the papers (seeds/) are not shipped; a paper's table is cited by what it holds
+        unshipped = re.compile(r"\bSPEC\b|\bseeds/|\bTable [IVX]+\b")
+        assert not unshipped.search(text), (where, [ln for ln in text.splitlines() if unshipped.search(ln)])
