@@ -24,6 +24,7 @@ from gateway.models import FunctionSpec, Status
 PROBE_IDLE_AFTER_S = 1.0
 # The gateway waits this much longer than the function's timeout_s, so that the runtime's own 504 arrives first.
 ANSWER_MARGIN_S = 5.0
+_LATE_STOPS: set[asyncio.Task[None]] = set()
 
 
 @dataclass
@@ -57,6 +58,7 @@ class FunctionPool:
         self._changed = asyncio.Condition()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._closed = False
+        self._stop_late_starts = True
 
     # -- invocation -------------------------------------------------------------------------------------------
     async def invoke(self, event: dict[str, Any], *, call_id: str, admitted: bool = False) -> Outcome:
@@ -101,14 +103,24 @@ class FunctionPool:
 
     async def _start_instance(self) -> Live:
         self.starting += 1
+        # The backend's start runs on in its thread when this coroutine is cancelled (the pool closing): shielded,
+        # its instance is still seen when it comes up, and stopped if the pool is gone by then.
+        start = asyncio.ensure_future(
+            asyncio.to_thread(self.backend.start, self.spec, instance_id=f"{self.spec.name}-{uuid.uuid4().hex[:8]}")
+        )
         try:
-            handle = await asyncio.to_thread(
-                self.backend.start, self.spec, instance_id=f"{self.spec.name}-{uuid.uuid4().hex[:8]}"
-            )
+            handle = await asyncio.shield(start)
+        except asyncio.CancelledError:
+            start.add_done_callback(self._stop_late_start)
+            raise
         except BackendError as exc:
             raise InvocationFailed(502, Status.ERROR, {"type": "InstanceStartFailed", "message": str(exc)}) from exc
         finally:
             self.starting -= 1
+        if self._closed:
+            self._stop_late_start(start)
+            error = {"type": "FunctionDeleted", "message": f"function {self.spec.name!r} was deleted or replaced"}
+            raise InvocationFailed(503, Status.ERROR, error)
         self.init_estimate_s = 0.7 * self.init_estimate_s + 0.3 * handle.init_s
         live = Live(handle)
         self.instances[handle.id] = live
@@ -243,6 +255,7 @@ class FunctionPool:
 
     async def close(self, *, stop_instances: bool = True) -> None:
         self._closed = True
+        self._stop_late_starts = stop_instances
         for live in list(self.instances.values()):
             if live.expiry is not None:
                 live.expiry.cancel()
@@ -256,6 +269,15 @@ class FunctionPool:
 
     async def _stop(self, handle: InstanceHandle) -> None:
         await asyncio.to_thread(self.backend.stop, handle, timeout_s=self.stop_timeout_s)
+
+    def _stop_late_start(self, start: asyncio.Future[InstanceHandle]) -> None:
+        """An instance that came up after the pool closed: stopped when the pool's instances were (a delete or a
+        replace), else left up like the rest, for the next gateway to adopt."""
+        if start.cancelled() or start.exception() is not None or not self._stop_late_starts:
+            return
+        task = asyncio.ensure_future(self._stop(start.result()))
+        _LATE_STOPS.add(task)  # the pool may be gone: hold the task until it is done
+        task.add_done_callback(_LATE_STOPS.discard)
 
     def status(self) -> dict[str, Any]:
         return {

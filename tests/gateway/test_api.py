@@ -166,6 +166,27 @@ def test_killed_instance_fails_its_call_with_502_and_is_replaced(
     cache_conn.client.delete(f"{key}:started", f"{key}:release")
 
 
+def test_deleting_a_function_stops_the_instances_still_starting(
+    redis_server, client: GatewayClient, fname: str, cache_conn: Cache
+) -> None:
+    key = f"test:{uuid.uuid4().hex}"
+    env = {"STELLARIS_TEST_HELD_START_KEY": key, "STELLARIS_TEST_HELD_START_REDIS": redis_server.url}
+    client.register(FunctionSpec(name=fname, target="tests.functions.held_start_handlers:pid", env=env))
+    client.prewarm(fname, 1)  # a start in the pool's background
+    answers: list[httpx.Response] = []
+    call = threading.Thread(target=lambda: answers.append(client.http.post(f"/function/{fname}", json={})))
+    call.start()  # a cold start for this call
+    started = [cache_conn.client.blpop([f"{key}:started"], timeout=30) for _ in range(2)]
+    assert None not in started, "the two instances never began to start"
+    client.delete(fname)
+    cache_conn.client.rpush(f"{key}:release", 1, 1)  # both starts finish after the delete
+    call.join(60)
+    assert answers[0].status_code == 503 and answers[0].json()["error"]["type"] == "FunctionDeleted"
+    for _, pid in started:
+        assert wait_pid_gone(int(pid), 30), "an instance that came up after its function's delete was left running"
+    cache_conn.client.delete(f"{key}:started", f"{key}:release")
+
+
 def test_metrics_count_invocations_and_cold_starts(client: GatewayClient, fname: str) -> None:
     client.register(spec(fname))
     client.invoke(fname, {})
