@@ -19,8 +19,7 @@ from gateway.invocation import InstanceUnreachable, InvocationFailed, Outcome, p
 from gateway.metering import Metrics
 from gateway.models import FunctionSpec, Status
 
-# An idle instance older than this is probed with backend.alive() before reuse (a crash while idle must not
-# fail the next call).
+# An idle instance older than this is probed with backend.alive() before reuse: a crash while idle fails no call.
 PROBE_IDLE_AFTER_S = 1.0
 # The gateway waits this much longer than the function's timeout_s, so that the runtime's own 504 arrives first.
 ANSWER_MARGIN_S = 5.0
@@ -103,8 +102,7 @@ class FunctionPool:
 
     async def _start_instance(self) -> Live:
         self.starting += 1
-        # The backend's start runs on in its thread when this coroutine is cancelled (the pool closing): shielded,
-        # its instance is still seen when it comes up, and stopped if the pool is gone by then.
+        # Shielded: a start cancelled by the pool closing runs on in its thread, and its instance is stopped late.
         start = asyncio.ensure_future(
             asyncio.to_thread(self.backend.start, self.spec, instance_id=f"{self.spec.name}-{uuid.uuid4().hex[:8]}")
         )
@@ -220,8 +218,8 @@ class FunctionPool:
         return True
 
     async def prewarm(self, count: int, *, by_s: float | None, wait_s: float = 0.0) -> dict[str, Any]:
-        """Have `count` instances warm by `by_s` seconds from now (as soon as possible when None): each start is
-        scheduled `init_estimate_s` (measured start time) before the deadline. Waits up to `wait_s` for them."""
+        """Have `count` instances warm `by_s` seconds from now (None: now), each start `init_estimate_s` (measured)
+        before the deadline. Waits up to `wait_s` for them."""
         missing = min(count, self.spec.max_instances) - len(self.instances) - self.starting
         delay = max(0.0, (by_s or 0.0) - self.init_estimate_s)
         tasks = [self._spawn(self._warm_one(delay)) for _ in range(max(missing, 0))]
@@ -271,8 +269,7 @@ class FunctionPool:
         await asyncio.to_thread(self.backend.stop, handle, timeout_s=self.stop_timeout_s)
 
     def _stop_late_start(self, start: asyncio.Future[InstanceHandle]) -> None:
-        """An instance that came up after the pool closed: stopped when the pool's instances were (a delete or a
-        replace), else left up like the rest, for the next gateway to adopt."""
+        """An instance up after the pool closed: stopped with the rest (delete, replace), else left for adoption."""
         if start.cancelled() or start.exception() is not None or not self._stop_late_starts:
             return
         task = asyncio.ensure_future(self._stop(start.result()))
@@ -280,16 +277,10 @@ class FunctionPool:
         task.add_done_callback(_LATE_STOPS.discard)
 
     def status(self) -> dict[str, Any]:
+        fields = ("id", "url", "pid", "container_id", "node")
         return {
             "instances": [
-                {
-                    "id": lv.handle.id,
-                    "url": lv.handle.url,
-                    "in_flight": lv.in_flight,
-                    "pid": lv.handle.pid,
-                    "container_id": lv.handle.container_id,
-                    "node": lv.handle.node,
-                }
+                {**{name: getattr(lv.handle, name) for name in fields}, "in_flight": lv.in_flight}
                 for lv in self.instances.values()
             ],
             "starting": self.starting,

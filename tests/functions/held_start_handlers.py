@@ -1,5 +1,6 @@
 """A handler whose instances hold their start: importing this module tells Redis it began (pushes its PID to
-STELLARIS_TEST_HELD_START_KEY:started) and then waits for STELLARIS_TEST_HELD_START_KEY:release, so a test can act while an instance is starting."""
+`{STELLARIS_TEST_HELD_START_KEY}:started`) and then waits for `...:release`, so that a test can act while an instance
+is starting."""
 
 from __future__ import annotations
 
