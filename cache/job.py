@@ -9,7 +9,7 @@ from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from cache.aggregator import AggregatorStore
-from cache.codec import DEFAULT_MAX_BYTES
+from cache.codec import DEFAULT_MAX_BYTES, encode_fields
 from cache.keys import JobKeys
 from cache.learner_registry import LearnerRegistry
 from cache.policy_store import PolicyStore
@@ -58,6 +58,11 @@ class TrajectoryQueue:
     def put(self, batch: TrajectoryBatch, *, timeout_s: float | None = None) -> str:
         timeout = self.limits.backpressure_timeout_s if timeout_s is None else timeout_s
         return self.stream.add(batch.fields(), timeout_s=timeout)
+
+    def put_header(self, meta: BatchMeta, *, timeout_s: float | None = None) -> str:
+        """A batch's header without its arrays (the gradients_at_actors profile: the control plane counts it)."""
+        timeout = self.limits.backpressure_timeout_s if timeout_s is None else timeout_s
+        return self.stream.add(encode_fields({}, meta.to_dict()), timeout_s=timeout)
 
     def take(self, consumer: str, *, count: int = 1, block_s: float = 0.0) -> list[tuple[str, BatchMeta]]:
         """New batches for `consumer`: ids and headers (no array is decoded)."""

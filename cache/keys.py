@@ -115,6 +115,11 @@ class JobKeys:
         return self._k("learners:deadline")
 
     @property
+    def gradient_pushers(self) -> str:
+        """gradients_at_actors: actor id -> the task id of its last stored gradient (a retried push stores nothing)."""
+        return self._k("grad:pushers")
+
+    @property
     def spec(self) -> str:
         """The job's specification (JSON), written once by whoever creates the job."""
         return self._k("spec")

@@ -18,6 +18,7 @@ from cache.contract.results import EvalRequest, EvalResult
 from functions.context import Context
 from functions.envs import make_vector_env
 from functions.evaluation import run_episodes
+from functions.fused import ship_gradients
 from functions.handlers import job_id_of
 from functions.jobspec import env_kind
 from functions.policies import ActorCritic
@@ -130,6 +131,9 @@ def handle(event: dict[str, Any], ctx: Context) -> dict[str, Any]:
             **({"reward_scaler": scaler.moments()} if scaler is not None else {}),
         },
     )
-    batch_id = job.trajectories.put(batch)
+    if spec.distribution == "gradients_at_actors":  # A3C-style fusion: the batch's gradients go, its arrays stay
+        batch_id = ship_gradients(ctx, job, spec, batch).header_id
+    else:
+        batch_id = job.trajectories.put(batch)
     state.round_trips = ctx.instance.cache.round_trips
     return ActorResult(batch_id, first_version, batch.env_steps, returns).to_dict()

@@ -10,19 +10,16 @@ import time
 from dataclasses import replace
 from typing import Any
 
-from cache import Claim, CodecError, GradientMeta, GradientRecord, JobCache, LearnerTask, RecordError, VersionNotFound
+from cache import Claim, CodecError, GradientRecord, JobCache, LearnerTask, RecordError
 from cache.contract import LearnerResult
-from cache.records import ObsMoments
-from functions.algos.algorithm import LearnInputs
 from functions.algos.registry import algorithm_of
 from functions.context import Context, PreparedRound
-from functions.device import to_cpu, to_device
+from functions.device import to_device
 from functions.faults import fault_point
+from functions.gradient import gradient_record, task_inputs
 from functions.handlers import EventError, Stopwatch, job_id_of
 from functions.jobspec import JobSpec
-from functions.learn import obs_moments
-from functions.policies import ActorCritic
-from functions.warm import policy_at, spec_of
+from functions.warm import spec_of
 
 # How long an idle learner waits for work before it looks again (an ack or an enqueue wakes it sooner).
 IDLE_WAIT_S = 5.0
@@ -40,13 +37,6 @@ def _batches(job: JobCache, task: LearnerTask) -> list[Any]:
             raise BatchGone(f"trajectory batch {bid} of round {task.round} is gone from the cache")
         out.append(batch.arrays)
     return out
-
-
-def _policy_or_none(ctx: Context, job: JobCache, spec: JobSpec, version: int) -> ActorCritic | None:
-    try:
-        return policy_at(ctx, job, spec, version)
-    except VersionNotFound:
-        return None  # retired past the newest K versions
 
 
 def _prepared(ctx: Context, job: JobCache, spec: JobSpec, task: LearnerTask, compute: Stopwatch) -> PreparedRound:
@@ -68,31 +58,16 @@ def task_gradient(
 ) -> GradientRecord:  # fmt: skip
     """One task's gradient record at the claim's version, truncating against the other held versions, computed on
     the instance's device; its tensors come back to the CPU for the wire, and its stats name the device."""
-    algo = algorithm_of(spec.algo)
     version = claim.version
-    policy = policy_at(ctx, job, spec, version, claim.weights)
-    held = sorted({v for lid, v in claim.held.items() if lid != learner_id and v != version})
-    others = [p for p in (_policy_or_none(ctx, job, spec, v) for v in held) if p is not None]
-    target = None
-    if algo.uses_target(spec.algo):
-        target_version = claim.target_version if claim.target_version is not None else version
-        target = _policy_or_none(ctx, job, spec, target_version) or policy
+    policy, inputs = task_inputs(
+        ctx, job, spec, version=version, weights=claim.weights, held=claim.held, holder=learner_id,
+        kl_coef=claim.kl_coef, target_version=claim.target_version,
+    )  # fmt: skip
     prepared = _prepared(ctx, job, spec, task, compute)
-    with compute:
-        inputs = LearnInputs(others=others, target=target, kl_coef=claim.kl_coef, seed=spec.seed)
-        grads, stats = algo.gradient(policy, prepared.data, task, spec.algo, inputs)
-    moments = None
-    if policy.obs_normalizer is not None and task.epoch == 0 and task.minibatch == 0:
-        # Once per round: the round's observation moments, folded into the normaliser by the parameter
-        # function, so actors and learners of one version always share its statistics.
-        with compute:
-            m = obs_moments(policy, prepared.batches)
-            moments = ObsMoments(m.mean.cpu(), m.var.cpu(), m.count)
-    with compute:
-        grads = to_cpu(grads)
-    meta_stats = {**stats, "epoch": task.epoch, "minibatch": task.minibatch, "device": str(ctx.device)}
-    meta = GradientMeta(learner_id, version, task_id, task.round, meta_stats)
-    return GradientRecord(meta, grads, moments)
+    return gradient_record(
+        spec, policy, prepared.data, prepared.batches, task, inputs,
+        task_id=task_id, learner_id=learner_id, base_version=version, device=str(ctx.device), compute=compute,
+    )  # fmt: skip
 
 
 def handle(event: dict[str, Any], ctx: Context) -> dict[str, Any]:

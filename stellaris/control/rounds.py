@@ -236,6 +236,9 @@ class Rounds:
         self.pool = ThreadPoolExecutor(max_workers=self.invocations + 1, thread_name_prefix="learn")
         self.actor_pool = ThreadPoolExecutor(max_workers=max(1, actors), thread_name_prefix="act")
 
+    def begin(self, round_k: int, stats: RoundStats) -> None:
+        """Before the round's batches are collected (a profile may start invocations here; this one starts none)."""
+
     def learn(self, round_k: int, tasks: list[LearnerTask], stats: RoundStats) -> None:
         """Enqueue the round's tasks step by step (the last step closes the round) and supervise the invocations
         until every task is applied or dead-lettered."""

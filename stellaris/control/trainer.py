@@ -25,8 +25,9 @@ from stellaris.control.deployment import Deployment, placements
 from stellaris.control.evaluation import Evaluator
 from stellaris.control.outputs import RunDir
 from stellaris.control.platform import Platform
+from stellaris.control.profiles import rounds_for
 from stellaris.control.report import RoundFacts, episode_returns, gradient_rows, info_row, take_applied, timeline_rows
-from stellaris.control.rounds import Rounds, RoundStats, TrainingError, round_tasks
+from stellaris.control.rounds import RoundStats, TrainingError, round_tasks
 
 BATCH_WAIT_S = 300.0
 ACTOR_CHECK_S = 1.0  # while waiting for batches, how often dead serverful actors are looked for
@@ -58,7 +59,7 @@ class Trainer:
         self.billing = Billing(
             cfg.billing, actors=cfg.actors, learners=cfg.learners, actor_function=self.names["actor"], state=self.state
         )
-        self.rounds = Rounds(
+        self.rounds = rounds_for(cfg)(
             self.job, self.deployment.functions, mode=cfg.mode, learners=cfg.learners, actors=cfg.actors
         )
         self.evaluator = Evaluator(
@@ -151,6 +152,7 @@ class Trainer:
         t0 = time.monotonic()
         trips0 = self.cache.round_trips
         rs = RoundStats()
+        self.rounds.begin(self.round, rs)
         # Learner instances warm by the time this round's batch is in, from the measured collection time.
         self.deployment.prewarm_learners(self.cfg.learners, by_s=self.collect_estimate_s)
         batches, actor_time = self._collect(rs)
