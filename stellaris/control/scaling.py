@@ -102,7 +102,7 @@ class Scaler:
         learn_s = duration_s - collect_s
         if self.controller is not None and rate is not None and steps > 0 and learn_s > 0:
             sig = Signal(steps / learn_s, rate, backlog_steps, steps, learners)
-            columns["actors_per_learner"] = round(self.controller.observe(sig), 4)
+            columns["actors_per_learner"] = self.controller.observe(sig)  # unrounded: the run can be replayed
             # Planned scale-ups are taken a round early (pre-warming): the learners of the round after next count.
             soon, after = t.cfg.learners_at(t.round + 1), t.cfg.learners_at(t.round + 2)
             wanted = self.controller.wanted(max(soon, after))
