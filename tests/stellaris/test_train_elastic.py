@@ -56,8 +56,11 @@ def test_actor_count_follows_a_learner_change_within_bounds(tmp_path: Path) -> N
         assert int(row["batches_lost"]) == 0
         assert float(row["batch_wait_s"]) >= 0.0 and float(row["backlog_steps"]) >= 0.0
 
-    # The actor count follows the learner change (2 learners from CHANGE_ROUND; planned, so up to a round early):
-    # the measured demand per learner is then doubled, so within a few rounds there are more actors than before.
-    settled = int(rows[CHANGE_ROUND - 3]["actors"])  # after round CHANGE_ROUND - 2, before any look-ahead
-    follow = [int(r["actors"]) for r in rows[CHANGE_ROUND - 2 : CHANGE_ROUND + 1]]
+    # The actor count follows the learner change (2 learners from CHANGE_ROUND): the measured demand per learner is
+    # then doubled; the change is planned, so round k's end already plans for the learners of round k + 2 and the new
+    # actors serve the round before the change (pre-warmed). So after rounds CHANGE_ROUND - 2 .. CHANGE_ROUND there
+    # are more actors than after round CHANGE_ROUND - 3, the last decided for one learner.
+    settled = int(rows[CHANGE_ROUND - 4]["actors"])
+    follow = [int(r["actors"]) for r in rows[CHANGE_ROUND - 3 : CHANGE_ROUND]]
     assert max(follow) > settled, (settled, follow, [r["actor_demand"] for r in rows])
+    assert sum(int(r["actors_prewarmed"]) for r in rows[CHANGE_ROUND - 3 : CHANGE_ROUND - 1]) > 0
