@@ -19,9 +19,10 @@ from pydantic import ConfigDict, Field, ValidationError, ValidationInfo, field_v
 
 from cache.contract.distribution import DistributionKnob
 from cache.contract.knobs import KNOB_NAMES, RuleName, StellarisKnobs, rule_field, train_name
+from stellaris.elastic_options import ElasticOptions
 from stellaris.env_check import env_kwargs_object, import_env_module, known_env, make_once
 from stellaris.override_check import override_problems
-from stellaris.placement import Backend, Device, FunctionRole, check_placement, default_image
+from stellaris.placement import Backend, Device, RoleMethods, check_placement
 
 Mode = RuleName
 
@@ -30,7 +31,7 @@ class ConfigError(ValueError):
     """A bad configuration; the message names the field."""
 
 
-class TrainConfig(StellarisKnobs, DistributionKnob):
+class TrainConfig(StellarisKnobs, DistributionKnob, ElasticOptions, RoleMethods):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
     # env_module first: validators run in field order, and env's and env_kwargs' need the module imported.
@@ -177,26 +178,6 @@ class TrainConfig(StellarisKnobs, DistributionKnob):
         if problems:
             raise ValueError(problems)
         return self
-
-    def role_image(self, role: FunctionRole) -> str | None:
-        """The image a role's functions run (docker backend; None for the process backend): the role's own, else
-        `image`, else the project's (the CUDA image where the role asks for GPUs; actors never do)."""
-        if self.backend != "docker":
-            return None
-        own: str | None = getattr(self, f"{role}_image")
-        return own or self.image or default_image(self.role_gpus(role))
-
-    def role_gpus(self, role: FunctionRole) -> float:
-        gpus = 0.0 if role == "actor" else float(getattr(self, f"{role}_gpus"))
-        return int(gpus) if gpus == int(gpus) else gpus  # whole GPUs print as such
-
-    def role_resources(self, role: FunctionRole) -> dict[str, float]:
-        """The Ray custom resources a role's instances ask for (ray backend; empty elsewhere)."""
-        return dict(getattr(self, f"{role}_resources"))
-
-    def role_device(self, role: FunctionRole) -> str:
-        """STELLARIS_DEVICE of a role's functions: actors always compute on the CPU."""
-        return "cpu" if role == "actor" else self.device
 
     def run_dir(self) -> Path:
         if self.out is None:

@@ -93,3 +93,31 @@ def check_placement(cfg: Placed) -> None:
                 f"device: 'cuda' with backend {cfg.backend!r} needs {role}_gpus > 0 (an instance sees no GPU it "
                 f"did not request), but {role}_gpus is 0"
             )
+
+
+class RoleMethods:
+    """Each role's image, GPUs, Ray resources and device, from TrainConfig's fields (a base of TrainConfig)."""
+
+    backend: str
+    image: str | None
+    device: str
+
+    def role_image(self, role: FunctionRole) -> str | None:
+        """The image a role's functions run (docker backend; None for the process backend): the role's own, else
+        `image`, else the project's (the CUDA image where the role asks for GPUs; actors never do)."""
+        if self.backend != "docker":
+            return None
+        own: str | None = getattr(self, f"{role}_image")
+        return own or self.image or default_image(self.role_gpus(role))
+
+    def role_gpus(self, role: FunctionRole) -> float:
+        gpus = 0.0 if role == "actor" else float(getattr(self, f"{role}_gpus"))
+        return int(gpus) if gpus == int(gpus) else gpus  # whole GPUs print as such
+
+    def role_resources(self, role: FunctionRole) -> dict[str, float]:
+        """The Ray custom resources a role's instances ask for (ray backend; empty elsewhere)."""
+        return dict(getattr(self, f"{role}_resources"))
+
+    def role_device(self, role: FunctionRole) -> str:
+        """STELLARIS_DEVICE of a role's functions: actors always compute on the CPU."""
+        return "cpu" if role == "actor" else self.device

@@ -37,6 +37,7 @@ class ActorState:
     rng: torch.Generator  # the actor's own action sampling, seeded like its envs: round 1 repeats for a seed
     version: int = -1
     round_trips: int = 0  # the cache client's count when the last batch was pushed
+    batches_pushed: int = 0  # numbers the batches, so that the control plane can tell a lost one
 
 
 def evaluate(event: dict[str, Any], ctx: Context) -> dict[str, Any]:
@@ -127,6 +128,7 @@ def handle(event: dict[str, Any], ctx: Context) -> dict[str, Any]:
             "episode_end_times": end_times,  # unix seconds
             "collect_span": [began, ended],  # the control plane counts the run's env steps at each episode's end
             "redis_round_trips": ctx.instance.cache.round_trips - state.round_trips + 1,
+            "batch_seq": state.batches_pushed,
             # checkpointed by the control plane, so that a resumed actor scales rewards as this one did
             **({"reward_scaler": scaler.moments()} if scaler is not None else {}),
         },
@@ -136,4 +138,5 @@ def handle(event: dict[str, Any], ctx: Context) -> dict[str, Any]:
     else:
         batch_id = job.trajectories.put(batch)
     state.round_trips = ctx.instance.cache.round_trips
+    state.batches_pushed += 1
     return ActorResult(batch_id, first_version, batch.env_steps, returns).to_dict()

@@ -105,6 +105,7 @@ class Deployment:
         self.functions = GatewayFunctions(gateway, self.names)
         self.queue_bound = queue_bound
         self.actor_procs: list[subprocess.Popen[bytes]] = []
+        self.stopping: list[subprocess.Popen[bytes]] = []  # scaled-down actors finishing the batch in hand
         self.job_url: str | None = None  # Redis as the job's own user, when Redis has ACLs
         self.regrant: Callable[[Any], None] = lambda conn: None
         self.closed = threading.Event()
@@ -204,7 +205,23 @@ class Deployment:
                 restarted += 1
         return restarted
 
+    def scale_actors(self, count: int) -> tuple[int, int]:
+        """Serverful actors up or down to `count`; returns (started, stopped). Extra ones start with the next actor
+        ids; surplus ones (the newest) get SIGTERM, which an actor obeys between batches, so the batch in hand still
+        lands and is consumed like any other."""
+        self.stopping = [proc for proc in self.stopping if proc.poll() is None]
+        started = max(0, count - len(self.actor_procs))
+        self.actor_procs += [self._actor_proc(len(self.actor_procs)) for _ in range(started)]
+        surplus = self.actor_procs[count:]
+        del self.actor_procs[count:]
+        for proc in surplus:
+            proc.terminate()
+        self.stopping += surplus
+        return started, len(surplus)
+
     def stop_actors(self) -> None:
+        self.actor_procs += self.stopping
+        self.stopping = []
         for proc in self.actor_procs:
             proc.terminate()
         for proc in self.actor_procs:

@@ -18,6 +18,7 @@ from safetensors.numpy import save_file
 from cache.codec import decode
 from cache.contract.results import device_of
 from gateway.models import Activation
+from stellaris.control.scaling import ELASTIC_COLUMNS
 from stellaris.control.tensorboard import RoundBoard
 from stellaris.policy_file import FILE_NAME, policy_metadata
 
@@ -31,6 +32,7 @@ INFO_COLUMNS = [
     "cost_learner", "cost_actor", "learner_wait_time", "dead_lettered", "gradients_applied", "redis_round_trips",
     "learner_restarts", "parameter_restarts", "actor_restarts",
 ]  # fmt: skip
+INFO_COLUMNS += ELASTIC_COLUMNS  # elastic actors and the learner schedule (stellaris/control/scaling.py)
 GRADIENT_COLUMNS = ["gradient_id", "task_id", "round", "base_version", "applied_version"]
 TIMELINE_COLUMNS = ["wall_clock_s", "env_steps", "episodic_reward"]
 INVOCATION_COLUMNS = [

@@ -251,6 +251,15 @@ class Rounds:
                 calls.start()
             calls.supervise(until_drained=not last)
 
+    def set_learners(self, learners: int) -> None:
+        """The learner capacity from the next round on (a learner schedule), between rounds only: a sync step's
+        size, the invocations a round starts, and the pool that runs them."""
+        if self.invocations == self.learners:
+            self.invocations = learners
+        self.learners = learners
+        old, self.pool = self.pool, ThreadPoolExecutor(max_workers=self.invocations + 1, thread_name_prefix="learn")
+        old.shutdown(wait=False)
+
     def invoke_actors(self, actors: int, stats: RoundStats) -> list[ActorResult]:
         """One serverless actor invocation per actor, all at once on the actor pool; a call whose instance died is
         made again, up to MAX_RESTARTS times. Returns their results in actor order."""

@@ -28,6 +28,7 @@ from stellaris.control.platform import Platform
 from stellaris.control.profiles import rounds_for
 from stellaris.control.report import RoundFacts, episode_returns, gradient_rows, info_row, take_applied, timeline_rows
 from stellaris.control.rounds import RoundStats, TrainingError, round_tasks
+from stellaris.control.scaling import Scaler
 
 BATCH_WAIT_S = 300.0
 ACTOR_CHECK_S = 1.0  # while waiting for batches, how often dead serverful actors are looked for
@@ -60,7 +61,7 @@ class Trainer:
             cfg.billing, actors=cfg.actors, learners=cfg.learners, actor_function=self.names["actor"], state=self.state
         )
         self.rounds = rounds_for(cfg)(
-            self.job, self.deployment.functions, mode=cfg.mode, learners=cfg.learners, actors=cfg.actors
+            self.job, self.deployment.functions, mode=cfg.mode, learners=cfg.learners, actors=cfg.actor_capacity
         )
         self.evaluator = Evaluator(
             self.deployment.functions, self.job_id, every=cfg.eval_every, episodes=cfg.eval_episodes, seed=cfg.seed,
@@ -74,9 +75,10 @@ class Trainer:
         self.reward_scalers: dict[str, list[float]] = dict(self.state.get("reward_scalers") or {})
         self.carried: list[tuple[str, BatchMeta]] = []  # landed beyond a round's choice: the next round's first
         self.finished = False
+        self.elastic = Scaler(self)  # elastic actors and the learner schedule (README)
 
     def _queue_bound(self) -> int:
-        return max(2, self.cfg.actors * self.cfg.actor_run_ahead)
+        return max(2, self.cfg.actor_capacity * self.cfg.actor_run_ahead)
 
     @property
     def cost(self) -> float:
@@ -106,11 +108,11 @@ class Trainer:
             "STELLARIS_JOB_GRADIENT_MAXLEN": str(max(256, 2 * per_round)),
             "STELLARIS_JOB_TASK_MAXLEN": str(max(4096, 2 * per_round)),
         }
-        self.deployment.register_pool("learner", self.cfg.learners, env)
+        self.deployment.register_pool("learner", self.cfg.learner_capacity, env)
         # Learners warm before round 1, so that round is like the others (δ_max is calibrated in it).
         self.deployment.prewarm_learners(self.cfg.learners, wait=True)
         if self.cfg.actor_kind == "serverless":
-            self.deployment.register_pool("actor", self.cfg.actors, env)
+            self.deployment.register_pool("actor", self.cfg.actor_capacity, env)
         else:
             self.deployment.start_actors(self.cfg.actors)
             self.billing.actors_started()
@@ -149,6 +151,7 @@ class Trainer:
         """One round: collect a train batch, let learner invocations work through its tasks while the parameter
         function applies their gradients as they land, and record. Returns the info row."""
         self.round += 1
+        self.elastic.begin_round()
         t0 = time.monotonic()
         trips0 = self.cache.round_trips
         rs = RoundStats()
@@ -231,7 +234,7 @@ class Trainer:
             cost_actor=self.billing.cost_actor,
             dead_lettered=self._dead_letters(),
         )
-        row = info_row(facts, rs, returns, applied) | evaluated
+        row = info_row(facts, rs, returns, applied) | evaluated | self.elastic.end_round(batches, duration, actor_time)
         self.run.record_round(row)
         self._checkpoint()
         row["max_in_flight"] = rs.max_in_flight
