@@ -7,6 +7,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from cache import JobCache
+from cache.contract.triggers import ParameterTrigger
 from functions.algos import config
 from functions.algos.config import preset
 
@@ -27,6 +28,7 @@ class JobSpec(BaseModel):
     seed: int = 0
     env_kwargs: dict[str, Any] = Field(default_factory=dict)
     env_module: str | None = Field(default=None, description="imported before making envs (it registers env_id)")
+    parameter_trigger: ParameterTrigger = Field(default_factory=ParameterTrigger, description="when it applies")
 
 
 def save_spec(job: JobCache, spec: JobSpec) -> None:
@@ -59,6 +61,7 @@ class JobRequest(BaseModel):
     env_module: str | None = Field(default=None, description="imported before making envs (it registers env_id)")
     horizon_rounds: int | None = Field(default=None, gt=0, description="the run's planned rounds, when known")
     horizon_steps: int | None = Field(default=None, gt=0, description="the run's planned env steps, when known")
+    parameter_trigger: ParameterTrigger = Field(default_factory=ParameterTrigger, description="see JobSpec")
 
 
 def env_kind(env_id: str) -> str:
@@ -95,4 +98,5 @@ def resolve(request: JobRequest) -> JobSpec:
         seed=request.seed,
         env_kwargs=request.env_kwargs,
         env_module=request.env_module,
+        parameter_trigger=request.parameter_trigger,
     )

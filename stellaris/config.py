@@ -18,6 +18,7 @@ import yaml
 from pydantic import ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from cache.contract.knobs import KNOB_NAMES, RuleName, StellarisKnobs, rule_field, train_name
+from stellaris.control.triggers import TriggerFields
 from stellaris.env_check import env_kwargs_object, import_env_module, known_env, make_once
 from stellaris.override_check import override_problems
 from stellaris.placement import Backend, Device, FunctionRole, check_placement, default_image
@@ -29,7 +30,7 @@ class ConfigError(ValueError):
     """A bad configuration; the message names the field."""
 
 
-class TrainConfig(StellarisKnobs):
+class TrainConfig(StellarisKnobs, TriggerFields):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
     # env_module first: validators run in field order, and env's and env_kwargs' need the module imported.
@@ -224,6 +225,7 @@ class TrainConfig(StellarisKnobs):
             "seed": self.seed,
             "horizon_rounds": self.rounds,
             "horizon_steps": self.total_steps,
+            "parameter_trigger": self.triggers.parameter.model_dump(mode="json"),
         }
 
 
