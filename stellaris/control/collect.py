@@ -1,8 +1,8 @@
 """The learner gate (README, "Declarative triggers"): a round's learners are invoked when the job's learner trigger
 fires over the batches landed in the cache. The gate claims landed batches atomically (`cache.claims`: a batch goes
 to exactly one firing), reads only their headers, and fires once every condition of the trigger holds; the firing's
-batches are the round's. Round 1 is also every actor's first batch, in actor order, as before triggers (README,
-"Reproducing a run"); batches landed beyond that are carried, already claimed, into round 2.
+batches are the round's. Round 1 is every actor's first batch, in actor order, as before triggers, whatever the
+trigger says (README, "Reproducing a run"); batches landed beyond that are carried, already claimed, into round 2.
 
 Event-driven: a claim blocks on the stream until a batch lands; conditions that no landing changes (a period, a
 predicate, a version) are looked at again at least every `ACTOR_CHECK_S`, when dead serverful actors are looked for.
@@ -31,6 +31,7 @@ ACTOR_CHECK_S = 1.0  # while waiting, how often dead serverful actors (and time-
 CLAIMER = "control"  # the consumer-group name the control plane's learner trigger claims under
 
 Landed = tuple[str, BatchMeta]
+ROUND_ONE = LearnerTrigger()  # a train batch of steps, with each actor's first batch (below)
 
 
 class LearnerGate:
@@ -73,12 +74,20 @@ class LearnerGate:
         while True:
             # The version costs a round trip: read it per look only where a condition needs it.
             facts = self.facts(t.round, batches, t.job.policies.version() or 0 if self.trigger.needs_version else -1)
-            held = self.trigger.held(facts, train_batch_size=need)
+            # Round 1 is every actor's first batch whatever the trigger (a serverful actor waits after its first
+            # batch for the policy it trains, so no count beyond one batch per actor could be met).
+            trigger = self.trigger if t.round > 1 else ROUND_ONE
+            held = trigger.held(facts, train_batch_size=need)
             if all(held.values()) and (t.round != 1 or actors_in(batches) >= t.cfg.actors):
                 break
+            if len(batches) >= self.claims.stream.maxlen and not (held.get("batches", 1) and held.get("steps", 1)):
+                raise TrainingError(
+                    f"triggers.learner: {len(batches)} batches ({facts.steps} steps) fill the trajectory queue's bound "
+                    "and the trigger's counts still do not hold; ask for fewer steps or raise actor_run_ahead"
+                )
             if time.monotonic() - last_landing > BATCH_WAIT_S:
                 raise TrainingError(f"no trajectory batch arrived within {BATCH_WAIT_S:.0f} s: are the actors alive?")
-            want = self.trigger.batches_short(len(batches))
+            want = trigger.batches_short(len(batches))
             got = self.claims.claim(CLAIMER, at_least=want, at_most=want, block_s=self._wait_s(facts))
             batches += got
             t.reward_scalers |= {b.actor_id: b.info["reward_scaler"] for _, b in got if "reward_scaler" in b.info}
@@ -92,6 +101,7 @@ class LearnerGate:
         facts = replace(facts, version=t.job.policies.version() or 0) if facts.version < 0 else facts
         self.fired_at, self.fired_version = time.monotonic(), facts.version
         fired = {**asdict(facts), "since_fire_s": _finite(facts.since_fire_s), "held": sorted(held)}
+        fired["fired_unix"] = time.time()  # to set against the activation records' clocks
         t.run.triggers.write([learner_row(t.round, t.elapsed_s(), fired, [bid for bid, _ in batches])])
         t.env_steps += sum(b.env_steps for _, b in batches)
         return batches, time.monotonic() - t0

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from cache.contract.triggers import ParameterTrigger
 
@@ -132,6 +132,18 @@ class TriggerFields(BaseModel):
         '{"learner": {"batches", "steps", "version_changed", "period_s", "predicate"}, '
         '"parameter": {"gradients", "period_s"}} (README, "Declarative triggers")',
     )
+
+    @model_validator(mode="after")
+    def _batches_fit_the_queue(self) -> Any:
+        """A batch count beyond the trajectory queue's bound could never land: actors block on a full queue."""
+        bound = max(2, int(getattr(self, "actors", 1)) * int(getattr(self, "actor_run_ahead", 2)))
+        wanted = self.triggers.learner.batches
+        if wanted is not None and wanted > bound:
+            raise ValueError(
+                f"triggers.learner.batches: {wanted} exceeds the trajectory queue's bound {bound} "
+                "(max(2, actors x actor_run_ahead)); raise actor_run_ahead or ask for fewer"
+            )
+        return self
 
     @field_validator("triggers", mode="before")
     @classmethod
