@@ -120,7 +120,7 @@ class Triggers(BaseModel):
     parameter: ParameterTrigger = Field(default_factory=ParameterTrigger)
 
     def __str__(self) -> str:  # `--help` shows the default this way
-        return self.model_dump_json()
+        return self.model_dump_json(exclude_none=True)
 
 
 class TriggerFields(BaseModel):
@@ -128,9 +128,8 @@ class TriggerFields(BaseModel):
 
     triggers: Triggers = Field(
         default_factory=Triggers,
-        description="when learners are invoked and the parameter function applies, as JSON: "
-        '{"learner": {"batches", "steps", "version_changed", "period_s", "predicate"}, '
-        '"parameter": {"gradients", "period_s"}} (README, "Declarative triggers")',
+        description="when learners are invoked and the parameter function applies, as JSON "
+        '(README, "Declarative triggers")',
     )
 
     @model_validator(mode="after")
