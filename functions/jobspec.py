@@ -8,6 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from cache import JobCache
 from cache.contract.distribution import Distribution, distribution_field
+from cache.contract.triggers import ParameterTrigger
 from functions.algos import config
 from functions.algos.config import preset
 
@@ -29,6 +30,7 @@ class JobSpec(BaseModel):
     env_kwargs: dict[str, Any] = Field(default_factory=dict)
     env_module: str | None = Field(default=None, description="imported before making envs (it registers env_id)")
     distribution: Distribution = distribution_field()
+    parameter_trigger: ParameterTrigger = Field(default_factory=ParameterTrigger, description="when it applies")
 
 
 def save_spec(job: JobCache, spec: JobSpec) -> None:
@@ -62,6 +64,7 @@ class JobRequest(BaseModel):
     horizon_rounds: int | None = Field(default=None, gt=0, description="the run's planned rounds, when known")
     horizon_steps: int | None = Field(default=None, gt=0, description="the run's planned env steps, when known")
     distribution: Distribution = distribution_field()
+    parameter_trigger: ParameterTrigger = Field(default_factory=ParameterTrigger, description="see JobSpec")
 
 
 def env_kind(env_id: str) -> str:
@@ -99,4 +102,5 @@ def resolve(request: JobRequest) -> JobSpec:
         env_kwargs=request.env_kwargs,
         env_module=request.env_module,
         distribution=request.distribution,
+        parameter_trigger=request.parameter_trigger,
     )

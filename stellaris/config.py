@@ -19,6 +19,7 @@ from pydantic import ConfigDict, Field, ValidationError, ValidationInfo, field_v
 
 from cache.contract.distribution import DistributionKnob
 from cache.contract.knobs import KNOB_NAMES, RuleName, StellarisKnobs, rule_field, train_name
+from stellaris.control.triggers import TriggerFields
 from stellaris.elastic_options import ElasticOptions
 from stellaris.env_check import env_kwargs_object, import_env_module, known_env, make_once
 from stellaris.override_check import override_problems
@@ -31,7 +32,7 @@ class ConfigError(ValueError):
     """A bad configuration; the message names the field."""
 
 
-class TrainConfig(StellarisKnobs, DistributionKnob, ElasticOptions, RoleMethods):
+class TrainConfig(StellarisKnobs, DistributionKnob, ElasticOptions, TriggerFields, RoleMethods):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
     # env_module first: validators run in field order, and env's and env_kwargs' need the module imported.
@@ -207,6 +208,7 @@ class TrainConfig(StellarisKnobs, DistributionKnob, ElasticOptions, RoleMethods)
             "horizon_rounds": self.rounds,
             "horizon_steps": self.total_steps,
             "distribution": self.distribution,
+            "parameter_trigger": self.triggers.parameter.model_dump(mode="json"),
         }
 
 

@@ -11,6 +11,7 @@ crash anywhere applies every gradient exactly once.
 
 from __future__ import annotations
 
+import math
 import time
 from collections import deque
 from typing import Any, Literal
@@ -75,6 +76,7 @@ class _Server:
         self.decisions: deque[DecisionRow] = deque(maxlen=DECISIONS_KEPT)
         self.stop = False
         self.unsaved = 0  # updates since the optimizer state was last stored
+        self.trigger, self.owed, self.fired_at = spec.parameter_trigger, 0, -math.inf  # owed: a firing's unapplied
 
     # -- reading ----------------------------------------------------------------------------------------------
     def take(self, entries: list[Entry]) -> None:
@@ -136,6 +138,10 @@ class _Server:
         return (*held, *([self.version] * (tasks - len(held)))), idle
 
     @property
+    def since(self) -> float:
+        return time.monotonic() - self.fired_at
+
+    @property
     def version(self) -> int:
         return self.model.version
 
@@ -151,8 +157,16 @@ class _Server:
             self.state = algorithm_of(cfg).start_round(self.state, cfg, new_round=newest, version=self.version)
             self.job.aggregator.put(self.state)
         state = AggregationState(round_k=self.state.round_k, delta_max=self.state.delta_max)
-        snapshot = QueueSnapshot(self.version, tuple(m.base_version for _, m in queued), in_flight)
+        # The job's trigger shows the rule whole groups of K (README, "Declarative triggers"); the rest wait, as if
+        # in flight. The default shows it the whole queue.
+        seen = self.trigger.visible(
+            queued=len(queued), in_flight=len(in_flight), owed=self.owed, since_fire_s=self.since
+        )
+        self.fired_at = time.monotonic() if seen > self.owed else self.fired_at
+        versions = tuple(m.base_version for _, m in queued)
+        snapshot = QueueSnapshot(self.version, versions[:seen], in_flight + versions[seen:])
         record = decide(self.rule, state, snapshot, sync_expected=sync_expected)
+        self.owed = seen - record.count if record.applies else seen
         if not record.applies:
             return False, idle
         self.apply(queued[: record.count], record, state)
@@ -257,7 +271,7 @@ def handle(event: dict[str, Any], ctx: Context) -> dict[str, Any]:
                     status = "expired"
                     break
                 with server.waited:
-                    server.wait(min(BLOCK_S, remaining))
+                    server.wait(min(BLOCK_S, remaining, server.trigger.wait_s(server.since) or BLOCK_S))
         except FencingError:
             status = "fenced"  # our lease ran out and another holder took over: it carries on from the cache
         if lost.is_set():

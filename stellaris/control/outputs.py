@@ -20,6 +20,7 @@ from cache.contract.results import device_of
 from gateway.models import Activation
 from stellaris.control.scaling import ELASTIC_COLUMNS
 from stellaris.control.tensorboard import RoundBoard
+from stellaris.control.trigger_log import TRIGGER_COLUMNS, parameter_rows
 from stellaris.policy_file import FILE_NAME, policy_metadata
 
 INFO_COLUMNS = [
@@ -94,6 +95,18 @@ class _Csv:
         self.file.close()
 
 
+class _AppliedCsv(_Csv):
+    """gradients.csv; each version's group of gradients is also a parameter-trigger firing in triggers.csv."""
+
+    def __init__(self, path: Path, columns: list[str], triggers: _Csv) -> None:
+        super().__init__(path, columns)
+        self.triggers = triggers
+
+    def write(self, rows: list[dict[str, Any]]) -> None:
+        super().write(rows)
+        self.triggers.write(parameter_rows(rows))
+
+
 class RunDirError(ValueError):
     """A run directory that cannot be used as asked; the message names it and what to do instead."""
 
@@ -118,7 +131,8 @@ class RunDir:
         self.info = _Csv(path / "info.csv", INFO_COLUMNS)
         self.timeline = _Csv(path / "timeline.csv", TIMELINE_COLUMNS)
         self.invocations = _Csv(path / "invocations.csv", INVOCATION_COLUMNS)
-        self.gradients = _Csv(path / "gradients.csv", GRADIENT_COLUMNS)
+        self.triggers = _Csv(path / "triggers.csv", TRIGGER_COLUMNS)
+        self.gradients = _AppliedCsv(path / "gradients.csv", GRADIENT_COLUMNS, self.triggers)
         self.board = RoundBoard(path / "tensorboard")
 
     def record_round(self, row: dict[str, Any]) -> None:
@@ -181,6 +195,7 @@ class RunDir:
             self.info: lambda r: int(float(r["round_id"])) <= int(state["round"]),
             self.gradients: lambda r: int(r["applied_version"]) <= int(state["version"]),
             self.timeline: lambda r: float(r["wall_clock_s"]) <= float(state.get("elapsed_s", math.inf)),
+            self.triggers: lambda r: int(r["round"]) <= int(state["round"]),
         }
         for table, wanted in keep.items():
             table.filter(wanted)
@@ -205,7 +220,7 @@ class RunDir:
         """Closes the tables and leaves curve.png (finished or interrupted alike)."""
         from stellaris.plots import write_curve  # matplotlib only when a run ends
 
-        for f in (self.info, self.timeline, self.invocations, self.gradients):
+        for f in (self.info, self.timeline, self.invocations, self.gradients, self.triggers):
             f.close()
         self.board.close()
         if (self.path / "state.json").exists():  # a run that finished a round has a curve to draw
@@ -217,6 +232,7 @@ class RunDir:
         if self.created:
             shutil.rmtree(self.path, ignore_errors=True)
             return
-        made = [Path(t.file.name) for t in (self.info, self.timeline, self.invocations, self.gradients) if t.fresh]
+        tables = (self.info, self.timeline, self.invocations, self.gradients, self.triggers)
+        made = [Path(t.file.name) for t in tables if t.fresh]
         for path in [*made, *([self.path / "config.yaml"] if self.wrote_config else [])]:
             path.unlink(missing_ok=True)

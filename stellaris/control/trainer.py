@@ -19,8 +19,8 @@ import redis
 from cache import BatchMeta, JobCache, JobLimits
 from cache.contract import AggregatorState, InitResult, RoundShape
 from stellaris.config import TrainConfig
-from stellaris.control.batches import actors_in, first_of_each
 from stellaris.control.billing import Billing
+from stellaris.control.collect import LearnerGate
 from stellaris.control.deployment import Deployment, placements
 from stellaris.control.evaluation import Evaluator
 from stellaris.control.outputs import RunDir
@@ -29,9 +29,6 @@ from stellaris.control.profiles import rounds_for
 from stellaris.control.report import RoundFacts, episode_returns, gradient_rows, info_row, take_applied, timeline_rows
 from stellaris.control.rounds import RoundStats, TrainingError, round_tasks
 from stellaris.control.scaling import Scaler
-
-BATCH_WAIT_S = 300.0
-ACTOR_CHECK_S = 1.0  # while waiting for batches, how often dead serverful actors are looked for
 
 __all__ = ["Trainer", "TrainingError"]
 
@@ -76,6 +73,7 @@ class Trainer:
         self.carried: list[tuple[str, BatchMeta]] = []  # landed beyond a round's choice: the next round's first
         self.finished = False
         self.elastic = Scaler(self)  # elastic actors and the learner schedule (README)
+        self.gate = LearnerGate(cfg.triggers.learner, self.job.trajectories.stream)  # README, triggers
 
     def _queue_bound(self) -> int:
         return max(2, self.cfg.actor_capacity * self.cfg.actor_run_ahead)
@@ -171,30 +169,7 @@ class Trainer:
     def _collect(self, rs: RoundStats) -> tuple[list[tuple[str, BatchMeta]], float]:
         """Batch headers until the round's env steps are in (the control plane never decodes arrays). Dead
         serverful actors are restarted, failed serverless actor calls invoked again."""
-        assert self.shape is not None, "setup() first"
-        need = self.shape.train_batch_size
-        t0 = time.monotonic()
-        if self.cfg.actor_kind == "serverless":
-            self.rounds.invoke_actors(self.cfg.actors, rs)
-        batches, self.carried = self.carried, []
-        steps = sum(b.env_steps for _, b in batches)
-        deadline = time.monotonic() + BATCH_WAIT_S
-        while steps < need or (self.round == 1 and actors_in(batches) < self.cfg.actors):
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise TrainingError(f"no trajectory batch arrived within {BATCH_WAIT_S:.0f} s: are the actors alive?")
-            got = self.job.trajectories.take("control", count=1, block_s=min(remaining, ACTOR_CHECK_S))
-            batches += got
-            self.reward_scalers |= {b.actor_id: b.info["reward_scaler"] for _, b in got if "reward_scaler" in b.info}
-            steps += sum(b.env_steps for _, b in got)
-            rs.redis_round_trips += sum(int(b.info.get("redis_round_trips", 0)) for _, b in got)
-            if not got:
-                rs.actor_restarts += self.deployment.restart_dead_actors()
-        if self.round == 1:  # the same seed, the same round 1 (README, "Reproducing a run")
-            batches, self.carried = first_of_each(batches)
-            steps = sum(b.env_steps for _, b in batches)
-        self.env_steps += steps
-        return batches, time.monotonic() - t0
+        return self.gate.collect(self, rs)  # the learner trigger's gate (stellaris/control/collect.py)
 
     # -- accounting -------------------------------------------------------------------------------------------
     def _charge(self, acts: list[Any]) -> None:

@@ -1,0 +1,147 @@
+"""Trigger evaluation against hand-made facts (pure), and config validation naming the field."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from cache.contract.triggers import ParameterTrigger
+from stellaris.config import ConfigError, load_config
+from stellaris.control.trigger_log import parameter_rows
+from stellaris.control.triggers import LandedFacts, LearnerTrigger
+
+CARTPOLE = {"env": "CartPole-v1", "rounds": 1}
+
+
+def facts(**kw: object) -> LandedFacts:
+    base: dict[str, object] = dict(
+        round=2, batches=0, steps=0, actors=0, version=5, fired_version=5, since_fire_s=math.inf
+    )
+    return LandedFacts(**(base | kw))  # type: ignore[arg-type]
+
+
+def big_batches(f: LandedFacts) -> bool:
+    """A predicate for the tests: fire on batches averaging at least 100 steps."""
+    return f.batches > 0 and f.steps / f.batches >= 100
+
+
+def test_default_learner_trigger_is_a_train_batch_of_steps() -> None:
+    t = LearnerTrigger()
+    assert not t.fires(facts(batches=3, steps=511, actors=2), train_batch_size=512)
+    assert t.fires(facts(batches=3, steps=512, actors=2), train_batch_size=512)
+    assert t.batches_short(3) == 1  # claims one batch at a time, as rounds were formed before triggers
+
+
+def test_batches_alone_drop_the_step_condition() -> None:
+    t = LearnerTrigger(batches=2)
+    assert t.held(facts(batches=1, steps=4000), train_batch_size=512) == {"landed": True, "batches": False}
+    assert t.fires(facts(batches=2, steps=10), train_batch_size=512)
+    assert t.batches_short(0) == 2 and t.batches_short(1) == 1 and t.batches_short(5) == 1
+
+
+def test_every_set_condition_must_hold() -> None:
+    t = LearnerTrigger(batches=2, steps=300, version_changed=True, period_s=2.0)
+    ok = facts(batches=2, steps=300, version=6, fired_version=5, since_fire_s=2.0)
+    assert t.held(ok, train_batch_size=512) == {
+        "landed": True, "batches": True, "steps": True, "version_changed": True, "period_s": True,
+    }  # fmt: skip
+    assert t.fires(ok, train_batch_size=512)
+    for broken in (
+        {"batches": 1},
+        {"steps": 299},
+        {"version": 5},  # same version as at the last firing
+        {"since_fire_s": 1.99},
+    ):
+        assert not t.fires(facts(**(ok.__dict__ | broken)), train_batch_size=512), broken
+
+
+def test_first_firing_counts_as_a_version_change_and_a_period() -> None:
+    t = LearnerTrigger(version_changed=True, period_s=30.0, batches=1)
+    assert t.fires(facts(batches=1, steps=8, fired_version=None), train_batch_size=512)
+
+
+def test_nothing_fires_without_a_batch() -> None:
+    assert not LearnerTrigger(period_s=1.0, steps=1).fires(facts(since_fire_s=5.0), train_batch_size=512)
+
+
+def test_predicate_sees_the_facts() -> None:
+    t = LearnerTrigger(batches=1, predicate="tests.stellaris.test_triggers:big_batches")
+    assert t.needs_version
+    assert t.fires(facts(batches=2, steps=200), train_batch_size=512)
+    assert not t.fires(facts(batches=2, steps=199), train_batch_size=512)
+
+
+@pytest.mark.parametrize(
+    ("queued", "in_flight", "owed", "since", "seen"),
+    [
+        (5, 3, 0, math.inf, 5),  # K=1: the whole queue, as without triggers
+        (0, 3, 0, math.inf, 0),
+    ],
+)
+def test_default_parameter_trigger_shows_the_whole_queue(
+    queued: int, in_flight: int, owed: int, since: float, seen: int
+) -> None:
+    assert ParameterTrigger().visible(queued=queued, in_flight=in_flight, owed=owed, since_fire_s=since) == seen
+
+
+def test_parameter_trigger_groups_of_k() -> None:
+    t = ParameterTrigger(gradients=4)
+    assert t.visible(queued=3, in_flight=2, owed=0, since_fire_s=math.inf) == 0  # a group is not full yet
+    assert t.visible(queued=4, in_flight=2, owed=0, since_fire_s=math.inf) == 4
+    assert t.visible(queued=9, in_flight=2, owed=0, since_fire_s=math.inf) == 8  # two whole groups, one waits
+    # A rule that applies one at a time (async) works through the fired group before the next firing:
+    assert t.visible(queued=3, in_flight=2, owed=3, since_fire_s=0.0) == 3
+    # Nothing left in flight: nothing more can land, so the remainder goes (liveness at the round's end).
+    assert t.visible(queued=3, in_flight=0, owed=0, since_fire_s=0.0) == 3
+
+
+def test_parameter_trigger_period() -> None:
+    t = ParameterTrigger(gradients=2, period_s=10.0)
+    assert t.visible(queued=4, in_flight=1, owed=0, since_fire_s=9.5) == 0
+    assert t.wait_s(9.5) == pytest.approx(0.5)
+    assert t.visible(queued=4, in_flight=1, owed=0, since_fire_s=10.0) == 4
+    assert t.visible(queued=4, in_flight=1, owed=2, since_fire_s=1.0) == 2  # an owed group is not held back
+    assert t.wait_s(math.inf) == 0.0 and ParameterTrigger().wait_s(3.0) == 0.0
+
+
+def test_parameter_rows_group_by_version() -> None:
+    rows = [
+        {"gradient_id": "1-0", "round": 1, "applied_version": 1},
+        {"gradient_id": "2-0", "round": 1, "applied_version": 1},
+        {"gradient_id": "3-0", "round": 2, "applied_version": 2},
+    ]
+    got = parameter_rows(rows)
+    assert [(r["round"], r["count"], r["claimed"]) for r in got] == [(1, 2, '["1-0", "2-0"]'), (2, 1, '["3-0"]')]
+
+
+def test_config_takes_yaml_mapping_and_json_flag() -> None:
+    cfg = load_config(None, {**CARTPOLE, "triggers": {"learner": {"batches": 2}, "parameter": {"gradients": 4}}})
+    assert cfg.triggers.learner.batches == 2 and cfg.triggers.parameter.gradients == 4
+    assert cfg.job_request("j")["parameter_trigger"] == {"gradients": 4, "period_s": None}
+    flag = load_config(None, {**CARTPOLE, "triggers": '{"learner": {"steps": 64, "period_s": 0.5}}'})
+    assert flag.triggers.learner.steps == 64 and flag.triggers.parameter == ParameterTrigger()
+
+
+def test_default_config_has_default_triggers() -> None:
+    cfg = load_config(None, CARTPOLE)
+    assert cfg.triggers.learner == LearnerTrigger() and cfg.triggers.parameter == ParameterTrigger()
+
+
+@pytest.mark.parametrize(
+    ("triggers", "named"),
+    [
+        ({"learner": {"batches": 0}}, "triggers.learner.batches"),
+        ({"learner": {"period_s": -1}}, "triggers.learner.period_s"),
+        ({"learner": {"predicate": "no_such_module_xyz:f"}}, "triggers.learner.predicate"),
+        ({"learner": {"predicate": "math"}}, "triggers.learner.predicate"),
+        ({"learner": {"predicate": "math:no_such"}}, "triggers.learner.predicate"),
+        ({"learner": {"batchez": 2}}, "triggers.learner.batchez"),
+        ({"parameter": {"gradients": 0}}, "triggers.parameter.gradients"),
+        ({"parameter": {"period_s": 0}}, "triggers.parameter.period_s"),
+        ('{"learner": ', "triggers"),
+    ],
+)
+def test_bad_triggers_name_the_field(triggers: object, named: str) -> None:
+    with pytest.raises(ConfigError, match=f"invalid configuration: {named}"):
+        load_config(None, {**CARTPOLE, "triggers": triggers})
