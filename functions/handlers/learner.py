@@ -22,6 +22,7 @@ from functions.handlers import EventError, Stopwatch, job_id_of
 from functions.jobspec import JobSpec
 from functions.learn import obs_moments
 from functions.policies import ActorCritic
+from functions.replay_feedback import write_priorities
 from functions.warm import policy_at, spec_of
 
 # How long an idle learner waits for work before it looks again (an ack or an enqueue wakes it sooner).
@@ -135,6 +136,7 @@ def handle(event: dict[str, Any], ctx: Context) -> dict[str, Any]:
             try:
                 task = LearnerTask.from_fields(claim.task.fields)
                 record = task_gradient(ctx, job, spec, task_id, task, claim, learner_id, compute)
+                write_priorities(job, task, record.meta.stats)  # prioritized replay only (else no priorities)
             except (CodecError, RecordError, BatchGone) as exc:
                 # Poison: it would fail the same way on every attempt. Give up on it now, visibly.
                 ctx.log.warning("dead-lettering task %s: %s", task_id, exc)
