@@ -54,12 +54,16 @@ if per > 0 then
   local lo, hi = '[' .. actor .. '\\0', '[' .. actor .. '\\0\\255'
   while redis.call('ZLEXCOUNT', KEYS[4], lo, hi) >= per do
     local m = redis.call('ZRANGEBYLEX', KEYS[4], lo, hi, 'LIMIT', 0, 1)[1]
-    evicted = evicted + evict(string.match(m, '\\0[0-9]+\\0(.*)$'))
+    local gone = evict(string.match(m, '%z[0-9]+%z(.*)$'))  -- %z: Lua 5.1 patterns cannot hold a NUL
+    if gone == 0 then return redis.error_reply('CORRUPT replay actor index member without an entry') end
+    evicted = evicted + gone
   end
 end
 local bytes = tonumber(redis.call('HGET', KEYS[6], 'bytes') or 0)
 while redis.call('ZCARD', KEYS[3]) >= cap or bytes + size > bmax do
-  evicted = evicted + evict(redis.call('ZRANGE', KEYS[3], 0, 0)[1])
+  local oldest = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
+  if not oldest or evict(oldest) == 0 then return redis.error_reply('CORRUPT replay order without an entry') end
+  evicted = evicted + 1
   bytes = tonumber(redis.call('HGET', KEYS[6], 'bytes') or 0)
 end
 local seq = redis.call('HINCRBY', KEYS[6], 'seq', 1)
