@@ -14,6 +14,7 @@ from cache.keys import JobKeys
 from cache.learner_registry import LearnerRegistry
 from cache.policy_store import PolicyStore
 from cache.records import BatchMeta, GradientMeta, GradientRecord, TrajectoryBatch
+from cache.replay.store import ReplayStore, is_replay_id
 from cache.streams import MAX_BLOCK_S, BoundedStream, Entry
 from cache.tasks import TaskBoard
 
@@ -51,9 +52,10 @@ class TrajectoryQueue:
     """Trajectory batches on a stream; the control plane's consumer group forms rounds from them, reading each
     batch's header only. Learners read a batch's arrays by id."""
 
-    def __init__(self, stream: BoundedStream, limits: JobLimits) -> None:
+    def __init__(self, stream: BoundedStream, limits: JobLimits, replay: ReplayStore | None = None) -> None:
         self.stream = stream
         self.limits = limits
+        self.replay = replay  # where replayed batches (ids `r<stream id>`, cache/replay) are read from
 
     def put(self, batch: TrajectoryBatch, *, timeout_s: float | None = None) -> str:
         timeout = self.limits.backpressure_timeout_s if timeout_s is None else timeout_s
@@ -71,6 +73,11 @@ class TrajectoryQueue:
         ]
 
     def get(self, batch_id: str) -> TrajectoryBatch | None:
+        if self.replay is not None and is_replay_id(batch_id):
+            fields = self.replay.read(batch_id)
+            return (
+                None if fields is None else TrajectoryBatch.from_fields(fields, max_bytes=self.limits.payload_bytes_max)
+            )
         entry = self.stream.get(batch_id)
         if entry is None:
             return None
@@ -133,6 +140,7 @@ class JobCache:
         self.trajectories = TrajectoryQueue(
             BoundedStream(client, self.keys.traj, group="rounds", maxlen=lim.trajectory_maxlen, ttl_s=lim.ttl_s),
             lim,
+            ReplayStore(client, self.keys, ttl_s=lim.ttl_s),
         )
         self.gradients = GradientStream(client, self.keys.grad, lim)
         self.board = TaskBoard(

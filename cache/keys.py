@@ -133,6 +133,10 @@ class JobKeys:
     def decisions(self) -> str:
         return self._k("decisions")
 
+    def replay(self, part: str) -> str:
+        """The replay store's keys (cache/replay/store.py): data, index, order, actors, priority, state."""
+        return self._k(f"replay:{part}")
+
     def pattern(self) -> str:
         """Glob matching every key of this job (for cleanup of this job only, never FLUSHALL)."""
         return f"{self.base}:*"

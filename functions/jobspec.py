@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from cache import JobCache
 from cache.contract.distribution import Distribution, distribution_field
@@ -31,6 +31,14 @@ class JobSpec(BaseModel):
     env_module: str | None = Field(default=None, description="imported before making envs (it registers env_id)")
     distribution: Distribution = distribution_field()
     parameter_trigger: ParameterTrigger = Field(default_factory=ParameterTrigger, description="when it applies")
+
+    @model_validator(mode="after")
+    def _replay_needs_learners(self) -> JobSpec:
+        # Replay re-reads trajectory batches from the cache; gradients_at_actors ships none, only headers.
+        replay = getattr(self.algo, "replay", "full_batch")
+        if replay != "full_batch" and self.distribution == "gradients_at_actors":
+            raise ValueError(f"replay {replay!r} needs distribution 'trajectories' (gradients_at_actors ships none)")
+        return self
 
 
 def save_spec(job: JobCache, spec: JobSpec) -> None:

@@ -10,6 +10,7 @@ from functions.algos import impact_algo
 from functions.algos.algorithm import Algorithm, Gradient, LearnInputs
 from functions.algos.appo import appo_loss
 from functions.algos.config import APPOConfig
+from functions.algos.replay_priority import replay_priority_stats
 from functions.learn import Batch, flat, gradients, is_weights, loss_stats, time_chunk
 from functions.policies import ActorCritic
 
@@ -56,7 +57,9 @@ def gradient(
         truncation_form=cfg.stellaris.truncation_form,
     )
     grads = gradients(policy, terms.total, cfg.max_grad_norm)
-    return grads, stats | loss_stats(terms, kl=terms.approx_kl, samples=t_len * n)
+    return grads, stats | loss_stats(terms, kl=terms.approx_kl, samples=t_len * n) | replay_priority_stats(
+        cfg, terms.pg_advantages, data
+    )
 
 
 def uses_target(cfg: APPOConfig) -> bool:

@@ -17,6 +17,7 @@ from typing import Annotated, Literal, Self
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
 
 from cache.contract.knobs import StellarisKnobs, rule_field
+from cache.replay.config import ReplaySettings
 from functions.algos.staleness import AggregationRule, Rule
 from functions.algos.staleness_equations import Schedule
 
@@ -112,9 +113,9 @@ class PPOConfig(_AlgoConfig):
     normalize_advantages: bool = True
 
 
-class _VTraceConfig(_AlgoConfig):
+class _VTraceConfig(ReplaySettings, _AlgoConfig):
     """Fields of the V-trace algorithms: truncation levels ρ̄, c̄, the target network's refresh period in rounds,
-    and the gradient-norm clip (RLlib's 40)."""
+    the gradient-norm clip (RLlib's 40), and the replay pattern (off-policy: `cache.replay.ReplaySettings`)."""
 
     lr: PositiveFloat = 5e-4
     max_grad_norm: PositiveFloat | None = 40.0

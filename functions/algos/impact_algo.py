@@ -12,6 +12,7 @@ from cache.records import LearnerTask
 from functions.algos.algorithm import Algorithm, Gradient, LearnInputs, refresh_target, reset_round_kl
 from functions.algos.config import APPOConfig, IMPACTConfig
 from functions.algos.impact import impact_loss
+from functions.algos.replay_priority import replay_priority_stats
 from functions.learn import Batch, flat, gradients, is_weights, loss_stats, time_chunk
 from functions.policies import ActorCritic
 
@@ -61,7 +62,9 @@ def gradient(
         is_weights=weights,
     )
     grads = gradients(policy, terms.total, cfg.max_grad_norm)
-    return grads, stats | loss_stats(terms, kl=terms.mean_kl, samples=t_len * n)
+    return grads, stats | loss_stats(terms, kl=terms.mean_kl, samples=t_len * n) | replay_priority_stats(
+        cfg, terms.pg_advantages, data
+    )
 
 
 def start_round(

@@ -19,6 +19,7 @@ from functions.faults import fault_point
 from functions.gradient import gradient_record, task_inputs
 from functions.handlers import EventError, Stopwatch, job_id_of
 from functions.jobspec import JobSpec
+from functions.replay_feedback import write_priorities
 from functions.warm import spec_of
 
 # How long an idle learner waits for work before it looks again (an ack or an enqueue wakes it sooner).
@@ -110,6 +111,7 @@ def handle(event: dict[str, Any], ctx: Context) -> dict[str, Any]:
             try:
                 task = LearnerTask.from_fields(claim.task.fields)
                 record = task_gradient(ctx, job, spec, task_id, task, claim, learner_id, compute)
+                write_priorities(job, task, record.meta.stats)  # prioritized replay only (else no priorities)
             except (CodecError, RecordError, BatchGone) as exc:
                 # Poison: it would fail the same way on every attempt. Give up on it now, visibly.
                 ctx.log.warning("dead-lettering task %s: %s", task_id, exc)

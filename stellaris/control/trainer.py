@@ -26,6 +26,7 @@ from stellaris.control.evaluation import Evaluator
 from stellaris.control.outputs import RunDir
 from stellaris.control.platform import Platform
 from stellaris.control.profiles import rounds_for
+from stellaris.control.replay_rounds import ReplayRounds
 from stellaris.control.report import RoundFacts, episode_returns, gradient_rows, info_row, take_applied, timeline_rows
 from stellaris.control.rounds import RoundStats, TrainingError, round_tasks
 from stellaris.control.scaling import Scaler
@@ -98,6 +99,7 @@ class Trainer:
         self._charge([init.metered] if init.metered else [])
         spec = InitResult.from_dict(init.result).spec
         self.shape = RoundShape.of_spec(spec)
+        self.replay = ReplayRounds(self.job, spec, seed=self.cfg.seed, out_dir=self.run.path)  # cache/replay
         self.run.write_config(self.cfg.model_dump(mode="json"), spec)
         # A round's gradients may all wait in the queue (the staleness rule can defer them to the round's flush),
         # so the gradient and task streams are sized for whole rounds, not the generic defaults.
@@ -160,7 +162,8 @@ class Trainer:
         self.collect_estimate_s = 0.5 * self.collect_estimate_s + 0.5 * actor_time
         ids = [bid for bid, _ in batches]
         assert self.shape is not None, "setup() first"
-        tasks = round_tasks(self.round, ids, epochs=self.shape.num_epochs, minibatches=self.shape.num_minibatches)
+        trained = ids + self.replay.extend(self.round, batches)  # replayed batches after the fresh (cache/replay)
+        tasks = round_tasks(self.round, trained, epochs=self.shape.num_epochs, minibatches=self.shape.num_minibatches)
         self.rounds.learn(self.round, tasks, rs)
         self.job.trajectories.ack(ids)
         rs.redis_round_trips += self.cache.round_trips - trips0  # the control plane's own

@@ -44,6 +44,14 @@ def test_a_bad_distribution_is_an_error_naming_the_field(tmp_path: Path) -> None
     assert load_config(path, {"distribution": "gradients_at_actors"}).distribution == "gradients_at_actors"
 
 
+def test_replay_with_gradients_at_actors_is_refused_naming_both() -> None:
+    """Replay re-reads trajectory batches, which gradients_at_actors never ships: refused before anything starts."""
+    base = {"env": "CartPole-v1", "rounds": 1, "algo": "impact", "overrides": {"replay": "uniform"}}
+    with pytest.raises(ConfigError, match="replay 'uniform' needs distribution 'trajectories'"):
+        load_config(None, base | {"distribution": "gradients_at_actors"})
+    assert load_config(None, base).overrides == {"replay": "uniform"}
+
+
 def learned(run: Path) -> float:
     """The best mean of 10 consecutive training episodes."""
     returns = [float(r["episodic_reward"]) for r in csv.DictReader((run / "timeline.csv").open())]

@@ -1,0 +1,81 @@
+"""The control plane's side of replay (cache/replay): per round, the round's fresh batches are copied into the
+job's replay store before they are acknowledged, and replayed batch ids are appended to the round's batch list at
+the configured ratio, so every (epoch, minibatch) task trains on fresh and replayed data alike. `full_batch` (the
+default, and every algorithm without replay settings) keeps today's rounds exactly: no replay key is written.
+
+Each round of a replaying run appends a row to `RUN/replay.csv`: fresh and replayed batches, the store's entries
+and payload bytes (now, peak, bound), evictions so far, and the replayed batches' mean importance weight.
+"""
+
+from __future__ import annotations
+
+import csv
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from cache import BatchMeta, JobCache
+from cache.replay import ReplaySettings, make_pattern, replay_id
+from cache.replay.pattern import replay_count
+
+REPLAY_COLUMNS = [
+    "round",
+    "pattern",
+    "fresh_batches",
+    "replayed_batches",
+    "entries",
+    "bytes",
+    "peak_bytes",
+    "bytes_max",
+    "evicted",
+    "mean_weight",
+]
+
+
+class ReplayRounds:
+    """One job's replay between rounds; `out_dir` (the run directory) gets replay.csv when the job replays."""
+
+    def __init__(self, job: JobCache, spec: Mapping[str, Any], *, seed: int, out_dir: Path | None = None) -> None:
+        self.settings = ReplaySettings.of_spec(spec)
+        self.pattern = make_pattern(self.settings, job.client, job.keys, seed=seed, ttl_s=job.limits.ttl_s)
+        self.carry = 0.0  # the fraction of a replayed batch owed to the next round (`replay_count`)
+        self.rows_path = out_dir / "replay.csv" if out_dir is not None and self.replays else None
+
+    @property
+    def replays(self) -> bool:
+        return self.pattern.store is not None
+
+    def extend(self, round_k: int, batches: Sequence[tuple[str, BatchMeta]]) -> list[str]:
+        """Store the round's fresh batches (still unacknowledged on the stream) and return the replay ids the round
+        trains on besides them: drawn from earlier rounds' batches only, so the fresh ones are never trained twice
+        in one round, and none of them is evicted before the round ends (the control plane is the only writer)."""
+        if self.pattern.store is None:
+            return []
+        self.pattern.add([(bid, meta.actor_id) for bid, meta in batches])
+        n, self.carry = replay_count(len(batches), self.settings.replay_ratio, self.carry)
+        sample = self.pattern.sample(n, round_k=round_k, exclude={replay_id(bid) for bid, _ in batches})
+        self._record(round_k, len(batches), sample.ids, sample.weights)
+        return list(sample.ids)
+
+    def _record(self, round_k: int, fresh: int, ids: Sequence[str], weights: Sequence[float]) -> None:
+        if self.rows_path is None or self.pattern.store is None:
+            return
+        state = self.pattern.store.state()
+        row = {
+            "round": round_k,
+            "pattern": self.settings.replay,
+            "fresh_batches": fresh,
+            "replayed_batches": len(ids),
+            "entries": state.entries,
+            "bytes": state.bytes,
+            "peak_bytes": state.peak_bytes,
+            "bytes_max": self.pattern.store.bytes_max,
+            "evicted": state.evicted,
+            "mean_weight": round(sum(weights) / len(weights), 6) if weights else "",
+        }
+        fresh_file = not self.rows_path.exists()
+        with self.rows_path.open("a", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=REPLAY_COLUMNS)
+            if fresh_file:
+                writer.writeheader()
+            writer.writerow(row)

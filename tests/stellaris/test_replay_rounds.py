@@ -1,0 +1,166 @@
+"""Replay through the round protocol: the control plane's hook (stellaris/control/replay_rounds.py) with the
+product's handlers in-process (tests/functions/driver.py), the overrides checked up front, and IMPACT learning
+CartPole with uniform and with prioritised replay (slow)."""
+
+from __future__ import annotations
+
+import csv
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from cache import BatchMeta, Cache
+from cache.replay import is_replay_id
+from functions.algos.config import IMPACTConfig, NetworkConfig
+from functions.jobspec import JobSpec
+from stellaris.config import ConfigError, load_config
+from stellaris.control.replay_rounds import ReplayRounds
+from stellaris.control.rounds import RoundStats, round_tasks
+from tests.functions.driver import Driver
+
+THRESHOLD = 400.0  # tests/functions/test_learning.py's bar: mean of the last 10 training episodes
+MAX_ROUNDS = 300
+
+
+def impact_cartpole(job: str, **replay: object) -> JobSpec:
+    cfg = IMPACTConfig(
+        lr=2.5e-3, train_batch_size=512, num_minibatches=4, num_epochs=2, ent_coef=0.0, vf_coef=0.5,
+        max_grad_norm=0.5, network=NetworkConfig(kind="mlp", hidden=(64, 64)), **replay,
+    )  # fmt: skip
+    return JobSpec(job=job, env_id="CartPole-v1", algo=cfg, num_envs=4, actor_steps=128, seed=1)
+
+
+class ReplayDriver(Driver):
+    """The driver's round with the trainer's replay hook between collection and the round's tasks."""
+
+    def __init__(self, cache: Cache, spec: JobSpec, out_dir: Path | None = None) -> None:
+        super().__init__(cache, spec)
+        self.replay = ReplayRounds(self.job, spec.model_dump(mode="json"), seed=spec.seed, out_dir=out_dir)
+        self.trained: list[list[str]] = []
+
+    def meta(self, bid: str) -> BatchMeta:
+        entry = self.job.trajectories.stream.get(bid)
+        assert entry is not None
+        return BatchMeta.from_fields(entry.fields)
+
+    def replay_round(self) -> RoundStats:
+        self.round += 1
+        ids = self.collect()
+        batches = [(bid, self.meta(bid)) for bid in ids]
+        trained = ids + self.replay.extend(self.round, batches)
+        self.trained.append(trained)
+        algo = self.spec.algo
+        tasks = round_tasks(self.round, trained, epochs=algo.num_epochs, minibatches=algo.num_minibatches)
+        stats = RoundStats()
+        rounds = self._rounds("stellaris", invocations=self.learners)
+        try:
+            rounds.learn(self.round, tasks, stats)
+        finally:
+            rounds.close()
+        self.job.trajectories.ack(ids)
+        return stats
+
+
+def test_uniform_replay_rounds_mix_earlier_batches_into_the_tasks(
+    cache_conn: Cache, job_id: str, tmp_path: Path
+) -> None:
+    """Ratio 0.5 with one fresh batch a round: from round 2 each round trains on one replayed batch of an earlier
+    round; the store keeps its 2-entry bound; every task is computed (no dead letter); replay.csv has a row a round."""
+    spec = impact_cartpole(job_id, replay="uniform", replay_ratio=0.5, replay_capacity=2)
+    driver = ReplayDriver(cache_conn, spec, tmp_path)
+    try:
+        for _ in range(4):
+            stats = driver.replay_round()
+            assert sum(r.gradients for r in stats.learner_results) == 8  # 2 epochs x 4 minibatches
+        assert [len(t) for t in driver.trained] == [1, 2, 2, 2]
+        fresh = [t[0] for t in driver.trained]
+        for k, trained in enumerate(driver.trained[1:], start=1):
+            assert is_replay_id(trained[1]) and trained[1][1:] in fresh[:k]  # an earlier round's batch
+        assert driver.job.board.read_dead_letters("0-0") == []
+        store = driver.replay.pattern.store
+        assert store is not None and store.state().entries == 2 and store.check() == []
+        rows = list(csv.DictReader((tmp_path / "replay.csv").open()))
+        assert [r["replayed_batches"] for r in rows] == ["0", "1", "1", "1"]
+        assert all(int(r["peak_bytes"]) <= int(r["bytes_max"]) for r in rows)
+    finally:
+        driver.job.delete()
+
+
+def test_prioritized_priorities_come_from_the_learners(cache_conn: Cache, job_id: str) -> None:
+    spec = impact_cartpole(job_id, replay="prioritized", replay_ratio=0.5)
+    driver = ReplayDriver(cache_conn, spec)
+    try:
+        for _ in range(3):
+            driver.replay_round()
+        store = driver.replay.pattern.store
+        assert store is not None
+        priorities = [e.priority for e in store.entries()]
+        # Written by the learners (mean |V-trace advantage|, functions/algos/replay_priority.py): not the 1.0 a new
+        # entry starts with, and different batch to batch.
+        assert len(priorities) == 3 and all(p is not None and p != 1.0 for p in priorities), priorities
+        assert len(set(priorities)) == 3
+    finally:
+        driver.job.delete()
+
+
+def test_full_batch_keeps_todays_rounds(cache_conn: Cache, job_id: str, tmp_path: Path) -> None:
+    driver = ReplayDriver(cache_conn, impact_cartpole(job_id), tmp_path)
+    try:
+        driver.replay_round()
+        driver.replay_round()
+        assert [len(t) for t in driver.trained] == [1, 1]
+        assert list(cache_conn.client.scan_iter(match=driver.job.keys.replay("*"))) == []
+        assert not (tmp_path / "replay.csv").exists()
+    finally:
+        driver.job.delete()
+
+
+@pytest.mark.parametrize(
+    ("text", "sets", "message"),
+    [
+        ("algo: impact\n", {"replay": "lifo"}, "overrides.replay: Input should be 'full_batch', 'fifo', 'uniform'"),
+        ("algo: impact\n", {"replay_ratio": 1.0}, "overrides.replay_ratio: Input should be less than 1"),
+        ("algo: appo\n", {"replay_capacity": 0}, "overrides.replay_capacity: Input should be greater than 0"),
+        ("algo: ppo\n", {"replay": "uniform"}, "overrides.replay: Extra inputs are not permitted"),
+    ],
+)
+def test_bad_replay_overrides_fail_up_front_naming_the_field(
+    tmp_path: Path, text: str, sets: dict[str, object], message: str
+) -> None:
+    path = tmp_path / "run.yaml"
+    path.write_text("env: CartPole-v1\nrounds: 1\n" + text)
+    with pytest.raises(ConfigError) as err:
+        load_config(path, {}, sets=sets)
+    assert message in str(err.value), err.value
+    assert load_config(path, {}, sets={"replay": "uniform"} if "ppo" not in text else {}) is not None
+
+
+def learn(cache: Cache, spec: JobSpec) -> tuple[int, int, float]:
+    """Rounds until the mean of the last 10 episodes reaches THRESHOLD: (rounds, env steps, seconds)."""
+    torch.set_num_threads(1)
+    driver = ReplayDriver(cache, spec)
+    start = time.monotonic()
+    try:
+        for r in range(1, MAX_ROUNDS + 1):
+            driver.replay_round()
+            recent = driver.returns[-10:]
+            mean = sum(recent) / max(len(recent), 1)
+            if len(driver.returns) >= 10 and mean >= THRESHOLD:
+                seconds = time.monotonic() - start
+                steps = r * spec.num_envs * spec.actor_steps
+                print(
+                    f"{spec.algo.replay}: mean return {mean:.0f} after {r} rounds, {steps} env steps, {seconds:.0f} s"
+                )
+                return r, steps, seconds
+    finally:
+        driver.job.delete()
+    pytest.fail(f"{getattr(spec.algo, 'replay', 'full_batch')}: no mean return >= {THRESHOLD} in {MAX_ROUNDS} rounds")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("replay", ["uniform", "prioritized"])
+def test_impact_with_replay_learns_cartpole(cache_conn: Cache, job_id: str, replay: str) -> None:
+    rounds, _, _ = learn(cache_conn, impact_cartpole(job_id, replay=replay, replay_ratio=0.5))
+    assert rounds <= MAX_ROUNDS  # a mean return of THRESHOLD, against ~20 for a random policy
