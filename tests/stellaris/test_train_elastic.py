@@ -8,6 +8,8 @@ import csv
 import math
 from pathlib import Path
 
+import pytest
+
 from stellaris.control.elastic import ActorController
 from tests.stellaris.test_train import run_train, train_cmd
 
@@ -18,6 +20,7 @@ def learners_at(round_k: int) -> int:
     return 1 if round_k < CHANGE_ROUND else 2
 
 
+@pytest.mark.slow  # 9 rounds, up to 6 actor processes: over 40 s (the long stage)
 def test_actor_count_follows_a_learner_change_within_bounds(tmp_path: Path) -> None:
     out = tmp_path / "run"
     cmd = train_cmd(
