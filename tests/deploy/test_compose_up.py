@@ -39,7 +39,8 @@ ROOT = Path(__file__).resolve().parents[2]
 PROJECT = "stellaris"  # compose.yaml's `name`
 IMAGE = os.environ.get("STELLARIS_DEPLOY_IMAGE", "stellaris/function-cpu:0.1.0")
 THRESHOLD = 400.0  # tests/functions/test_learning.py: mean of the last 10 episodes
-ROUNDS = int(os.environ.get("STELLARIS_DEPLOY_ROUNDS", "80"))
+# 80 rounds (40,960 steps) fell short once in CI (best mean of 10: 341.5); 120 leave room, for about 40 s more.
+ROUNDS = int(os.environ.get("STELLARIS_DEPLOY_ROUNDS", "120"))
 CARTPOLE = {  # tests/functions/test_learning.py's PPO settings, through `stellaris train`
     "env": "CartPole-v1", "algo": "ppo", "preset": "paper", "actors": 2, "learners": 2, "mode": "sync",
     "actor_kind": "serverless",
