@@ -13,6 +13,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import pytest
 import yaml
 
 from tests.procs import pid_alive, wait_pid_gone
@@ -66,6 +67,7 @@ def _lines(path: Path) -> list[str]:
     return path.read_text().splitlines() if path.exists() else []
 
 
+@pytest.mark.slow  # over 40 s (66 s idle): CI's long stage, with the other fault runs
 def test_training_survives_kill_9_of_learners_parameter_functions_and_actors(tmp_path: Path) -> None:
     out = tmp_path / "run"
     cfg = tmp_path / "chaos.yaml"
