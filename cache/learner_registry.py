@@ -20,7 +20,7 @@ redis.call('PEXPIRE', KEYS[2], ARGV[4])
 return 1
 """
 
-_HELD = """
+_DROP_EXPIRED = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local dead = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now)
@@ -28,8 +28,19 @@ for _, id in ipairs(dead) do
   redis.call('HDEL', KEYS[1], id)
   redis.call('ZREM', KEYS[2], id)
 end
-return redis.call('HGETALL', KEYS[1])
 """
+
+_HELD = _DROP_EXPIRED + "return redis.call('HGETALL', KEYS[1])"
+
+# The parameter function's look at outstanding work in one round trip (a transaction holding a script costs
+# redis-py a SCRIPT EXISTS round trip on every execute): {tasks queued, held flat, round closed, gradients queued}.
+_SNAPSHOT = (
+    _DROP_EXPIRED
+    + """
+return {redis.call('XLEN', KEYS[3]), redis.call('HGETALL', KEYS[1]), redis.call('GET', KEYS[4]) or '0',
+        redis.call('XLEN', KEYS[5])}
+"""
+)
 
 
 class LearnerRegistry:
@@ -42,6 +53,7 @@ class LearnerRegistry:
         self.ttl_ms = int(ttl_s * 1000)
         self._register = client.register_script(_REGISTER)
         self._held = client.register_script(_HELD)
+        self._snapshot = client.register_script(_SNAPSHOT)
 
     def register(self, learner_id: str, version: int, *, lease_s: float | None = None) -> None:
         """Record (or refresh) that `learner_id` holds `version` until its lease runs out."""
@@ -62,9 +74,14 @@ class LearnerRegistry:
         flat = self._held(keys=[self.keys.learners, self.keys.learner_deadlines])
         return {flat[i].decode(): int(flat[i + 1]) for i in range(0, len(flat), 2)}
 
-    def in_flight_on(self, pipe: redis.client.Pipeline) -> None:
-        """Queue `in_flight`'s read on a pipeline (its reply: a flat [learner id, version, ...] list)."""
-        self._held(keys=[self.keys.learners, self.keys.learner_deadlines], client=pipe)
+    def work_snapshot(self) -> tuple[int, list[int], int, int]:
+        """One consistent look at the job's outstanding work: (tasks on the task stream, the versions live learners
+        hold, the newest closed round, gradients on the gradient stream)."""
+        k = self.keys
+        tasks, flat, closed, gradients = self._snapshot(
+            keys=[k.learners, k.learner_deadlines, k.tasks, k.tasks_closed, k.grad]
+        )
+        return int(tasks), [int(flat[i + 1]) for i in range(0, len(flat), 2)], int(closed), int(gradients)
 
     def held_versions(self) -> list[int]:
         """Distinct policy versions held by live learners, ascending."""

@@ -22,7 +22,16 @@ def load_policy_bytes(policy: nn.Module, blob: bytes) -> int:
     """Load weights into `policy` (copies out of the buffer, onto the policy's device); returns the version stored
     with them."""
     frame = decode(blob)
-    policy.load_state_dict(frame.tensors(), strict=True)
+    tensors = frame.tensors()
+    current = policy.state_dict()  # detached views sharing the parameters' and buffers' storage
+    if current.keys() != tensors.keys() or any(current[k].shape != t.shape for k, t in tensors.items()):
+        policy.load_state_dict(tensors, strict=True)  # raises, naming each key or shape that does not fit
+    else:
+        # What load_state_dict does for these modules (no load hooks), without its per-module walk: learners load
+        # a new version for nearly every task, and the walk cost more than the copies.
+        with torch.no_grad():
+            for k, t in tensors.items():
+                current[k].copy_(t)
     return int(frame.meta.get("version", -1))
 
 
@@ -52,7 +61,9 @@ def load_optimizer_bytes(optimizer: torch.optim.Optimizer, blob: bytes) -> None:
 def build_optimizer(name: str, params: list[nn.Parameter], *, lr: float) -> torch.optim.Optimizer:
     match name:
         case "adam":
-            return torch.optim.Adam(params, lr=lr)
+            # fused: one kernel over all parameters, about 4x faster per step than the per-tensor default on the
+            # CPU for the fast preset's MLP, with the same numbers (to 3e-8 after 200 steps) and the same state.
+            return torch.optim.Adam(params, lr=lr, fused=True)
         case "sgd":
             return torch.optim.SGD(params, lr=lr)
         case "rmsprop":

@@ -123,18 +123,13 @@ class _Server:
         closed and no task or gradient is left (gradients that landed since the last read count too). A task
         leaves the stream only when its gradient is stored (or it is dead-lettered), so the stream's length counts
         them; tasks not (yet) held by a registered learner will use the current version or a newer one."""
-        with self.job.client.pipeline(transaction=True) as pipe:  # one consistent snapshot
-            pipe.xlen(self.job.keys.tasks)
-            self.job.learners.in_flight_on(pipe)
-            pipe.get(self.job.keys.tasks_closed)
-            pipe.xlen(self.job.keys.grad)
-            tasks, flat, closed, gradients = pipe.execute()
+        tasks, versions, closed, gradients = self.job.learners.work_snapshot()
         if gradients > len(self.queue):
             # Landed before the snapshot but not read yet: read them now, or a rule would see their tasks in
             # neither the queue nor in flight (those landing after it are counted twice: a harmless deferral).
             self.take(self.job.gradients.read(self.last_id, count=READ_COUNT))
-        held = sorted(int(flat[i + 1]) for i in range(0, len(flat), 2))[:tasks]
-        idle = tasks == 0 and gradients == 0 and int(closed or 0) >= self.until_round
+        held = sorted(versions)[:tasks]
+        idle = tasks == 0 and gradients == 0 and closed >= self.until_round
         return (*held, *([self.version] * (tasks - len(held)))), idle
 
     @property
