@@ -29,7 +29,7 @@ def test_weights_of_another_network_are_refused_naming_the_mismatch() -> None:
     large = build_policy(OBS, ACT, hidden=(16, 16))
     with pytest.raises(RuntimeError, match="size mismatch"):
         load_policy_bytes(large, policy_to_bytes(small, version=1))
-    with pytest.raises(RuntimeError, match="Missing key|Unexpected key"):
+    with pytest.raises(RuntimeError, match=r"Missing key|Unexpected key"):
         load_policy_bytes(build_policy(OBS, ACT, hidden=(8, 8), normalize_obs=True), policy_to_bytes(small, version=1))
 
 
