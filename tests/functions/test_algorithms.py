@@ -9,10 +9,13 @@ import pytest
 import torch
 
 from cache.contract import AggregatorState
-from cache.records import GradientMeta, GradientRecord, LearnerTask, RecordError
+from cache.records import GradientMeta, GradientRecord, LearnerTask, ObsMoments, RecordError
 from functions.algos.algorithm import LearnInputs
 from functions.algos.config import CONFIGS, APPOConfig, IMPACTConfig, NetworkConfig, PPOConfig
 from functions.algos.registry import ALGORITHMS, algorithm_of
+from functions.gradient import gradient_record
+from functions.handlers import Stopwatch
+from functions.jobspec import JobSpec
 from functions.learn import column_weights, obs_moments, sample_weights, time_chunk
 from functions.policies import build_policy
 
@@ -151,3 +154,34 @@ def test_impact_gradient_takes_the_tasks_replay_weights() -> None:
     weighted = _impact_gradient(LearnerTask(1, ("2-0", "r1-0"), 0, 1, 4, batch_weights=(1.0, 0.5)))
     assert all(torch.equal(plain[k], ones[k]) for k in plain)
     assert any(not torch.allclose(plain[k], weighted[k]) for k in plain)
+
+
+def test_replayed_batches_are_left_out_of_the_obs_moments() -> None:
+    """A replayed batch (id r<stream id>) was folded into the normaliser when it was fresh: a round's moments cover
+    its fresh batches only, and a round of replayed batches alone sends none."""
+    torch.manual_seed(0)
+    policy = build_policy(gym.spaces.Box(-5, 5, (4,)), gym.spaces.Discrete(2), hidden=(8,), normalize_obs=True)
+    cfg = IMPACTConfig()
+    spec = JobSpec(job="j", env_id="CartPole-v1", algo=cfg, num_envs=2, actor_steps=8)
+    rng = np.random.default_rng(1)
+    fresh, replayed = _batch(rng, 8, 2), _batch(rng, 8, 3)
+    replayed["observations"] = replayed["observations"] + 100.0  # would move the mean visibly if counted
+
+    def moments(ids: tuple[str, ...], batches: list[dict[str, np.ndarray]], minibatch: int = 0) -> ObsMoments | None:
+        task = LearnerTask(1, ids, 0, minibatch, 2)
+        data = algorithm_of(cfg).prepare(batches, cfg)
+        record = gradient_record(
+            spec, policy, data, batches, task, LearnInputs(others=[], target=policy),
+            task_id="t", learner_id="l", base_version=0, device="cpu", compute=Stopwatch(),
+        )  # fmt: skip
+        return record.obs_moments
+
+    got = moments(("5-0", "r3-0"), [fresh, replayed])
+    want = obs_moments(policy, [fresh])
+    assert got is not None and got.count == 16.0  # 8 steps x 2 envs of the fresh batch; not the 24 replayed
+    torch.testing.assert_close(got.mean, want.mean)
+    torch.testing.assert_close(got.var, want.var)
+    assert moments(("r5-0", "r3-0"), [fresh, replayed]) is None  # replayed batches only: no moments
+    assert moments(("5-0", "r3-0"), [fresh, replayed], minibatch=1) is None  # once a round, as before
+    both = moments(("5-0", "6-0"), [fresh, replayed])  # fresh batches all count
+    assert both is not None and both.count == 40.0
