@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -209,24 +210,40 @@ class GradientRecord:
 
 @dataclass(frozen=True)
 class LearnerTask:
-    """One (epoch, minibatch) of a round over the round's trajectory batches (SPEC.md §5); one gradient each."""
+    """One (epoch, minibatch) of a round over the round's trajectory batches (SPEC.md §5); one gradient each.
+    `batch_weights`: prioritized replay's importance weight of each batch, in `batch_ids` order; empty means 1.0
+    for all (fresh batches, the other patterns, and tasks written before the field existed)."""
 
     round: int
     batch_ids: tuple[str, ...]
     epoch: int
     minibatch: int
     num_minibatches: int
+    batch_weights: tuple[float, ...] = ()
+
+    def __post_init__(self) -> None:
+        w = self.batch_weights
+        if w and (len(w) != len(self.batch_ids) or not all(math.isfinite(x) and x > 0.0 for x in w)):
+            raise RecordError(f"learner task: {len(self.batch_ids)} batches need positive finite weights, got {w}")
+
+    @property
+    def weights(self) -> tuple[float, ...]:
+        """One importance weight per batch id (1.0 where the task carries none)."""
+        return self.batch_weights or (1.0,) * len(self.batch_ids)
 
     def fields(self) -> list[bytes | memoryview]:
         return encode_fields({}, {"kind": "task", **self.meta()})
 
     def meta(self) -> dict[str, Any]:
+        # Weights travel only when there are any: a task without them keeps the wire format it always had.
+        weighted = {"batch_weights": list(self.batch_weights)} if self.batch_weights else {}
         return {
             "round": self.round,
             "batch_ids": list(self.batch_ids),
             "epoch": self.epoch,
             "minibatch": self.minibatch,
             "num_minibatches": self.num_minibatches,
+            **weighted,
         }
 
     @classmethod
@@ -236,12 +253,16 @@ class LearnerTask:
         ids = meta.get("batch_ids")
         if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
             raise RecordError(f"{what}: field 'batch_ids' must be a list of strings, got {ids!r}")
+        weights = meta.get("batch_weights", [])
+        if not isinstance(weights, list) or any(isinstance(w, bool) or not isinstance(w, int | float) for w in weights):
+            raise RecordError(f"{what}: field 'batch_weights' must be a list of numbers, got {weights!r}")
         task = cls(
             round=_int(meta, "round", what),
             batch_ids=tuple(ids),
             epoch=_int(meta, "epoch", what),
             minibatch=_int(meta, "minibatch", what),
             num_minibatches=_int(meta, "num_minibatches", what),
+            batch_weights=tuple(float(w) for w in weights),
         )
         if not 0 <= task.minibatch < task.num_minibatches:
             raise RecordError(f"{what}: minibatch {task.minibatch} outside 0..{task.num_minibatches - 1}")

@@ -2,8 +2,8 @@
 actor that collected the batch (``gradients_at_actors``). Both call these two functions, so the two profiles run the
 same algorithm code: `task_inputs` picks the policies a task needs (its version, the versions other holders hold for
 truncation, the target network) through the instance's warm policy cache; `gradient_record` computes the
-algorithm's gradient, the round's observation moments with the first task, and brings the tensors back to the CPU
-for the wire (no I/O)."""
+algorithm's gradient, the round's observation moments (of its fresh batches) with the first task, and brings the
+tensors back to the CPU for the wire (no I/O)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from typing import Any
 
 from cache import GradientMeta, GradientRecord, JobCache, LearnerTask, VersionNotFound
 from cache.records import ObsMoments
+from cache.replay import is_replay_id
 from functions.algos.algorithm import LearnInputs
 from functions.algos.registry import algorithm_of
 from functions.context import Context
@@ -52,15 +53,18 @@ def gradient_record(
     task_id: str, learner_id: str, base_version: int, device: str, compute: Stopwatch,
 ) -> GradientRecord:  # fmt: skip
     """The gradient of `task` at `policy` (version `base_version`) over the round's prepared `data`; `batches` are
-    the round's arrays (observation moments). Algorithm time is added to `compute`."""
+    the round's arrays in `task.batch_ids` order (observation moments: of the fresh ones only, none without any).
+    Algorithm time is added to `compute`."""
     with compute:
         grads, stats = algorithm_of(spec.algo).gradient(policy, data, task, spec.algo, inputs)
     moments = None
-    if policy.obs_normalizer is not None and task.epoch == 0 and task.minibatch == 0:
+    # Replayed batches were folded in when they were fresh: counting them again would bias the statistics.
+    fresh = [b for bid, b in zip(task.batch_ids, batches, strict=True) if not is_replay_id(bid)]
+    if policy.obs_normalizer is not None and task.epoch == 0 and task.minibatch == 0 and fresh:
         # Once per round: the round's observation moments, folded into the normaliser by the parameter
         # function, so actors and learners of one version always share its statistics.
         with compute:
-            m = obs_moments(policy, batches)
+            m = obs_moments(policy, fresh)
             moments = ObsMoments(m.mean.cpu(), m.var.cpu(), m.count)
     with compute:
         grads = to_cpu(grads)

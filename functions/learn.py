@@ -140,6 +140,23 @@ def time_chunk(batches: Sequence[Batch], task: Task, *, gamma: float) -> TimeChu
     )
 
 
+def column_weights(batch_weights: Sequence[float], columns: Sequence[int]) -> Tensor:
+    """Per-batch weights over env columns ([N], float64): batch b's weight repeated over its `columns[b]` envs, the
+    batches side by side in task order, as `time_chunk` concatenates them."""
+    if len(batch_weights) != len(columns):
+        raise ValueError(f"{len(batch_weights)} batch weights for {len(columns)} batches")
+    return torch.repeat_interleave(torch.tensor(batch_weights, dtype=torch.float64), torch.tensor(columns))
+
+
+def sample_weights(task: Task, batches: Sequence[Batch], chunk: TimeChunk) -> Tensor | None:
+    """Prioritized replay's importance weight of each sample of the task's time chunk ([T, N], the chunk's dtype and
+    device), or None when every batch weighs 1.0: the loss is then the unweighted one, bit for bit."""
+    if all(w == 1.0 for w in task.weights):
+        return None
+    w = column_weights(task.weights, [int(b["rewards"].shape[1]) for b in batches]).to(chunk.rewards)
+    return w.expand(chunk.shape)
+
+
 def obs_moments(policy: ActorCritic, batches: Sequence[Batch]) -> ObsMoments:
     """Mean, variance and count of the encoded observations of all `batches` (for the running normaliser), on the
     policy's device."""

@@ -27,7 +27,8 @@ def replay_id(batch_id: str) -> str:
 
 
 def is_replay_id(batch_id: str) -> bool:
-    return batch_id.startswith(REPLAY_PREFIX)
+    # A stream id starts with a digit (its milliseconds), so an id like an actor's "runner-..." is not taken for one.
+    return batch_id.startswith(REPLAY_PREFIX) and batch_id[len(REPLAY_PREFIX) : len(REPLAY_PREFIX) + 1].isdigit()
 
 
 @dataclass(frozen=True)

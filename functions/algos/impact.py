@@ -44,6 +44,7 @@ def impact_loss(
     rho_bar: float = 1.0,
     c_bar: float = 1.0,
     is_weights: Tensor | None = None,
+    sample_weights: Tensor | None = None,
 ) -> IMPACTLossTerms:
     """IMPACT: V-trace w.r.t. the target network, clipped surrogate w.r.t. it, KL, entropy, value loss.
 
@@ -56,7 +57,9 @@ def impact_loss(
     1. (v_s, A_s) = V-trace with π = π_target and μ (ρ̄, c̄); with ``is_weights`` R' (paper Eq. 2) replaces
        V-trace's per-sample ρ (SPEC.md §5).
     2. surrogate = min(r·A_s, clip(r, 1 − ε, 1 + ε)·A_s) with r = π_θ/π_target (ε = 0.4 in Table III).
-    3. total = −mean(surrogate) + c_v·½·mean((V − v_s)²) + β_KL·mean(KL) − c_e·mean(entropy).
+    3. total = −mean(w·surrogate) + c_v·½·mean(w·(V − v_s)²) + β_KL·mean(KL) − c_e·mean(entropy), where w
+       (``sample_weights``) is prioritized replay's importance weight of each sample (Schaul et al. 2016: it scales
+       the per-sample loss before the mean, not normalised by Σw) and 1 without it.
     """
     vs, pg_advantages = vtrace(
         behaviour_log_probs,
@@ -70,8 +73,12 @@ def impact_loss(
         is_weights=is_weights,
     )
     ratio = torch.exp(new_log_probs - target_log_probs.detach())
-    policy_loss = -clipped_surrogate(ratio, pg_advantages, clip=clip).mean()
-    value_loss = 0.5 * ((values - vs) ** 2).mean()
+    surrogate = clipped_surrogate(ratio, pg_advantages, clip=clip)
+    squared_error = (values - vs) ** 2
+    if sample_weights is not None:
+        surrogate, squared_error = sample_weights * surrogate, sample_weights * squared_error
+    policy_loss = -surrogate.mean()
+    value_loss = 0.5 * squared_error.mean()
     mean_kl = kl.mean()
     kl_penalty = kl_coef * mean_kl
     mean_entropy = entropy.mean()

@@ -13,7 +13,7 @@ from functions.algos.algorithm import Algorithm, Gradient, LearnInputs, refresh_
 from functions.algos.config import APPOConfig, IMPACTConfig
 from functions.algos.impact import impact_loss
 from functions.algos.replay_priority import replay_priority_stats
-from functions.learn import Batch, flat, gradients, is_weights, loss_stats, time_chunk
+from functions.learn import Batch, flat, gradients, is_weights, loss_stats, sample_weights, time_chunk
 from functions.policies import ActorCritic
 
 
@@ -60,6 +60,7 @@ def gradient(
         rho_bar=cfg.rho_bar,
         c_bar=cfg.c_bar,
         is_weights=weights,
+        sample_weights=sample_weights(task, data, chunk),  # prioritized replay's importance weights
     )
     grads = gradients(policy, terms.total, cfg.max_grad_norm)
     return grads, stats | loss_stats(terms, kl=terms.mean_kl, samples=t_len * n) | replay_priority_stats(

@@ -1,6 +1,7 @@
 """The control plane's side of replay (cache/replay): per round, the round's fresh batches are copied into the
 job's replay store before they are acknowledged, and replayed batch ids are appended to the round's batch list at
-the configured ratio, so every (epoch, minibatch) task trains on fresh and replayed data alike. `full_batch` (the
+the configured ratio, so every (epoch, minibatch) task trains on fresh and replayed data alike. Prioritized replay's
+importance weights travel on the round's tasks (`weigh`), one per batch, for the learners' loss. `full_batch` (the
 default, and every algorithm without replay settings) keeps today's rounds exactly: no replay key is written.
 
 Each round of a replaying run appends a row to `RUN/replay.csv`: fresh and replayed batches, the store's entries
@@ -11,10 +12,11 @@ from __future__ import annotations
 
 import csv
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from cache import BatchMeta, JobCache
+from cache import BatchMeta, JobCache, LearnerTask
 from cache.replay import ReplaySettings, make_pattern, replay_id
 from cache.replay.pattern import replay_count
 
@@ -39,6 +41,7 @@ class ReplayRounds:
         self.settings = ReplaySettings.of_spec(spec)
         self.pattern = make_pattern(self.settings, job.client, job.keys, seed=seed, ttl_s=job.limits.ttl_s)
         self.carry = 0.0  # the fraction of a replayed batch owed to the next round (`replay_count`)
+        self.weights: dict[str, float] = {}  # replay id -> importance weight, of the last round's sample
         self.rows_path = out_dir / "replay.csv" if out_dir is not None and self.replays else None
 
     @property
@@ -54,8 +57,16 @@ class ReplayRounds:
         self.pattern.add([(bid, meta.actor_id) for bid, meta in batches])
         n, self.carry = replay_count(len(batches), self.settings.replay_ratio, self.carry)
         sample = self.pattern.sample(n, round_k=round_k, exclude={replay_id(bid) for bid, _ in batches})
+        self.weights = dict(zip(sample.ids, sample.weights, strict=True))
         self._record(round_k, len(batches), sample.ids, sample.weights)
         return list(sample.ids)
+
+    def weigh(self, tasks: Sequence[LearnerTask]) -> list[LearnerTask]:
+        """The round's tasks carrying each batch's importance weight from the last `extend` (1.0 for a fresh one).
+        Where every weight is 1.0 (fresh batches only, or any pattern but prioritized) the tasks stay as they are."""
+        if all(w == 1.0 for w in self.weights.values()):
+            return list(tasks)
+        return [replace(t, batch_weights=tuple(self.weights.get(b, 1.0) for b in t.batch_ids)) for t in tasks]
 
     def _record(self, round_k: int, fresh: int, ids: Sequence[str], weights: Sequence[float]) -> None:
         if self.rows_path is None or self.pattern.store is None:

@@ -164,6 +164,7 @@ class Trainer:
         assert self.shape is not None, "setup() first"
         trained = ids + self.replay.extend(self.round, batches)  # replayed batches after the fresh (cache/replay)
         tasks = round_tasks(self.round, trained, epochs=self.shape.num_epochs, minibatches=self.shape.num_minibatches)
+        tasks = self.replay.weigh(tasks)  # prioritized replay's importance weights, one per batch
         self.rounds.learn(self.round, tasks, rs)
         self.job.trajectories.ack(ids)
         rs.redis_round_trips += self.cache.round_trips - trips0  # the control plane's own

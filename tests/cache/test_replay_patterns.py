@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from cache.replay import ReplayEntry, ReplaySettings
+from cache.replay import ReplayEntry, ReplaySettings, is_replay_id, replay_id
 from cache.replay.fifo import fifo_choice
 from cache.replay.pattern import replay_count
 from cache.replay.prioritized import Prioritized, importance_weights, priority_probabilities
@@ -99,3 +99,10 @@ def test_settings_name_the_bad_field() -> None:
     spec = {"algo": {"lr": 1e-3, "replay": "uniform", "replay_capacity": 8}}
     assert ReplaySettings.of_spec(spec) == ReplaySettings(replay="uniform", replay_capacity=8)
     assert ReplaySettings.of_spec({"algo": {"lr": 1e-3}}).replay == "full_batch"  # PPO: no replay fields
+
+
+def test_a_replay_id_is_r_and_a_stream_id() -> None:
+    assert replay_id("1712-0") == "r1712-0" and replay_id("r1712-0") == "r1712-0"
+    assert is_replay_id("r1712-0")
+    # Ids that only start with r are not replay ids: an actor's batch id in gradients_at_actors, say.
+    assert not is_replay_id("1712-0") and not is_replay_id("runner-3-ab12") and not is_replay_id("r")

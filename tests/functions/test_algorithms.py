@@ -9,11 +9,14 @@ import pytest
 import torch
 
 from cache.contract import AggregatorState
-from cache.records import GradientMeta, GradientRecord, LearnerTask, RecordError
+from cache.records import GradientMeta, GradientRecord, LearnerTask, ObsMoments, RecordError
 from functions.algos.algorithm import LearnInputs
 from functions.algos.config import CONFIGS, APPOConfig, IMPACTConfig, NetworkConfig, PPOConfig
 from functions.algos.registry import ALGORITHMS, algorithm_of
-from functions.learn import obs_moments
+from functions.gradient import gradient_record
+from functions.handlers import Stopwatch
+from functions.jobspec import JobSpec
+from functions.learn import column_weights, obs_moments, sample_weights, time_chunk
 from functions.policies import build_policy
 
 
@@ -112,3 +115,73 @@ def test_obs_moments_travel_as_a_field_of_the_gradient_record() -> None:
     )
     with pytest.raises(RecordError, match="reserved"):
         GradientRecord(meta, {"obs_moments/mean": torch.ones(2)})
+
+
+def test_batch_weights_expand_over_each_batchs_env_columns() -> None:
+    # batches of 2, 1 and 3 envs side by side (as `time_chunk` concatenates them), weights 1.0, 0.5, 0.25
+    w = column_weights([1.0, 0.5, 0.25], [2, 1, 3])
+    assert w.tolist() == [1.0, 1.0, 0.5, 0.25, 0.25, 0.25]
+    with pytest.raises(ValueError, match="2 batch weights for 3 batches"):
+        column_weights([1.0, 0.5], [2, 1, 3])
+    rng = np.random.default_rng(0)
+    batches = [_batch(rng, 8, 2), _batch(rng, 8, 3)]
+    weighted = LearnerTask(round=1, batch_ids=("1-0", "r0-0"), epoch=0, minibatch=1, num_minibatches=2,
+                           batch_weights=(1.0, 0.5))  # fmt: skip
+    chunk = time_chunk(batches, weighted, gamma=0.99)
+    per_sample = sample_weights(weighted, batches, chunk)
+    assert per_sample is not None and per_sample.shape == (4, 5) and per_sample.dtype == chunk.rewards.dtype
+    assert per_sample.tolist() == [[1.0, 1.0, 0.5, 0.5, 0.5]] * 4  # every step of a batch's envs: its weight
+    plain = LearnerTask(round=1, batch_ids=("1-0", "r0-0"), epoch=0, minibatch=1, num_minibatches=2)
+    assert sample_weights(plain, batches, chunk) is None  # no weights: the unweighted loss
+    ones = LearnerTask(1, ("1-0", "r0-0"), 0, 1, 2, batch_weights=(1.0, 1.0))
+    assert sample_weights(ones, batches, chunk) is None
+
+
+def _impact_gradient(task: LearnerTask) -> dict[str, torch.Tensor]:
+    torch.manual_seed(0)
+    obs_space, act_space = gym.spaces.Box(-5, 5, (4,)), gym.spaces.Discrete(2)
+    policy, target = (build_policy(obs_space, act_space, hidden=(8,)) for _ in range(2))
+    cfg = IMPACTConfig(kl_coef=1.0)
+    rng = np.random.default_rng(0)
+    data = algorithm_of(cfg).prepare([_batch(rng, 16, 2), _batch(rng, 16, 3)], cfg)
+    grads, _ = algorithm_of(cfg).gradient(policy, data, task, cfg, LearnInputs(others=[], target=target))
+    return grads
+
+
+def test_impact_gradient_takes_the_tasks_replay_weights() -> None:
+    plain = _impact_gradient(LearnerTask(1, ("2-0", "r1-0"), 0, 1, 4))
+    ones = _impact_gradient(LearnerTask(1, ("2-0", "r1-0"), 0, 1, 4, batch_weights=(1.0, 1.0)))
+    weighted = _impact_gradient(LearnerTask(1, ("2-0", "r1-0"), 0, 1, 4, batch_weights=(1.0, 0.5)))
+    assert all(torch.equal(plain[k], ones[k]) for k in plain)
+    assert any(not torch.allclose(plain[k], weighted[k]) for k in plain)
+
+
+def test_replayed_batches_are_left_out_of_the_obs_moments() -> None:
+    """A replayed batch (id r<stream id>) was folded into the normaliser when it was fresh: a round's moments cover
+    its fresh batches only, and a round of replayed batches alone sends none."""
+    torch.manual_seed(0)
+    policy = build_policy(gym.spaces.Box(-5, 5, (4,)), gym.spaces.Discrete(2), hidden=(8,), normalize_obs=True)
+    cfg = IMPACTConfig()
+    spec = JobSpec(job="j", env_id="CartPole-v1", algo=cfg, num_envs=2, actor_steps=8)
+    rng = np.random.default_rng(1)
+    fresh, replayed = _batch(rng, 8, 2), _batch(rng, 8, 3)
+    replayed["observations"] = replayed["observations"] + 100.0  # would move the mean visibly if counted
+
+    def moments(ids: tuple[str, ...], batches: list[dict[str, np.ndarray]], minibatch: int = 0) -> ObsMoments | None:
+        task = LearnerTask(1, ids, 0, minibatch, 2)
+        data = algorithm_of(cfg).prepare(batches, cfg)
+        record = gradient_record(
+            spec, policy, data, batches, task, LearnInputs(others=[], target=policy),
+            task_id="t", learner_id="l", base_version=0, device="cpu", compute=Stopwatch(),
+        )  # fmt: skip
+        return record.obs_moments
+
+    got = moments(("5-0", "r3-0"), [fresh, replayed])
+    want = obs_moments(policy, [fresh])
+    assert got is not None and got.count == 16.0  # 8 steps x 2 envs of the fresh batch; not the 24 replayed
+    torch.testing.assert_close(got.mean, want.mean)
+    torch.testing.assert_close(got.var, want.var)
+    assert moments(("r5-0", "r3-0"), [fresh, replayed]) is None  # replayed batches only: no moments
+    assert moments(("5-0", "r3-0"), [fresh, replayed], minibatch=1) is None  # once a round, as before
+    both = moments(("5-0", "6-0"), [fresh, replayed])  # fresh batches all count
+    assert both is not None and both.count == 40.0

@@ -88,6 +88,49 @@ def test_is_weights_replace_vtrace_rho() -> None:
     torch.testing.assert_close(advantages, terms.pg_advantages)
 
 
+def test_replay_weights_scale_each_samples_policy_and_value_terms() -> None:
+    # Prioritized replay's importance weights w = [1.0, 0.5] (Schaul et al. 2016) scale each sample's loss before
+    # the mean (÷ T = 2, not ÷ Σw); per-sample terms as in test_hand_computed_terms:
+    #   policy loss = −(1.0·2.8765 + 0.5·5.18)/2 = −(2.8765 + 2.59)/2 = −2.73325
+    #   value loss  = ½·(1.0·6.838225 + 0.5·13.69)/2 = ½·(6.838225 + 6.845)/2 = 3.42080625
+    #   KL and entropy are not weighted: 0.3 and 1.5
+    #   total = −2.73325 + 1.0·3.42080625 + 0.3 − 0.01·1.5 = 0.97255625
+    w = torch.tensor([1.0, 0.5], dtype=torch.float64)
+    terms = impact_loss(**_rollout(), clip=0.4, kl_coef=1.0, vf_coef=1.0, ent_coef=0.01, sample_weights=w)
+    assert terms.policy_loss.item() == pytest.approx(-2.73325)
+    assert terms.value_loss.item() == pytest.approx(3.42080625)
+    assert terms.kl_penalty.item() == pytest.approx(0.3) and terms.entropy.item() == pytest.approx(1.5)
+    assert terms.total.item() == pytest.approx(0.97255625)
+    # the targets and advantages (and so the priorities computed from them) are the unweighted ones
+    torch.testing.assert_close(terms.pg_advantages, torch.tensor([2.615, 3.7], dtype=torch.float64))
+
+
+@pytest.mark.parametrize("shape", [(2,), (8, 3)])
+def test_replay_weights_of_one_give_exactly_the_unweighted_loss_and_gradients(shape: tuple[int, ...]) -> None:
+    """Fresh batches and the uniform, fifo and full_batch patterns weigh 1.0: bit for bit the loss without weights."""
+    generator = torch.Generator().manual_seed(3)
+
+    def draw() -> torch.Tensor:
+        return torch.randn(shape, generator=generator, dtype=torch.float32)
+
+    new, target, behaviour = draw() * 0.3 - 1, draw() * 0.3 - 1, draw() * 0.3 - 1
+    rewards, values, entropy, kl = draw(), draw(), draw().abs(), draw().abs()
+    bootstrap = torch.randn(shape[1:], generator=generator)
+    discounts = torch.full(shape, 0.99)
+    out = []
+    for weights in (None, torch.ones(shape)):
+        leaf_new, leaf_values = new.clone().requires_grad_(True), values.clone().requires_grad_(True)
+        terms = impact_loss(
+            leaf_new, target, behaviour, rewards, leaf_values, bootstrap, discounts, entropy, kl,
+            clip=0.4, kl_coef=0.5, vf_coef=0.8, ent_coef=0.02, sample_weights=weights,
+        )  # fmt: skip
+        out.append((terms, torch.autograd.grad(terms.total, [leaf_new, leaf_values])))
+    (plain, plain_grads), (ones, ones_grads) = out
+    for name in ("policy_loss", "value_loss", "kl_penalty", "entropy", "total"):
+        assert torch.equal(getattr(plain, name), getattr(ones, name)), name
+    assert all(torch.equal(a, b) for a, b in zip(plain_grads, ones_grads, strict=True))
+
+
 @pytest.mark.parametrize("seed", [0, 1])
 @pytest.mark.parametrize("shape", [(5,), (8, 3)])
 def test_matches_reference_composition(seed: int, shape: tuple[int, ...]) -> None:

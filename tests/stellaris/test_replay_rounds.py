@@ -8,13 +8,16 @@ import csv
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
-from cache import BatchMeta, Cache
-from cache.replay import is_replay_id
+from cache import BatchMeta, Cache, JobCache, LearnerTask, TrajectoryBatch
+from cache.records import TRAJECTORY_ARRAYS
+from cache.replay import is_replay_id, replay_id
 from functions.algos.config import IMPACTConfig, NetworkConfig
 from functions.jobspec import JobSpec
+from functions.learn import sample_weights, time_chunk
 from stellaris.config import ConfigError, load_config
 from stellaris.control.replay_rounds import ReplayRounds
 from stellaris.control.rounds import RoundStats, round_tasks
@@ -39,6 +42,7 @@ class ReplayDriver(Driver):
         super().__init__(cache, spec)
         self.replay = ReplayRounds(self.job, spec.model_dump(mode="json"), seed=spec.seed, out_dir=out_dir)
         self.trained: list[list[str]] = []
+        self.weighted_rounds = 0  # rounds whose tasks carried importance weights other than 1.0
 
     def meta(self, bid: str) -> BatchMeta:
         entry = self.job.trajectories.stream.get(bid)
@@ -53,6 +57,8 @@ class ReplayDriver(Driver):
         self.trained.append(trained)
         algo = self.spec.algo
         tasks = round_tasks(self.round, trained, epochs=algo.num_epochs, minibatches=algo.num_minibatches)
+        tasks = self.replay.weigh(tasks)  # as the trainer does
+        self.weighted_rounds += any(t.batch_weights for t in tasks[:1])
         stats = RoundStats()
         rounds = self._rounds("stellaris", invocations=self.learners)
         try:
@@ -101,8 +107,66 @@ def test_prioritized_priorities_come_from_the_learners(cache_conn: Cache, job_id
         # entry starts with, and different batch to batch.
         assert len(priorities) == 3 and all(p is not None and p != 1.0 for p in priorities), priorities
         assert len(set(priorities)) == 3
+        for _ in range(4):  # until a round replays a batch of weight < 1 (seeded: the same round every run)
+            if driver.weighted_rounds:
+                break
+            driver.replay_round()
+        # The learners computed the weighted tasks (a task they could not decode would be dead-lettered).
+        assert driver.weighted_rounds >= 1 and driver.job.board.read_dead_letters("0-0") == []
     finally:
         driver.job.delete()
+
+
+def _land(job: JobCache, envs: int, seed: int) -> tuple[str, BatchMeta]:
+    """A batch of 4 steps of `envs` envs put on the job's stream and taken by the control plane's group."""
+    rng = np.random.default_rng(seed)
+    arrays = {k: rng.standard_normal((4, envs)).astype(np.float32) for k in TRAJECTORY_ARRAYS}
+    arrays |= {"terminations": np.zeros((4, envs), bool), "truncations": np.zeros((4, envs), bool)}
+    arrays["last_observations"] = rng.standard_normal(envs).astype(np.float32)
+    job.trajectories.put(TrajectoryBatch("actor-0", 0, 4 * envs, arrays))
+    [(bid, meta)] = job.trajectories.take("control", count=1, block_s=1.0)
+    return bid, meta
+
+
+def test_prioritized_round_tasks_carry_the_samplers_weights_to_the_learner(job: JobCache) -> None:
+    """Two held batches with priorities 1 and 4 (α = 0.6, β = 0.4): P(i) ∝ p_i^α, so w_i = (N·P(i))^−β over the
+    largest is 1.0 for the first and (1/4)^(αβ) = 4^−0.24 for the second. A round's task, enqueued and claimed
+    through the cache as a learner claims it, carries these weights (1.0 for its fresh batch), and the learner
+    spreads each over that batch's env columns."""
+    replay = ReplayRounds(job, {"algo": {"replay": "prioritized", "replay_ratio": 0.75}}, seed=0)
+    first, second = _land(job, 2, 0), _land(job, 3, 1)
+    replay.extend(1, [first])
+    replay.extend(2, [second])
+    replay.pattern.update_priorities({first[0]: 1.0, second[0]: 4.0})  # what learners write (replay_feedback)
+    fresh = _land(job, 2, 2)
+    trained = [fresh[0], *replay.extend(3, [fresh])]
+    tasks = replay.weigh(round_tasks(3, trained, epochs=1, minibatches=2))
+    expected = {replay_id(first[0]): 1.0, replay_id(second[0]): 4.0**-0.24}
+    assert len(trained) == 4 and replay_id(second[0]) in trained  # 3 replayed (ratio 0.75), with replacement
+    want = tuple([1.0] + [expected[rid] for rid in trained[1:]])
+
+    job.policies.initialise(b"w0")
+    job.board.enqueue(tasks, close_round=3, timeout_s=1.0)
+    claim = job.board.claim("learner-0")
+    assert claim.task is not None
+    task = LearnerTask.from_fields(claim.task.fields)
+    assert task.batch_ids == tuple(trained)
+    assert task.batch_weights == pytest.approx(want)
+    batches = [job.trajectories.get(bid) for bid in task.batch_ids]  # replayed ones from the store
+    arrays = [b.arrays for b in batches if b is not None]
+    per_sample = sample_weights(task, arrays, time_chunk(arrays, task, gamma=0.99))
+    columns = [w for w, b in zip(want, arrays, strict=True) for _ in range(b["rewards"].shape[1])]
+    assert per_sample is not None and per_sample.shape == (2, len(columns))
+    torch.testing.assert_close(per_sample, torch.tensor([columns, columns], dtype=torch.float32))
+
+
+def test_uniform_round_tasks_carry_no_weights(job: JobCache) -> None:
+    replay = ReplayRounds(job, {"algo": {"replay": "uniform", "replay_ratio": 0.5}}, seed=0)
+    replay.extend(1, [_land(job, 2, 0)])
+    fresh = _land(job, 2, 1)
+    trained = [fresh[0], *replay.extend(2, [fresh])]
+    tasks = round_tasks(2, trained, epochs=1, minibatches=2)
+    assert len(trained) == 2 and replay.weigh(tasks) == tasks  # every weight 1.0: the tasks as they were
 
 
 def test_full_batch_keeps_todays_rounds(cache_conn: Cache, job_id: str, tmp_path: Path) -> None:
