@@ -38,6 +38,7 @@ def appo_loss(
     normalize_advantages: bool = False,
     is_weights: Tensor | None = None,
     truncation_form: TruncationForm = "surrogate",
+    sample_weights: Tensor | None = None,
 ) -> APPOLossTerms:
     """APPO: V-trace w.r.t. the learner policy, PPO's clipped surrogate on π_θ/μ, KL, entropy, value loss.
 
@@ -84,5 +85,6 @@ def appo_loss(
         ent_coef=ent_coef,
         is_weights=is_weights,
         truncation_form=truncation_form,
+        sample_weights=sample_weights,  # prioritized replay's importance weights (as IMPACT's)
     )
     return APPOLossTerms(**vars(terms), vs=vs, pg_advantages=pg_advantages)

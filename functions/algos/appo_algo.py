@@ -11,7 +11,7 @@ from functions.algos.algorithm import Algorithm, Gradient, LearnInputs
 from functions.algos.appo import appo_loss
 from functions.algos.config import APPOConfig
 from functions.algos.replay_priority import replay_priority_stats
-from functions.learn import Batch, flat, gradients, is_weights, loss_stats, time_chunk
+from functions.learn import Batch, flat, gradients, is_weights, loss_stats, sample_weights, time_chunk
 from functions.policies import ActorCritic
 
 
@@ -55,6 +55,7 @@ def gradient(
         normalize_advantages=cfg.normalize_advantages,
         is_weights=weights,
         truncation_form=cfg.stellaris.truncation_form,
+        sample_weights=sample_weights(task, data, chunk),
     )
     grads = gradients(policy, terms.total, cfg.max_grad_norm)
     return grads, stats | loss_stats(terms, kl=terms.approx_kl, samples=t_len * n) | replay_priority_stats(

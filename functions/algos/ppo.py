@@ -66,13 +66,21 @@ def clipped_surrogate(
 
 
 def value_loss(
-    values: Tensor, returns: Tensor, *, old_values: Tensor | None = None, vf_clip: float | None = None
+    values: Tensor,
+    returns: Tensor,
+    *,
+    old_values: Tensor | None = None,
+    vf_clip: float | None = None,
+    sample_weights: Tensor | None = None,
 ) -> Tensor:
-    """½·mean((V − R)²); with ``old_values`` and ``vf_clip`` the PPO2 clipped form ½·mean(max(·, ·))."""
+    """½·mean((V − R)²); with ``old_values`` and ``vf_clip`` the PPO2 clipped form ½·mean(max(·, ·)); with
+    ``sample_weights`` each sample's term is scaled before the mean."""
     squared = (values - returns) ** 2
     if old_values is not None and vf_clip is not None:
         clipped_values = old_values + torch.clamp(values - old_values, -vf_clip, vf_clip)
         squared = torch.maximum(squared, (clipped_values - returns) ** 2)
+    if sample_weights is not None:
+        squared = sample_weights * squared
     return 0.5 * squared.mean()
 
 
@@ -93,6 +101,7 @@ def ppo_loss(
     truncation_form: TruncationForm = "surrogate",
     old_values: Tensor | None = None,
     vf_clip: float | None = None,
+    sample_weights: Tensor | None = None,
 ) -> PPOLossTerms:
     """PPO loss: −surrogate + c_v·value loss + β_KL·KL − c_e·entropy, summed here and nowhere else.
 
@@ -100,12 +109,15 @@ def ppo_loss(
     behaviour policy that collected the batch (``behaviour_log_probs``). ``kl`` is the per-sample
     KL(μ ‖ π_θ) (RLlib's adaptive-KL term; may be None when ``kl_coef`` is 0), ``entropy`` the per-sample
     entropy of π_θ, ``values`` the critic output for the batch and ``returns`` its targets. ``is_weights``
-    is R' (paper Eq. 2); with it the unclipped term uses r̃ (see ``clipped_surrogate``).
+    is R' (paper Eq. 2); with it the unclipped term uses r̃ (see ``clipped_surrogate``). ``sample_weights``
+    (prioritized replay's importance weights, APPO) scale each sample's surrogate and value term before the mean.
     """
     ratio = torch.exp(new_log_probs - behaviour_log_probs)
     surrogate = clipped_surrogate(ratio, advantages, clip=clip, is_weights=is_weights, form=truncation_form)
+    if sample_weights is not None:
+        surrogate = sample_weights * surrogate
     policy_loss = -surrogate.mean()
-    v_loss = value_loss(values, returns, old_values=old_values, vf_clip=vf_clip)
+    v_loss = value_loss(values, returns, old_values=old_values, vf_clip=vf_clip, sample_weights=sample_weights)
     if kl is None:
         if kl_coef != 0.0:
             raise ValueError("kl is required when kl_coef is non-zero")

@@ -137,21 +137,21 @@ def test_batch_weights_expand_over_each_batchs_env_columns() -> None:
     assert sample_weights(ones, batches, chunk) is None
 
 
-def _impact_gradient(task: LearnerTask) -> dict[str, torch.Tensor]:
+def _replay_gradient(task: LearnerTask, cfg: IMPACTConfig | APPOConfig) -> dict[str, torch.Tensor]:
     torch.manual_seed(0)
     obs_space, act_space = gym.spaces.Box(-5, 5, (4,)), gym.spaces.Discrete(2)
     policy, target = (build_policy(obs_space, act_space, hidden=(8,)) for _ in range(2))
-    cfg = IMPACTConfig(kl_coef=1.0)
     rng = np.random.default_rng(0)
     data = algorithm_of(cfg).prepare([_batch(rng, 16, 2), _batch(rng, 16, 3)], cfg)
     grads, _ = algorithm_of(cfg).gradient(policy, data, task, cfg, LearnInputs(others=[], target=target))
     return grads
 
 
-def test_impact_gradient_takes_the_tasks_replay_weights() -> None:
-    plain = _impact_gradient(LearnerTask(1, ("2-0", "r1-0"), 0, 1, 4))
-    ones = _impact_gradient(LearnerTask(1, ("2-0", "r1-0"), 0, 1, 4, batch_weights=(1.0, 1.0)))
-    weighted = _impact_gradient(LearnerTask(1, ("2-0", "r1-0"), 0, 1, 4, batch_weights=(1.0, 0.5)))
+@pytest.mark.parametrize("cfg", [IMPACTConfig(kl_coef=1.0), APPOConfig(kl_coef=1.0)], ids=["impact", "appo"])
+def test_replay_algorithms_gradients_take_the_tasks_replay_weights(cfg: IMPACTConfig | APPOConfig) -> None:
+    plain = _replay_gradient(LearnerTask(1, ("2-0", "r1-0"), 0, 1, 4), cfg)
+    ones = _replay_gradient(LearnerTask(1, ("2-0", "r1-0"), 0, 1, 4, batch_weights=(1.0, 1.0)), cfg)
+    weighted = _replay_gradient(LearnerTask(1, ("2-0", "r1-0"), 0, 1, 4, batch_weights=(1.0, 0.5)), cfg)
     assert all(torch.equal(plain[k], ones[k]) for k in plain)
     assert any(not torch.allclose(plain[k], weighted[k]) for k in plain)
 

@@ -96,6 +96,25 @@ def test_policy_loss_gradient_through_truncated_ratio() -> None:
     assert grads[1] == pytest.approx(-0.45)
 
 
+def test_sample_weights_scale_each_samples_surrogate_and_value_term() -> None:
+    # APPO with prioritized replay: w = [1.0, 0.5] on test_hand_computed_terms' batch, scaled before the mean:
+    #   policy loss = −(1.0·2.4 + 0.5·(−0.8))/2 = −(2.4 − 0.4)/2 = −1.0
+    #   value loss  = ½·(1.0·1 + 0.5·4)/2 = ½·1.5 = 0.75
+    #   KL 0.1 and entropy 0.75 are not weighted: total = −1.0 + 0.75 + 0.1 − 0.0075 = −0.1575
+    w = torch.tensor([1.0, 0.5], dtype=torch.float64)
+    terms = ppo_loss(**_batch(), clip=0.2, kl_coef=0.5, vf_coef=1.0, ent_coef=0.01, sample_weights=w)
+    assert terms.policy_loss.item() == pytest.approx(-1.0)
+    assert terms.value_loss.item() == pytest.approx(0.75)
+    assert terms.total.item() == pytest.approx(-0.1575)
+    ones = ppo_loss(**_batch(), clip=0.2, kl_coef=0.5, vf_coef=1.0, ent_coef=0.01, sample_weights=torch.ones(2))
+    plain = ppo_loss(**_batch(), clip=0.2, kl_coef=0.5, vf_coef=1.0, ent_coef=0.01)
+    assert torch.equal(ones.total, plain.total)
+    # the clipped value form weighs the max of the two: V = 2, V_old = 1, ε_v = 0.2, R = 2 → ½·0.5·0.64 = 0.16
+    values, old, returns = (torch.tensor([x], dtype=torch.float64) for x in (2.0, 1.0, 2.0))
+    half = torch.tensor([0.5], dtype=torch.float64)
+    assert value_loss(values, returns, old_values=old, vf_clip=0.2, sample_weights=half).item() == pytest.approx(0.16)
+
+
 def test_clipped_value_loss() -> None:
     # V = 2.0, V_old = 1.0, ε_v = 0.2, R = 2.0: unclipped (2 − 2)² = 0; clipped V = 1.2 → (1.2 − 2)² = 0.64
     # ½·max(0, 0.64) = 0.32
