@@ -167,6 +167,11 @@ class Cache:
         """A separate client (own pool) on the same server or cluster, e.g. for a thread that blocks on reads."""
         return self._client(self.url)
 
+    def server_died(self) -> bool:
+        """Whether this cache's embedded server exited on its own: everything in it is gone, so there is nothing
+        left for anyone to finish (an external server may come back, and is never reported here)."""
+        return self.server is not None and not self.server.is_alive()
+
     def close(self) -> None:
         client = getattr(self, "client", None)
         if isinstance(client, redis.cluster.RedisCluster):

@@ -107,6 +107,16 @@ class EmbeddedRedis:
                 f"{self._proc.returncode}; last log lines:\n{self.log_tail()}"
             )
 
+    def wait_until_dead(self) -> bool:
+        """Block until the server process exits: True when it died on its own, False once stopped on purpose."""
+        proc = self._proc
+        while proc is not None:
+            proc.wait()
+            if self._proc is proc:
+                return True
+            proc = self._proc  # stopped (None) or restarted since: follow the current one
+        return False
+
     # -- lifecycle --------------------------------------------------------------------------------------------
     def start(self) -> EmbeddedRedis:
         if self._proc is not None:

@@ -15,7 +15,7 @@ from typing import Any
 
 import redis
 
-from cache import Cache, JobCache, acl
+from cache import Cache, CacheError, JobCache, acl
 from cache.acl import JOB_ENV
 from cache.connection import REDIS_PASSWORD_ENV, REDIS_USER_ENV
 from cache.contract.runtime_http import DEVICE_ENV
@@ -159,8 +159,12 @@ class Deployment:
 
     def _watch_redis(self) -> None:
         while not self.closed.wait(REDIS_WATCH_S):
-            with contextlib.suppress(redis.RedisError):
+            try:
                 self.watch_client.ping()
+            except redis.RedisError:
+                pass
+            except CacheError:
+                return  # the embedded server died: the run's cache watch ends the run (stellaris/control/cache_watch)
 
     def revoke(self) -> None:
         if self.job_url is not None:
@@ -222,6 +226,9 @@ class Deployment:
     def stop_actors(self) -> None:
         self.actor_procs += self.stopping
         self.stopping = []
+        if self.cache.server_died():  # no batch of theirs can land any more: do not wait for them to give up
+            for proc in self.actor_procs:
+                proc.kill()
         for proc in self.actor_procs:
             proc.terminate()
         for proc in self.actor_procs:

@@ -57,6 +57,7 @@ class Platform:
         self.gateway_token = gateway_token
         self.gateway_proc: subprocess.Popen[str] | None = None
         self.cache: Cache | None = None
+        self.closing = False
         self.gateway: GatewayClient | None = None
         self.namespace = f"local-{secrets.token_hex(4)}"
         self.gateway_restarts = 0
@@ -130,6 +131,8 @@ class Platform:
     def recover_gateway(self) -> str:
         """Bring the gateway back after a request could not reach it; returns its URL (the GatewayClient's hook)."""
         assert self.gateway_url is not None
+        if self.closing:  # calls still in flight when the run ends must not start a gateway again
+            raise PlatformError(f"the gateway at {self.gateway_url} is stopping with the run")
         if self.gateway_proc is not None:
             try:  # a killed process refuses connections a moment before it can be reaped
                 self.gateway_proc.wait(timeout=GATEWAY_EXIT_S)
@@ -152,10 +155,13 @@ class Platform:
         raise PlatformError(f"the gateway at {self.gateway_url} did not come back within {GATEWAY_RECOVER_S:.0f} s")
 
     def close(self) -> None:
+        self.closing = True
         if self.gateway is not None:
             self.gateway.close()
         if self.gateway_proc is not None:
-            stop_process(self.gateway_proc, 60)
+            # With the embedded Redis dead, its instances (which die with it) have nothing left to drain or finish.
+            died = self.cache is not None and self.cache.server_died()
+            stop_process(self.gateway_proc, 0 if died else 60)
         if self.ray is not None:
             self.ray.stop()
         if self.cache is not None:

@@ -12,6 +12,7 @@ from rich.table import Table
 
 from cache import RedisServerDied
 from stellaris.config import TrainConfig
+from stellaris.control.cache_watch import CacheWatch
 from stellaris.control.outputs import RunDir, fmt
 from stellaris.control.platform import Platform
 from stellaris.control.progress import clock, eta_s, sparkline
@@ -114,6 +115,7 @@ def run_training(cfg: TrainConfig, *, resume: bool = False) -> int:
             ray_address=cfg.ray_address,
         ) as p:
             trainer = Trainer(cfg, p, run, state=state)
+            watch = CacheWatch(p.cache.server if p.cache is not None else None).start()
             try:
                 trainer.setup()
                 console.print(f"run directory: {run.path}", highlight=False, soft_wrap=True)  # a failed start has none
@@ -141,6 +143,7 @@ def run_training(cfg: TrainConfig, *, resume: bool = False) -> int:
                 _raise_if_cache_died(p, exc)
                 raise
             finally:
+                watch.stop()
                 trainer.close()
         completed = True
     except RedisServerDied as died:

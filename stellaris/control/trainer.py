@@ -16,7 +16,7 @@ from typing import Any
 
 import redis
 
-from cache import BatchMeta, JobCache, JobLimits
+from cache import BatchMeta, CacheError, JobCache, JobLimits
 from cache.contract import AggregatorState, InitResult, RoundShape
 from stellaris.config import TrainConfig
 from stellaris.control.billing import Billing
@@ -260,7 +260,7 @@ class Trainer:
         if not self.finished and self.round > 0:
             # Stopped mid-round: end the round's invocations, or their calls would outlive the control plane (a
             # learner waits for tasks that never come) and exiting would wait on them.
-            with contextlib.suppress(redis.RedisError):
+            with contextlib.suppress(redis.RedisError, CacheError):
                 self.job.stop_round(self.round)
         self.rounds.close()
         if self.last_policy is not None:

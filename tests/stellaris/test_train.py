@@ -268,18 +268,39 @@ def test_a_run_stopped_mid_round_ends_its_invocations_on_a_shared_deployment(red
 
 def test_a_dead_embedded_redis_is_reported_in_one_line_with_its_log_tail(tmp_path: Path) -> None:
     """kill -9 of the embedded redis-server mid-run: the run exits 1 with the RedisServerDied message (exit code
-    and log tail) as its last words, not the traceback of whichever call noticed first, and leaves no process."""
-    # A short reconnect window: the gateway's and the functions' clients give up sooner (the default 30 s each made
-    # this test take 120 s); the control plane's own check names the dead server either way.
-    cmd = train_cmd(tmp_path, "--rounds", "1000", "--out", str(tmp_path / "run"))
-    proc = start_until_round(cmd, 2, STELLARIS_REDIS_RECONNECT_S="3")
+    and log tail) as its last words, not the traceback of whichever call noticed first, and leaves no process. It
+    ends at once: with reconnect windows of 600 s the functions and the gateway would still be retrying when the
+    wait below gives up (before the cache watch: 98 s with the default 30 s windows, and 44 s for this test's
+    kill; with it 2-3 s)."""
+    out = tmp_path / "run"
+    # Sync rounds of 64 tasks: most of a round is the control plane waiting on its learner invocations (the moment
+    # the windows held it before the watch; right after a round its own Redis calls notice at once).
+    cmd = train_cmd(tmp_path, "--rounds", "1000", "--mode", "sync", "--out", str(out),
+                    overrides={**FAST_CARTPOLE["overrides"], "num_minibatches": 8, "num_epochs": 8})  # fmt: skip
+    proc = start_until_round(cmd, 2, STELLARIS_REDIS_RECONNECT_S="600")
     assert proc.stderr is not None
     kids = descendants(proc.pid)
     [server] = [pid for pid in kids if Path(f"/proc/{pid}/comm").read_text().strip() == "redis-server"]
+    [gateway] = [pid for pid in kids if Path(f"/proc/{pid}/cmdline").read_bytes().endswith(b"-m\0gateway\0")]
+    environ = dict(v.split(b"=", 1) for v in Path(f"/proc/{gateway}/environ").read_bytes().split(b"\0") if b"=" in v)
+    job = JobKeys(json.loads((out / "state.json").read_text())["job"])
+    with redis.Redis.from_url(environ[b"REDIS_URL"].decode()) as client:  # the embedded server's URL
+        deadline = time.monotonic() + 60
+        while not client.zcard(job.learner_deadlines):  # a learner invocation holds a lease: it is in flight
+            assert time.monotonic() < deadline, "no learner invocation of round 3 started"
+            time.sleep(0.01)
+    lines, reader = read_on(proc)
     os.kill(server, signal.SIGKILL)
-    rest = proc.stderr.read()
-    assert proc.wait(timeout=120) == 1, rest[-3000:]
+    try:
+        code = proc.wait(timeout=30)  # a bound on hanging: it ends in 2-3 s here, 44 s before the watch
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        pytest.fail("the run outlived its dead Redis by 30 s: it waited on the reconnect windows")
+    reader.join(30)
+    rest = "".join(lines)
+    assert code == 1, rest[-3000:]
     tail = rest[rest.rfind("error:") :]
+    assert "starting it again" not in rest, rest[-3000:]  # a gateway that stops with the run is not restarted
     assert "embedded redis-server" in tail and "exited with code -9" in tail and "last log lines" in tail, rest[-3000:]
     assert "Traceback" not in tail
     for pid in kids:
