@@ -152,6 +152,7 @@ def test_sync_mode_applies_one_update_per_step_with_zero_staleness(redis_server,
     assert all(g[4] == 0 for e in log for g in e["gradients"])
 
 
+@pytest.mark.slow  # a fault run over 40 s (45 s here): CI's long stage (make test-long)
 def test_learners_killed_mid_task_lose_and_repeat_nothing(redis_server, cache_conn, job_id, cleanup) -> None:
     """Learner invocations are killed with SIGKILL at random moments and replaced; their tasks are taken over once
     their leases run out. Every task still yields exactly one applied gradient, and no live task is stolen."""
