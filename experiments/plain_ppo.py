@@ -2,7 +2,8 @@
 
 The end-to-end baseline of `python -m experiments.bench`: the same hyperparameters as the `fast` preset (CleanRL's
 MuJoCo PPO: 2048 steps per round, 32 minibatches x 10 epochs, lr 3e-4, clip 0.2, GAE 0.95, 64x64 tanh, observation
-and reward normalisation) so env steps per second compare like for like.
+and reward normalisation, the learning rate annealed linearly over the rounds) so env steps per second compare like
+for like.
 
     python -m experiments.plain_ppo --env Hopper-v5 --rounds 5
 """
@@ -30,6 +31,7 @@ class Hyper:
     clip: float = 0.2
     vf_coef: float = 0.5
     max_grad_norm: float = 0.5
+    anneal_lr: bool = True  # CleanRL's default: lr * (1 - (i - 1) / rounds) in round i
 
 
 def layer(i: int, o: int, gain: float = 2**0.5) -> nn.Linear:
@@ -70,8 +72,10 @@ def train(env_id: str, rounds: int, seed: int = 0, h: Hyper = Hyper()) -> list[R
     opt = torch.optim.Adam(agent.parameters(), lr=h.lr, eps=1e-5)
     obs, _ = env.reset(seed=seed)
     results = []
-    for _ in range(rounds):
+    for i in range(rounds):
         t0 = time.perf_counter()
+        if h.anneal_lr:
+            opt.param_groups[0]["lr"] = h.lr * (1.0 - i / rounds)
         o = np.zeros((h.steps, obs_dim), np.float32)
         a = np.zeros((h.steps, act_dim), np.float32)
         logp, rew, val = (np.zeros(h.steps, np.float32) for _ in range(3))

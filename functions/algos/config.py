@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, m
 
 from cache.contract.knobs import StellarisKnobs, rule_field
 from cache.replay.config import ReplaySettings
+from functions.algos.lr_schedule import LrSchedule
 from functions.algos.staleness import AggregationRule, Rule
 from functions.algos.staleness_equations import Schedule
 
@@ -75,6 +76,8 @@ class _AlgoConfig(_Frozen):
     """Fields shared by PPO and IMPACT; defaults are the paper's MuJoCo settings."""
 
     lr: PositiveFloat
+    # "linear": annealed towards 0 over the run's planned rounds (CleanRL's anneal_lr; `lr_schedule.learning_rate`)
+    lr_schedule: LrSchedule = "constant"
     gamma: Annotated[float, Field(gt=0.0, le=1.0)] = 0.99
     train_batch_size: PositiveInt = 4096
     num_minibatches: PositiveInt = 4
@@ -156,6 +159,7 @@ CONFIGS: Mapping[str, type[PPOConfig] | type[IMPACTConfig] | type[APPOConfig]] =
 
 _FAST_MUJOCO: dict[str, object] = {
     "lr": 3e-4,
+    "lr_schedule": "linear",
     "train_batch_size": 2048,
     "num_minibatches": 32,
     "num_epochs": 10,
@@ -171,6 +175,7 @@ _FAST_MUJOCO: dict[str, object] = {
 }
 _FAST_ATARI: dict[str, object] = {
     "lr": 2.5e-4,
+    "lr_schedule": "linear",
     "train_batch_size": 1024,
     "num_minibatches": 4,
     "num_epochs": 4,

@@ -20,6 +20,7 @@ from cache import CodecError, FencingError, GradientMeta, GradientRecord, JobCac
 from cache.contract import AggregatorState, AppliedGradient, AppliedRow, DecisionRow, ParameterResult
 from cache.policy_store import UpdateLease
 from cache.streams import Entry
+from functions.algos.lr_schedule import learning_rate
 from functions.algos.registry import algorithm_of
 from functions.algos.staleness import (
     AggregationRule,
@@ -177,7 +178,13 @@ class _Server:
                 self._dead_letter(gid, f"payload unreadable: {type(exc).__name__}: {exc}")
                 return  # decide again without it
         model = self.model
+        cfg = self.spec.algo
+        lr = learning_rate(
+            cfg.lr, cfg.lr_schedule, round_k=max(record.round_k, 1), horizon_rounds=self.rule.horizon_rounds
+        )
         with self.compute:
+            for group in model.optimizer.param_groups:
+                group["lr"] = lr
             scales = gradient_scales(self.rule, record.stalenesses[: record.count])
             parts = [to_device(r.tensors, self.ctx.device) for r in records]
             for grads in optimizer_step_gradients(parts, scales, self.spec.algo.stellaris.optimizer_steps):

@@ -1,0 +1,66 @@
+"""The learning rate over a run (`functions.algos.lr_schedule`): hand-computed rates, and the parameter function
+stepping with round k's rate."""
+
+from __future__ import annotations
+
+import pytest
+
+from cache import Cache
+from functions.algos.config import StellarisConfig, preset
+from functions.algos.lr_schedule import learning_rate
+from tests.functions.driver import Driver
+from tests.functions.test_pipeline import small_spec
+
+
+@pytest.mark.parametrize(
+    ("round_k", "horizon", "expected"),
+    [
+        (1, 4, 3e-4),  # the first round steps with the full rate
+        (2, 4, 2.25e-4),  # 3e-4 * (1 - 1/4)
+        (4, 4, 7.5e-5),  # the last planned round: 3e-4 / 4
+        (9, 4, 7.5e-5),  # past the horizon (a resumed run given more rounds) it stays at lr / N
+        (123, 245, 3e-4 * 123 / 245),  # a 500k-step Hopper run halfway
+    ],
+)
+def test_linear_anneals_towards_zero_over_the_planned_rounds(round_k: int, horizon: int, expected: float) -> None:
+    assert learning_rate(3e-4, "linear", round_k=round_k, horizon_rounds=horizon) == pytest.approx(expected, rel=1e-12)
+
+
+def test_constant_and_an_unknown_horizon_keep_the_base_rate() -> None:
+    assert learning_rate(3e-4, "constant", round_k=50, horizon_rounds=100) == 3e-4
+    assert learning_rate(3e-4, "linear", round_k=50, horizon_rounds=None) == 3e-4  # a run bounded by minutes only
+
+
+def test_bad_inputs_are_named() -> None:
+    with pytest.raises(ValueError, match="round_k counts from 1"):
+        learning_rate(3e-4, "linear", round_k=0, horizon_rounds=4)
+    with pytest.raises(ValueError, match="horizon_rounds"):
+        learning_rate(3e-4, "linear", round_k=1, horizon_rounds=0)
+    with pytest.raises(ValueError, match="unknown learning-rate schedule 'cosine'"):
+        learning_rate(3e-4, "cosine", round_k=1, horizon_rounds=4)  # type: ignore[arg-type]
+
+
+def test_the_fast_preset_anneals_as_cleanrl_does_and_the_paper_preset_does_not() -> None:
+    assert preset("fast", "ppo", "mujoco").lr_schedule == "linear"
+    assert preset("fast", "ppo", "atari").lr_schedule == "linear"
+    assert preset("paper", "ppo", "mujoco").lr_schedule == "constant"
+
+
+@pytest.mark.parametrize(("schedule", "round_2_lr"), [("linear", 5e-4), ("constant", 1e-3)])
+def test_the_parameter_function_steps_with_the_rate_of_the_round_it_aggregates(
+    cache_conn: Cache, job_id: str, schedule: str, round_2_lr: float
+) -> None:
+    spec = small_spec(job_id)
+    algo = spec.algo.model_copy(
+        update={"lr_schedule": schedule, "stellaris": StellarisConfig(horizon_rounds=2)}
+    )  # 1e-3 over a 2-round horizon
+    driver = Driver(cache_conn, spec.model_copy(update={"algo": algo}), actors=1)
+    rates = []
+    try:
+        for _ in range(2):
+            driver.run_round(mode="stellaris")
+            (model,) = driver.instance.memo.models.values()  # the parameter function's warm policy and optimizer
+            rates.append([g["lr"] for g in model.optimizer.param_groups])
+    finally:
+        driver.job.delete()
+    assert rates == [[pytest.approx(1e-3)], [pytest.approx(round_2_lr)]]
