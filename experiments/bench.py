@@ -6,7 +6,8 @@
 4. end-to-end: `stellaris train` env steps/s vs a single-process PPO loop written the plain way (plain_ppo.py),
    same hyperparameters (fast preset), same machine, alternated A B A B A B and reported as the median ratio over
    the pairs with its min–max. The same `stellaris train` runs give the platform overhead share of a round's
-   function time and, when info.csv has the columns, the Redis round trips per applied gradient.
+   function time, when info.csv has the columns the Redis round trips per applied gradient, and the CPU per env
+   step of all the run's processes (read from /proc as rounds 1 and N land) against the plain loop's.
 
     python -m experiments.bench --only end-to-end --pairs 3 --rounds 21 --json bench.json
 """
@@ -21,6 +22,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -30,6 +32,7 @@ from rich.console import Console
 from rich.table import Table
 
 from experiments import bench_actor, bench_cache, bench_gateway, plain_ppo
+from experiments.proc_cpu import tree_cpu_s
 from experiments.summary import read_info
 
 PARTS = ("cache", "gateway", "actor", "end-to-end")
@@ -37,6 +40,7 @@ SIDES = ("ours", "plain")  # A, B of each end-to-end pair
 REPORT_PAIRS_MIN = 3  # fewer A/B pairs than this and the end-to-end rows are marked preliminary
 REPORT_STEADY_ROUNDS_MIN = 20  # likewise for steady rounds (rounds 2..N) per side
 OLD_TRIPS_PER_GRADIENT = 33.0  # Redis commands per learner+parameter pair, measured before the protocol rewrite
+POLL_S = 0.2  # how often a `stellaris train` run's info.csv is looked at, to read its CPU as rounds 1 and N land
 
 
 @dataclass
@@ -69,6 +73,7 @@ class Pair:
 
     info: list[dict[str, float]]
     plain: list[plain_ppo.RoundResult]
+    ours_cpu_s: float | None = None  # CPU seconds of all the run's processes over rounds 2..N (None: not read)
 
 
 def cache_rows(seconds: float, repeats: int, console: Console) -> list[Row]:
@@ -191,6 +196,39 @@ def round_trips_row(pairs: list[Pair]) -> Row | None:
     )
 
 
+def cpu_per_step(pair: Pair) -> tuple[float, float] | None:
+    """(ours, plain) CPU seconds per env step over rounds 2..N, every process of the run counted; None unless read."""
+    if pair.ours_cpu_s is None:
+        return None
+    ours_steps = pair.info[-1]["env_steps"] - pair.info[0]["env_steps"]
+    plain_cpu = sum(r.cpu_seconds for r in pair.plain[1:])
+    plain_steps = sum(r.env_steps for r in pair.plain[1:])
+    if ours_steps <= 0 or plain_steps <= 0 or plain_cpu <= 0:
+        return None
+    return pair.ours_cpu_s / ours_steps, plain_cpu / plain_steps
+
+
+def cpu_row(pairs: list[Pair]) -> Row | None:
+    """CPU per env step, ours (all processes: functions, gateway, control plane, Redis) vs the plain loop's; None
+    when a pair lacks the readings."""
+    per_pair = [cpu_per_step(p) for p in pairs]
+    if not per_pair or any(c is None for c in per_pair):
+        return None
+    ours = [c[0] for c in per_pair if c is not None]
+    plain = [c[1] for c in per_pair if c is not None]
+    ratio = Spread.of([o / b for o, b in zip(ours, plain, strict=True)])
+    wall = sum(sum(r["duration"] for r in p.info[1:]) for p in pairs)
+    cores = sum(p.ours_cpu_s or 0.0 for p in pairs) / wall
+    return Row(
+        "CPU per env step, all processes of the run (steady rounds)",
+        f"{statistics.median(ours) * 1e3:.2f} ms/step (median; {cores:.2f} cores busy)",
+        f"{statistics.median(plain) * 1e3:.2f} ms/step (median)",
+        ratio.median,
+        f"per-pair ratio min–max {ratio.lo:.2f}–{ratio.hi:.2f}x; end-to-end ≥ 1.5x on 2 cores needs ≤ 1.33x here "
+        "with both cores busy",
+    )
+
+
 def end_to_end_rows(env: str, pairs: list[Pair]) -> list[Row]:
     """The overhead-share, round-trips and end-to-end rows from the A/B pairs' results."""
     steady = [p.info[1:] for p in pairs]
@@ -220,9 +258,7 @@ def end_to_end_rows(env: str, pairs: list[Pair]) -> list[Row]:
             f"waiting for the batch{wait_note}",
         )
     ]
-    trips = round_trips_row(pairs)
-    if trips is not None:
-        rows.append(trips)
+    rows += [r for r in (round_trips_row(pairs), cpu_row(pairs)) if r is not None]
 
     ours = [ours_rate(p.info) for p in pairs]
     plain = [plain_rate(p.plain) for p in pairs]
@@ -240,32 +276,51 @@ def end_to_end_rows(env: str, pairs: list[Pair]) -> list[Row]:
     return rows
 
 
-def run_ours(env: str, rounds: int, seed: int, tmp: Path) -> list[dict[str, float]]:
-    """One `stellaris train` run of the fast preset in its own process; its info.csv rows."""
+def rows_written(info_csv: Path) -> int:
+    """Rounds an info.csv holds so far (lines after the header)."""
+    try:
+        return max(info_csv.read_bytes().count(b"\n") - 1, 0)
+    except FileNotFoundError:
+        return 0
+
+
+def run_ours(env: str, rounds: int, seed: int, tmp: Path) -> tuple[list[dict[str, float]], float | None]:
+    """One `stellaris train` run of the fast preset in its own process: its info.csv rows, and the CPU seconds its
+    processes spent between round 1's row and round N's (None if either was missed)."""
     run = tmp / f"run-{seed}"
     cmd = [sys.executable, "-m", "stellaris.cli", "train", "--env", env, "--preset", "fast"]
     cmd += ["--rounds", str(rounds), "--seed", str(seed), "--out", str(run)]
     log = tmp / f"log-{seed}.txt"
+    first: float | None = None  # the run's CPU seconds as round 1's row lands, then as round N's does
+    last: float | None = None
     with log.open("w") as f:
-        code = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env={**os.environ}).returncode
-    if code != 0:
-        raise RuntimeError(f"stellaris train failed ({code}): {log.read_text()[-2000:]}")
-    return read_info(run)
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env={**os.environ})
+        while proc.poll() is None:
+            written = rows_written(run / "info.csv")
+            if first is None and written >= 1:
+                first = tree_cpu_s(proc.pid)
+            if last is None and written >= rounds:
+                last = tree_cpu_s(proc.pid)
+            time.sleep(POLL_S)
+    if proc.returncode != 0:
+        raise RuntimeError(f"stellaris train failed ({proc.returncode}): {log.read_text()[-2000:]}")
+    return read_info(run), None if first is None or last is None else last - first
 
 
 def training_rows(env: str, rounds: int, pairs: int, console: Console) -> list[Row]:
     info: dict[int, list[dict[str, float]]] = {}
+    cpu: dict[int, float | None] = {}
     plain: dict[int, list[plain_ppo.RoundResult]] = {}
     with tempfile.TemporaryDirectory(prefix="stellaris-bench-") as tmp:
         for i, side in ab_schedule(pairs):
             console.log(f"end-to-end pair {i + 1}/{pairs}: {side} ({rounds} rounds of the fast preset, seed {i})")
             if side == "ours":
-                info[i] = run_ours(env, rounds, i, Path(tmp))
+                info[i], cpu[i] = run_ours(env, rounds, i, Path(tmp))
                 console.log(f"  stellaris train: {ours_rate(info[i]):,.0f} steps/s over rounds 2..N")
             else:
                 plain[i] = plain_ppo.train(env, rounds, seed=i)
                 console.log(f"  plain PPO: {plain_rate(plain[i]):,.0f} steps/s over rounds 2..N")
-    return end_to_end_rows(env, [Pair(info[i], plain[i]) for i in range(pairs)])
+    return end_to_end_rows(env, [Pair(info[i], plain[i], cpu[i]) for i in range(pairs)])
 
 
 # --- output -----------------------------------------------------------------------------------------------------------

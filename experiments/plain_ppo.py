@@ -57,6 +57,7 @@ class RoundResult:
     seconds: float
     env_steps: int
     episode_returns: list[float]
+    cpu_seconds: float = 0.0  # this process's CPU time over the round (every thread)
 
 
 def train(env_id: str, rounds: int, seed: int = 0, h: Hyper = Hyper()) -> list[RoundResult]:
@@ -73,7 +74,7 @@ def train(env_id: str, rounds: int, seed: int = 0, h: Hyper = Hyper()) -> list[R
     obs, _ = env.reset(seed=seed)
     results = []
     for i in range(rounds):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         if h.anneal_lr:
             opt.param_groups[0]["lr"] = h.lr * (1.0 - i / rounds)
         o = np.zeros((h.steps, obs_dim), np.float32)
@@ -120,7 +121,7 @@ def train(env_id: str, rounds: int, seed: int = 0, h: Hyper = Hyper()) -> list[R
                 loss.backward()
                 nn.utils.clip_grad_norm_(agent.parameters(), h.max_grad_norm)
                 opt.step()
-        results.append(RoundResult(time.perf_counter() - t0, h.steps, returns))
+        results.append(RoundResult(time.perf_counter() - t0, h.steps, returns, time.process_time() - c0))
     env.close()
     return results
 

@@ -16,9 +16,11 @@ from experiments.bench import (
     Row,
     Spread,
     ab_schedule,
+    cpu_row,
     end_to_end_rows,
     round_trips,
     round_trips_row,
+    rows_written,
     select_parts,
     write_json,
 )
@@ -134,6 +136,38 @@ def test_round_trips_row_is_skipped_without_the_columns() -> None:
     assert round_trips_row(_pairs(3)) is None
     assert round_trips([{"redis_round_trips": math.nan, "gradients_applied": 2.0}]) is None  # a blank in info.csv
     assert not any("Redis" in r.benchmark for r in end_to_end_rows("Hopper-v5", _pairs(3)))
+
+
+def _cpu_pair(ours_cpu_s: float | None, plain_cpu_s: float) -> Pair:
+    """3 rounds of 1,000 steps a side, 2 s each for ours; the plain loop's round 1 (start-up) costs 100 CPU s."""
+    plain = [RoundResult(100.0, STEPS, [], 100.0)] + [RoundResult(1.0, STEPS, [], plain_cpu_s) for _ in range(2)]
+    return Pair(_info(3, 2.0, 1.0), plain, ours_cpu_s)
+
+
+def test_cpu_per_env_step_is_the_median_per_pair_ratio_over_steady_rounds() -> None:
+    # ours 6, 3, 8 CPU s over 2,000 steps = 3, 1.5, 4 ms/step; plain 1, 1, 0.5 ms/step -> ratios 3, 1.5, 8
+    pairs = [_cpu_pair(6.0, 1.0), _cpu_pair(3.0, 1.0), _cpu_pair(8.0, 0.5)]
+    row = cpu_row(pairs)
+    assert row is not None
+    assert row.ratio == pytest.approx(3.0)
+    assert row.ours == "3.00 ms/step (median; 1.42 cores busy)"  # 17 CPU s over 12 s of steady rounds
+    assert row.baseline == "1.00 ms/step (median)"  # round 1's 100 CPU s left out
+    assert "min–max 1.50–8.00x" in row.note
+    assert [r.benchmark for r in end_to_end_rows("Hopper-v5", pairs)].count(row.benchmark) == 1
+
+
+def test_cpu_row_is_skipped_when_a_run_was_not_read() -> None:
+    assert cpu_row([_cpu_pair(6.0, 1.0), _cpu_pair(None, 1.0)]) is None
+    assert not any("CPU" in r.benchmark for r in end_to_end_rows("Hopper-v5", _pairs(3)))
+
+
+def test_rows_written_counts_the_rounds_in_an_info_csv(tmp_path: Path) -> None:
+    info = tmp_path / "info.csv"
+    assert rows_written(info) == 0  # not there yet
+    info.write_text("round_id,duration\n")
+    assert rows_written(info) == 0
+    info.write_text("round_id,duration\n1,2.0\n2,1.5\n")
+    assert rows_written(info) == 2
 
 
 def test_json_has_exactly_the_table_keys(tmp_path: Path) -> None:

@@ -1,0 +1,44 @@
+"""`experiments.proc_cpu.tree_cpu_s` against real processes: a live grandchild's CPU and a reaped child's count."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from experiments.proc_cpu import tree_cpu_s
+
+# Burns 0.3 s of CPU time (not wall time: the machine may be busy), then touches argv[1] and, with argv[2] "stay",
+# sleeps on.
+BURNER = """import pathlib, sys, time
+while time.process_time() < 0.3:
+    pass
+pathlib.Path(sys.argv[1]).touch()
+if sys.argv[2] == "stay":
+    time.sleep(60)
+"""
+
+
+def test_a_live_descendant_and_a_reaped_child_are_counted(tmp_path: Path) -> None:
+    burner, reaped, live = tmp_path / "burner.py", tmp_path / "reaped", tmp_path / "live"
+    burner.write_text(BURNER)
+    # The shell runs one burner to its end (reaped: its CPU moves to the shell's cutime), then one that stays.
+    script = f"{sys.executable} {burner} {reaped} go && exec {sys.executable} {burner} {live} stay"
+    proc = subprocess.Popen(["bash", "-c", f"( {script} ) & wait"])
+    try:
+        deadline = time.monotonic() + 60
+        while not live.exists():  # the second burner is done burning
+            assert proc.poll() is None and time.monotonic() < deadline, "the burners never finished"
+            time.sleep(0.02)
+        assert reaped.exists()
+        assert tree_cpu_s(proc.pid) >= 0.55  # two burners' 0.3 s each, less clock ticks rounding down
+    finally:
+        subprocess.run(["pkill", "-f", str(live)], check=False)
+        proc.wait(timeout=30)
+
+
+def test_a_gone_process_counts_nothing() -> None:
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    assert tree_cpu_s(proc.pid) == 0.0
