@@ -45,7 +45,8 @@ class TrainConfig(StellarisKnobs, DistributionKnob, ElasticOptions, TriggerField
     preset: Literal["paper", "fast"] = Field(
         default="fast",
         description="hyperparameters: paper (the Stellaris paper's; PPO: lr 5e-5, 4096-step batches, 256x256 net) "
-        "or fast (CleanRL/SB3's PPO: lr 3e-4, 2048-step batches, 32 minibatches, 10 epochs, 64x64 net)",
+        "or fast (CleanRL/SB3's PPO: lr 3e-4 annealed over the run, 2048-step batches, 32 minibatches, 10 epochs, "
+        "64x64 net)",
     )
     mode: Mode = rule_field()
     rounds: int | None = Field(default=None, gt=0, description="stop after this many rounds")

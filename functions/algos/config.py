@@ -3,9 +3,10 @@
 ``paper`` is Tables II and III of the Stellaris paper; where the tables are silent it takes RLlib's
 defaults, which the paper ran on (PPO: 10 epochs as in the authors' scripts, advantage standardisation;
 IMPACT: 1 epoch, gradient-norm clip 40). ``fast`` is what CleanRL and Stable-Baselines3 use for PPO
-(MuJoCo: lr 3e-4, 2048 steps, minibatches of 64, 10 epochs, clip 0.2, λ 0.95, no KL penalty, 64×64 tanh,
-observation and reward normalisation; Atari: CleanRL's ``ppo_atari`` settings). ``paper`` keeps Eq. 3's
-β_k = δ_max·d^k literally; ``fast`` uses the long-run ``horizon_floor`` schedule (``staleness.Schedule``).
+(MuJoCo: lr 3e-4 annealed linearly over the run, 2048 steps, minibatches of 64, 10 epochs, clip 0.2, λ 0.95, no KL
+penalty, 64×64 tanh, observation and reward normalisation; Atari: CleanRL's ``ppo_atari`` settings). ``paper``
+keeps Eq. 3's β_k = δ_max·d^k literally; ``fast`` uses the long-run ``horizon_floor`` schedule
+(``staleness.Schedule``).
 """
 
 from __future__ import annotations
