@@ -46,7 +46,7 @@ def is_weights(
 ) -> tuple[Tensor, dict[str, float]]:
     """R' (paper Eq. 2) against the policies other learners hold, and its statistics."""
     with torch.no_grad():
-        other = [p.evaluate(obs, actions)[0] for p in others]
+        other = [p.distribution(obs).log_prob(actions) for p in others]  # no critic or entropy: log-probs only
         other_logp = torch.stack(other) if other else own_logp.new_zeros((0, *own_logp.shape))
         weights = truncated_is_weight(own_logp.detach(), other_logp, behaviour_logp, rho=rho)
         stats = truncation_stats(own_logp.detach(), other_logp, behaviour_logp, rho=rho)

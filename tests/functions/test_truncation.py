@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import math
 
+import gymnasium as gym
 import pytest
 import torch
 
 from functions.algos.truncation import truncate_ratios, truncated_is_weight, truncation_stats
+from functions.learn import is_weights
+from functions.policies import build_policy
 
 
 def _log(*probabilities: float) -> torch.Tensor:
@@ -117,3 +120,19 @@ def test_computed_without_gradient_and_shape_checked() -> None:
     assert not weights.requires_grad
     with pytest.raises(ValueError, match="other_log_probs"):
         truncated_is_weight(own, _log(0.4, 0.6), _log(0.5, 0.5))
+
+
+@pytest.mark.parametrize("action_space", [gym.spaces.Discrete(3), gym.spaces.Box(-1, 1, (2,))])
+def test_learners_weigh_against_the_other_held_policies_log_probs(action_space: gym.spaces.Space) -> None:
+    """`learn.is_weights` takes each held policy's log π(a|s) (and nothing else of it): R' as Eq. 2 gives it."""
+    torch.manual_seed(0)
+    obs_space = gym.spaces.Box(-5, 5, (4,))
+    own, *others = (build_policy(obs_space, action_space, hidden=(8,), normalize_obs=True) for _ in range(3))
+    obs = torch.randn(16, 4)
+    actions = torch.stack([torch.as_tensor(action_space.sample()) for _ in range(16)])
+    own_logp = own.evaluate(obs, actions)[0]
+    behaviour = own_logp.detach() + 0.1 * torch.randn(16)
+    weights, stats = is_weights(own_logp, others, obs, actions, behaviour, rho=1.0)
+    held = torch.stack([p.evaluate(obs, actions)[0] for p in others]).detach()
+    torch.testing.assert_close(weights, truncated_is_weight(own_logp.detach(), held, behaviour, rho=1.0))
+    assert stats["other_policies"] == 2.0
