@@ -17,7 +17,9 @@ CHANGE_ROUND, ROUNDS, WINDOW, MIN_ACTORS, MAX_ACTORS = 6, 9, 3, 1, 6
 
 
 def learners_at(round_k: int) -> int:
-    return 1 if round_k < CHANGE_ROUND else 2
+    # 1 -> 3 rather than 1 -> 2: on 2 shared cores the measured demand per learner can sit near 0.6 actors, where
+    # doubling it stays inside the controller's dead band around 1 actor (CI, stop 23); tripling it leaves the band.
+    return 1 if round_k < CHANGE_ROUND else 3
 
 
 @pytest.mark.slow  # 9 rounds, up to 6 actor processes: over 40 s (the long stage)
@@ -26,7 +28,7 @@ def test_actor_count_follows_a_learner_change_within_bounds(tmp_path: Path) -> N
     cmd = train_cmd(
         tmp_path, "--out", str(out), rounds=ROUNDS, actors=1, learners=1, elastic_actors=True,
         min_actors=MIN_ACTORS, max_actors=MAX_ACTORS, elastic_window=WINDOW,
-        learner_schedule=f"1@1,2@{CHANGE_ROUND}",
+        learner_schedule=f"1@1,{learners_at(CHANGE_ROUND)}@{CHANGE_ROUND}",
     )  # fmt: skip
     proc = run_train(cmd)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -38,6 +40,7 @@ def test_actor_count_follows_a_learner_change_within_bounds(tmp_path: Path) -> N
     assert [int(r["learners"]) for r in rows] == [learners_at(k) for k in range(1, ROUNDS + 1)]
 
     controller = ActorController(min_actors=MIN_ACTORS, max_actors=MAX_ACTORS, window=WINDOW, lam=0.2)
+    moved_early = False  # whether the look-ahead (planned learners) changed a decision
     for k, row in enumerate(rows, start=1):
         before, after = int(row["num_actors"]), int(row["actors"])
         assert MIN_ACTORS <= after <= MAX_ACTORS
@@ -52,18 +55,29 @@ def test_actor_count_follows_a_learner_change_within_bounds(tmp_path: Path) -> N
         # ahead): the trainer applies the controller, nothing else moves the count.
         if row["actors_per_learner"] not in ("", "nan"):
             controller.demands.append(float(row["actors_per_learner"]))
-            assert controller.decide(before, max(learners_at(k + 1), learners_at(k + 2))) == after
+            soon, planned = learners_at(k + 1), max(learners_at(k + 1), learners_at(k + 2))
+            wanted = controller.wanted(planned)
+            if wanted is None:
+                assert row["actor_demand"] == "nan"
+            else:  # feed-forward: the demand is per learner, scaled by the learners planned, before any is measured
+                assert math.isclose(float(row["actor_demand"]), round(wanted, 3))
+            base = controller.decide(before, soon)
+            assert controller.decide(before, planned) == after
+            # Actors added for learners that arrive only in the round after next are pre-warmed ones.
+            assert int(row["actors_prewarmed"]) == max(0, after - max(base, before))
+            moved_early |= after > max(base, before)
         else:
-            assert after == before
+            assert after == before and int(row["actors_prewarmed"]) == 0
         # No batch lost: every batch of every actor, stopped ones included, consumed in sequence.
         assert int(row["batches_lost"]) == 0
         assert float(row["batch_wait_s"]) >= 0.0 and float(row["backlog_steps"]) >= 0.0
 
-    # The actor count follows the learner change (2 learners from CHANGE_ROUND): the measured demand per learner is
-    # then doubled; the change is planned, so round k's end already plans for the learners of round k + 2 and the new
-    # actors serve the round before the change (pre-warmed). So after rounds CHANGE_ROUND - 2 .. CHANGE_ROUND there
-    # are more actors than after round CHANGE_ROUND - 3, the last decided for one learner.
-    settled = int(rows[CHANGE_ROUND - 4]["actors"])
-    follow = [int(r["actors"]) for r in rows[CHANGE_ROUND - 3 : CHANGE_ROUND]]
-    assert max(follow) > settled, (settled, follow, [r["actor_demand"] for r in rows])
-    assert sum(int(r["actors_prewarmed"]) for r in rows[CHANGE_ROUND - 3 : CHANGE_ROUND - 1]) > 0
+    # The actor count follows the learner change (3 learners from CHANGE_ROUND): the change is planned, so round
+    # CHANGE_ROUND - 2 already decides for 3 learners and the added actors serve the round before the change,
+    # pre-warmed. The count rises there unless the tripled measured demand stays inside the dead band (on 2 shared
+    # cores it can: the replay above checks the decision either way).
+    ahead = rows[CHANGE_ROUND - 3]
+    settled, wanted = int(ahead["num_actors"]), float(ahead["actor_demand"])
+    if wanted - settled > max(0.2 * settled, 0.5) and settled < MAX_ACTORS:
+        assert int(ahead["actors"]) > settled, (settled, [r["actor_demand"] for r in rows])
+        assert int(ahead["actors_prewarmed"]) > 0 and moved_early
