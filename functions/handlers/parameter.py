@@ -130,8 +130,17 @@ class _Server:
             # neither the queue nor in flight (those landing after it are counted twice: a harmless deferral).
             self.take(self.job.gradients.read(self.last_id, count=READ_COUNT))
         held = sorted(versions)[:tasks]
-        idle = tasks == 0 and gradients == 0 and closed >= self.until_round
+        # Gradients of later rounds (gradients_at_actors: actors run ahead) wait for their round's invocation.
+        later = len(self.queue) - len(self.visible())
+        idle = tasks == 0 and gradients <= later and closed >= self.until_round
         return (*held, *([self.version] * (tasks - len(held)))), idle
+
+    def visible(self) -> list[tuple[str, GradientMeta]]:
+        """The queued gradients this invocation may apply: those of its round and earlier ones (all, without a
+        round). A run of N rounds thus applies the gradients of rounds 1..N, whatever its actors computed ahead."""
+        if not self.until_round:
+            return list(self.queue.items())
+        return [(gid, m) for gid, m in self.queue.items() if m.round <= self.until_round]
 
     @property
     def since(self) -> float:
@@ -144,7 +153,7 @@ class _Server:
     def step(self, sync_expected: int | None) -> tuple[bool, bool]:
         """Decide once; apply when the rule says so. Returns (published, nothing left to do)."""
         in_flight, idle = self.look()
-        queued = list(self.queue.items())
+        queued = self.visible()
         newest = max((m.round for _, m in queued), default=self.state.round_k)
         if newest > self.state.round_k:
             # Round boundary: the algorithm acts on the state (PPO's KL coefficient, the target network), which
@@ -238,7 +247,8 @@ class _Server:
 
 def handle(event: dict[str, Any], ctx: Context) -> dict[str, Any]:
     """Apply the job's gradients as they land until nothing is queued or in flight and round `round` (when given)
-    is closed, or until a stop event or `max_s`. `init` creates the job instead."""
+    is closed, or until a stop event or `max_s`. With `round`, gradients of later rounds are left queued for their
+    own round's invocation. `init` creates the job instead."""
     job = ctx.job(job_id_of(event))
     device = ctx.device  # a bad STELLARIS_DEVICE fails the call here
     if event.get("init"):

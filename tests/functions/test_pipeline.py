@@ -224,6 +224,25 @@ def test_a_parameter_crash_around_publish_applies_every_gradient_once(
     assert_exactly_once(job, 1, tasks_per_round=8)
 
 
+def test_a_parameter_invocation_leaves_later_rounds_gradients_to_their_round(cache_conn, job_id, cleanup) -> None:
+    """Gradients of round 2 that land while round 1's invocation runs (gradients_at_actors: actors run ahead) are not
+    applied by it: it ends once round 1's are applied, and round 2's invocation applies the rest. So a run of N
+    rounds applies the gradients of rounds 1..N, whatever was computed ahead."""
+    driver = Driver(cache_conn, small_spec(job_id, Rule.ASYNC), actors=1, limits=JobLimits(gradient_maxlen=1024))
+    job = driver.job
+    cleanup.append(job)
+    for round_k in (1, 2):
+        driver.round = round_k
+        driver.enqueue(driver.tasks(driver.collect(), range(2)), close=True)
+        driver.learner({"job": job_id, "round": round_k})
+    assert job.gradients.length() == 16 and job.policies.version() == 0
+    assert driver.parameter({"job": job_id, "round": 1})["status"] == "ok"
+    assert {g[2] for e in applied_log(job) for g in e["gradients"]} == {1}
+    assert job.gradients.length() == 8  # round 2's, all of them
+    assert driver.parameter({"job": job_id, "round": 2})["status"] == "ok"
+    assert_exactly_once(job, 2, tasks_per_round=8)
+
+
 def test_racing_parameter_invocations_never_publish_twice(redis_server, cache_conn, job_id, cleanup) -> None:
     driver = Driver(cache_conn, small_spec(job_id, Rule.ASYNC), actors=1, limits=JobLimits(gradient_maxlen=1024))
     job = driver.job
