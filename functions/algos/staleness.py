@@ -237,6 +237,13 @@ class AggregationRule:
     ssp_bound: int = 2
 
 
+def applies_from_queue_alone(rule: AggregationRule) -> bool:
+    """Whether the rule's decision to apply depends on the queued gradients alone: then work in flight only turns a
+    deferral into a flush, and a caller may decide without looking at it first, as long as it looks before it
+    defers. True for the Stellaris rule with d > 0 (d = 0 waits for the round's tasks) and for async."""
+    return (rule.rule is Rule.STELLARIS and rule.d > 0.0) or rule.rule is Rule.ASYNC
+
+
 def decide(
     rule: AggregationRule, state: AggregationState, snapshot: QueueSnapshot, *, sync_expected: int | None = None
 ) -> DecisionRecord:

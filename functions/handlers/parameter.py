@@ -16,11 +16,11 @@ import time
 from collections import deque
 from typing import Any, Literal
 
-from cache import CodecError, FencingError, GradientMeta, GradientRecord, JobCache, LeaseUnavailable, RecordError
+from cache import CodecError, FencingError, GradientMeta, JobCache, LeaseUnavailable, RecordError
 from cache.contract import AggregatorState, AppliedGradient, AppliedRow, DecisionRow, ParameterResult
+from cache.contract.triggers import ParameterTrigger
 from cache.policy_store import UpdateLease
 from cache.streams import Entry
-from functions.algos.lr_schedule import learning_rate
 from functions.algos.registry import algorithm_of
 from functions.algos.staleness import (
     AggregationRule,
@@ -28,16 +28,14 @@ from functions.algos.staleness import (
     Decision,
     DecisionRecord,
     QueueSnapshot,
+    applies_from_queue_alone,
     decide,
-    gradient_scales,
     observe,
 )
-from functions.algos.staleness_equations import optimizer_step_gradients
-from functions.context import Context, WarmModel
-from functions.device import to_device
+from functions.context import Context
 from functions.faults import fault_point
 from functions.handlers import Stopwatch, job_id_of
-from functions.handlers.parameter_setup import initialise, keep_warm, kept, warm_model
+from functions.handlers.parameter_setup import initialise, keep_warm, kept, update, warm_model
 from functions.jobspec import JobSpec
 from functions.serialize import optimizer_to_bytes, policy_to_bytes
 from functions.warm import spec_of
@@ -46,15 +44,6 @@ from functions.warm import spec_of
 BLOCK_S = 1.0
 READ_COUNT = 256
 DECISIONS_KEPT = 256  # the newest applied decisions returned to the caller (the applied log has them all)
-
-
-def _fold_obs_moments(model: WarmModel, records: list[GradientRecord]) -> None:
-    normalizer = model.policy.obs_normalizer
-    if normalizer is None:
-        return
-    for m in (r.obs_moments for r in records):
-        if m is not None:
-            normalizer.update_from_moments(m.mean, m.var, m.count)
 
 
 class _Server:
@@ -78,6 +67,7 @@ class _Server:
         self.stop = False
         self.unsaved = 0  # updates since the optimizer state was last stored
         self.trigger, self.owed, self.fired_at = spec.parameter_trigger, 0, -math.inf  # owed: a firing's unapplied
+        self.from_queue_alone = applies_from_queue_alone(self.rule) and self.trigger == ParameterTrigger()
 
     # -- reading ----------------------------------------------------------------------------------------------
     def take(self, entries: list[Entry]) -> None:
@@ -138,9 +128,7 @@ class _Server:
     def visible(self) -> list[tuple[str, GradientMeta]]:
         """The queued gradients this invocation may apply: those of its round and earlier ones (all, without a
         round). A run of N rounds thus applies the gradients of rounds 1..N, whatever its actors computed ahead."""
-        if not self.until_round:
-            return list(self.queue.items())
-        return [(gid, m) for gid, m in self.queue.items() if m.round <= self.until_round]
+        return [(gid, m) for gid, m in self.queue.items() if not self.until_round or m.round <= self.until_round]
 
     @property
     def since(self) -> float:
@@ -151,8 +139,18 @@ class _Server:
         return self.model.version
 
     def step(self, sync_expected: int | None) -> tuple[bool, bool]:
-        """Decide once; apply when the rule says so. Returns (published, nothing left to do)."""
+        """Decide once; apply when the rule says so. Returns (published, nothing left to do). A rule that applies from
+        the queue alone (the default trigger) skips the look at work in flight when it applies: a round trip saved."""
+        if self.from_queue_alone and self.visible() and self.decide_and_apply(None, sync_expected):
+            return True, False
         in_flight, idle = self.look()
+        if self.decide_and_apply(in_flight, sync_expected):
+            return True, False
+        return False, idle
+
+    def decide_and_apply(self, in_flight: tuple[int, ...] | None, sync_expected: int | None) -> bool:
+        """Decide on the queue; apply when the rule says so. `in_flight` None: not looked at (unknown, at least
+        one), and only a decision to apply is acted on: the rule takes it whatever is in flight."""
         queued = self.visible()
         newest = max((m.round for _, m in queued), default=self.state.round_k)
         if newest > self.state.round_k:
@@ -162,20 +160,24 @@ class _Server:
             self.state = algorithm_of(cfg).start_round(self.state, cfg, new_round=newest, version=self.version)
             self.job.aggregator.put(self.state)
         state = AggregationState(round_k=self.state.round_k, delta_max=self.state.delta_max)
-        # The job's trigger shows the rule whole groups of K (README, "Declarative triggers"); the rest wait, as if
-        # in flight. The default shows it the whole queue.
-        seen = self.trigger.visible(
-            queued=len(queued), in_flight=len(in_flight), owed=self.owed, since_fire_s=self.since
-        )
-        self.fired_at = time.monotonic() if seen > self.owed else self.fired_at
         versions = tuple(m.base_version for _, m in queued)
-        snapshot = QueueSnapshot(self.version, versions[:seen], in_flight + versions[seen:])
+        if in_flight is None:
+            seen, snapshot = len(queued), QueueSnapshot(self.version, versions, (self.version,))
+        else:
+            # The job's trigger shows the rule whole groups of K (README, "Declarative triggers"); the rest wait,
+            # as if in flight. The default shows it the whole queue.
+            seen = self.trigger.visible(
+                queued=len(queued), in_flight=len(in_flight), owed=self.owed, since_fire_s=self.since
+            )
+            self.fired_at = time.monotonic() if seen > self.owed else self.fired_at
+            snapshot = QueueSnapshot(self.version, versions[:seen], in_flight + versions[seen:])
         record = decide(self.rule, state, snapshot, sync_expected=sync_expected)
+        if in_flight is None and not record.applies:
+            return False
         self.owed = seen - record.count if record.applies else seen
-        if not record.applies:
-            return False, idle
-        self.apply(queued[: record.count], record, state)
-        return True, False
+        if record.applies:
+            self.apply(queued[: record.count], record, state)
+        return record.applies
 
     def apply(self, used: list[tuple[str, GradientMeta]], record: DecisionRecord, state: AggregationState) -> None:
         ids = [gid for gid, _ in used]
@@ -187,20 +189,8 @@ class _Server:
                 self._dead_letter(gid, f"payload unreadable: {type(exc).__name__}: {exc}")
                 return  # decide again without it
         model = self.model
-        cfg = self.spec.algo
-        lr = learning_rate(
-            cfg.lr, cfg.lr_schedule, round_k=max(record.round_k, 1), horizon_rounds=self.rule.horizon_rounds
-        )
         with self.compute:
-            for group in model.optimizer.param_groups:
-                group["lr"] = lr
-            scales = gradient_scales(self.rule, record.stalenesses[: record.count])
-            parts = [to_device(r.tensors, self.ctx.device) for r in records]
-            for grads in optimizer_step_gradients(parts, scales, self.spec.algo.stellaris.optimizer_steps):
-                for name, p in model.policy.named_parameters():
-                    p.grad = grads[name].clone()
-                model.optimizer.step()
-            _fold_obs_moments(model, records)
+            update(model, self.spec.algo, self.rule, record, records, self.ctx.device)
 
         observed = observe(state, record)
         kls = [float(m.stats["approx_kl"]) for _, m in used if "approx_kl" in m.stats]

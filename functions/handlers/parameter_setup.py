@@ -1,5 +1,5 @@
 """The parameter function's setup around its serving loop: creating a job (`init`), the warm policy and optimizer
-it resumes from, and the update lease kept alive while it serves."""
+it resumes from, the update lease kept alive while it serves, and one aggregation's update of the model."""
 
 from __future__ import annotations
 
@@ -9,11 +9,17 @@ from collections.abc import Iterator
 from typing import Any
 
 import redis
+import torch
 
-from cache import JobCache
+from cache import GradientRecord, JobCache
 from cache.contract import InitResult
 from cache.policy_store import UpdateLease
+from functions.algos.config import AlgoConfig
+from functions.algos.lr_schedule import learning_rate
+from functions.algos.staleness import AggregationRule, DecisionRecord, gradient_scales
+from functions.algos.staleness_equations import optimizer_step_gradients
 from functions.context import Context, WarmModel
+from functions.device import to_device
 from functions.jobspec import JobRequest, JobSpec, resolve, save_spec
 from functions.serialize import build_optimizer, load_optimizer_bytes, load_policy_bytes, policy_to_bytes
 from functions.warm import new_policy, spec_of
@@ -34,6 +40,27 @@ def warm_model(ctx: Context, job: JobCache, spec: JobSpec, optimizer_name: str) 
     optimizer = build_optimizer(optimizer_name, list(policy.parameters()), lr=spec.algo.lr)
     load_optimizer_bytes(optimizer, job.policies.optimizer_state() or b"")
     return WarmModel(version, policy, optimizer)
+
+
+def update(
+    model: WarmModel, cfg: AlgoConfig, rule: AggregationRule, record: DecisionRecord, records: list[GradientRecord],
+    device: torch.device,
+) -> None:  # fmt: skip
+    """One aggregation's update of the model: the optimizer steps on the scaled gradients at the round's learning
+    rate, then the gradients' observation moments (a round's fresh batches) into the policy's normaliser."""
+    lr = learning_rate(cfg.lr, cfg.lr_schedule, round_k=max(record.round_k, 1), horizon_rounds=rule.horizon_rounds)
+    for group in model.optimizer.param_groups:
+        group["lr"] = lr
+    parts = [to_device(r.tensors, device) for r in records]
+    scales = gradient_scales(rule, record.stalenesses[: record.count])
+    for grads in optimizer_step_gradients(parts, scales, cfg.stellaris.optimizer_steps):
+        for name, p in model.policy.named_parameters():
+            p.grad = grads[name].clone()
+        model.optimizer.step()
+    normalizer = model.policy.obs_normalizer
+    for m in (r.obs_moments for r in records):
+        if m is not None and normalizer is not None:
+            normalizer.update_from_moments(m.mean, m.var, m.count)
 
 
 def keep_warm(ctx: Context, job: JobCache, optimizer_name: str, model: WarmModel) -> None:
