@@ -75,8 +75,12 @@ class Pair:
 
     info: list[dict[str, float]]
     plain: list[plain_ppo.RoundResult]
-    ours_cpu_s: float | None = None  # CPU seconds of all the run's processes over rounds 2..N (None: not read)
-    ours_cpu_by_kind: dict[str, float] | None = None  # the same, by `process_kind`
+    ours_cpu_by_kind: dict[str, float] | None = None  # CPU s of the run's processes over rounds 2..N, by `process_kind`
+
+    @property
+    def ours_cpu_s(self) -> float | None:
+        """CPU seconds of all the run's processes over rounds 2..N (None: not read)."""
+        return None if self.ours_cpu_by_kind is None else sum(self.ours_cpu_by_kind.values())
 
 
 def cache_rows(seconds: float, repeats: int, console: Console) -> list[Row]:
@@ -369,11 +373,7 @@ def training_rows(env: str, rounds: int, pairs: int, console: Console) -> list[R
             else:
                 plain[i] = plain_ppo.train(env, rounds, seed=i)
                 console.log(f"  plain PPO: {plain_rate(plain[i]):,.0f} steps/s over rounds 2..N")
-    return end_to_end_rows(env, [pair(info[i], plain[i], cpu[i]) for i in range(pairs)])
-
-
-def pair(info: list[dict[str, float]], plain: list[plain_ppo.RoundResult], cpu: dict[str, float] | None) -> Pair:
-    return Pair(info, plain, None if cpu is None else sum(cpu.values()), cpu)
+    return end_to_end_rows(env, [Pair(info[i], plain[i], cpu[i]) for i in range(pairs)])
 
 
 # --- output -----------------------------------------------------------------------------------------------------------

@@ -53,8 +53,3 @@ def tree_cpu_by_kind(root: int, kind: Callable[[str], str]) -> dict[str, float]:
             totals[name] = totals.get(name, 0.0) + cpu[pid]
         todo += children.get(pid, [])
     return totals
-
-
-def tree_cpu_s(root: int) -> float:
-    """CPU seconds of `root` and every live descendant (0.0 when `root` is gone)."""
-    return sum(tree_cpu_by_kind(root, lambda _: "all").values())

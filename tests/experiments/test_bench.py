@@ -19,7 +19,6 @@ from experiments.bench import (
     cpu_by_process_row,
     cpu_row,
     end_to_end_rows,
-    pair,
     process_kind,
     round_trips,
     round_trips_row,
@@ -144,7 +143,7 @@ def test_round_trips_row_is_skipped_without_the_columns() -> None:
 def _cpu_pair(ours_cpu_s: float | None, plain_cpu_s: float) -> Pair:
     """3 rounds of 1,000 steps a side, 2 s each for ours; the plain loop's round 1 (start-up) costs 100 CPU s."""
     plain = [RoundResult(100.0, STEPS, [], 100.0)] + [RoundResult(1.0, STEPS, [], plain_cpu_s) for _ in range(2)]
-    return Pair(_info(3, 2.0, 1.0), plain, ours_cpu_s)
+    return Pair(_info(3, 2.0, 1.0), plain, None if ours_cpu_s is None else {"learners": ours_cpu_s})
 
 
 def test_cpu_per_env_step_is_the_median_per_pair_ratio_over_steady_rounds() -> None:
@@ -185,7 +184,7 @@ def test_cpu_by_process_is_pooled_per_env_step_against_the_plain_loops_collectio
         {"actors": 2.0, "learners": 3.0, "parameter": 1.0, "redis": 0.5, "gateway": 0.1, "control plane": 0.4},
         {"actors": 4.0, "learners": 5.0, "parameter": 1.0, "redis": 0.5, "gateway": 0.1, "control plane": 0.2},
     ]
-    pairs = [pair(_info(3, 2.0, 1.0), plain, k) for k in kinds]
+    pairs = [Pair(_info(3, 2.0, 1.0), plain, k) for k in kinds]
     assert [p.ours_cpu_s for p in pairs] == [pytest.approx(7.0), pytest.approx(10.8)]
     row = cpu_by_process_row(pairs)
     assert row is not None
@@ -196,7 +195,7 @@ def test_cpu_by_process_is_pooled_per_env_step_against_the_plain_loops_collectio
     assert row.ratio == pytest.approx(2.5 / 0.6)
     assert "collection 3.75x" in row.note and "control plane 0.45 ms/step" in row.note
     assert row.benchmark in [r.benchmark for r in end_to_end_rows("Hopper-v5", pairs)]
-    assert cpu_by_process_row([pairs[0], pair(_info(3, 2.0, 1.0), plain, None)]) is None
+    assert cpu_by_process_row([pairs[0], Pair(_info(3, 2.0, 1.0), plain, None)]) is None
 
 
 def test_rows_written_counts_the_rounds_in_an_info_csv(tmp_path: Path) -> None:
