@@ -189,9 +189,9 @@ class TrainConfig(StellarisKnobs, DistributionKnob, ElasticOptions, TriggerField
 
     def job_request(self, job: str) -> dict[str, Any]:
         """What the parameter function resolves into the job's spec (preset + overrides)."""
-        # The floor schedules' least β: with L learners applying as gradients land, the gradients that end a
-        # round reach a staleness of about L; a lower floor ends most rounds in a liveness flush (README).
-        defaults = {"beta_floor": float(self.learners)}
+        # The floor schedules' least β: with L learners applying as gradients land, the gradient that ends a
+        # round is about L + 1 versions old; a lower floor ends rounds in a liveness flush (README).
+        defaults = {"beta_floor": float(self.learners + 1)}
         knobs = {knob: getattr(self, train_name(knob)) for knob in KNOB_NAMES}
         overrides = {**self.overrides, "stellaris": {**defaults, **self.overrides.get("stellaris", {}), **knobs}}
         return {

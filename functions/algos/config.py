@@ -48,7 +48,7 @@ class StellarisConfig(StellarisKnobs, _Frozen):
 
     ``schedule`` picks how β_k = δ_max·d^k (paper Eq. 3) follows the run (``staleness.Schedule``);
     ``horizon_rounds`` is the run's planned number of rounds, read by the horizon schedules (None: unknown);
-    ``beta_floor`` is the least β the floor schedules admit (capped at δ_max).
+    ``beta_floor`` is the least β the floor schedules admit (`stellaris train` sets L + 1).
     """
 
     rule: Rule = rule_field()  # d, v, rho, truncation, softsync_k, ssp_bound: declared in cache.contract.knobs

@@ -242,11 +242,14 @@ def test_bound_floor_keeps_one_version_behind_admissible() -> None:
     assert staleness_bound(4, d=0.96, round_k=200, schedule=Schedule.FLOOR) == 1.0
     # early the Eq. 3 value is above the floor and stays: k = 10 → max(2.65933, 1) = 2.65933
     assert staleness_bound(4, d=0.96, round_k=10, schedule=Schedule.FLOOR) == pytest.approx(2.65933, abs=1e-5)
-    # the floor never exceeds δ_max: δ_max = 0.5, k = 200 → max(0.5·2.846e-4, min(1, 0.5)) = 0.5
-    assert staleness_bound(0.5, d=0.96, round_k=200, schedule=Schedule.FLOOR) == 0.5
-    # a round 1 without staleness (δ_max = 0) keeps β = 0
-    assert staleness_bound(0, d=0.96, round_k=200, schedule=Schedule.FLOOR) == 0.0
-    # other floors: 2 → max(0.0011384, min(2, 4)) = 2;  0 → Eq. 3 itself
+    # the floor is not capped at δ_max (a round 1 that started with little staleness must not lower it):
+    # δ_max = 2, floor 3, k = 2 → max(2·0.96² = 1.8432, 3) = 3;  δ_max = 0, k = 200 → max(0, 1) = 1
+    assert staleness_bound(2, d=0.96, round_k=2, schedule=Schedule.FLOOR, beta_floor=3.0) == 3.0
+    assert staleness_bound(0, d=0.96, round_k=200, schedule=Schedule.FLOOR) == 1.0
+    # d = 1 raises β to the floor too: max(δ_max = 2, 3) = 3;  PAPER ignores the floor: 2·0.96² = 1.8432
+    assert staleness_bound(2, d=1.0, round_k=2, schedule=Schedule.FLOOR, beta_floor=3.0) == 3.0
+    assert staleness_bound(2, d=0.96, round_k=2, schedule=Schedule.PAPER, beta_floor=3.0) == pytest.approx(1.8432)
+    # other floors: 2 → max(0.0011384, 2) = 2;  0 → Eq. 3 itself
     assert staleness_bound(4, d=0.96, round_k=200, schedule=Schedule.FLOOR, beta_floor=2.0) == 2.0
     assert staleness_bound(4, d=0.96, round_k=200, schedule=Schedule.FLOOR, beta_floor=0.0) == pytest.approx(
         0.0011384, abs=1e-7

@@ -72,6 +72,16 @@ def test_a_yaml_knob_may_be_spelled_as_the_job_specs_override_and_reaches_the_jo
     assert (stellaris.d, stellaris.rule, stellaris.beta_floor) == (0.5, "sync", 3.0)
 
 
+def test_the_floor_defaults_to_one_above_the_learner_count_and_a_set_floor_wins(tmp_path: Path) -> None:
+    # with L learners the gradient that ends a round is about L + 1 versions old: 3 learners → floor 4
+    cfg = TrainConfig(env="Hopper-v5", preset="fast", rounds=10, learners=3)
+    stellaris = resolve(JobRequest.model_validate(cfg.job_request("j1"))).algo.stellaris
+    assert (stellaris.schedule, stellaris.beta_floor) == ("horizon_floor", 4.0)
+    assert stellaris.aggregation_rule().beta_floor == 4.0
+    set_floor = load_config(_yaml(tmp_path, "learners: 3\noverrides: {stellaris: {beta_floor: 1.5}}\n"), {})
+    assert resolve(JobRequest.model_validate(set_floor.job_request("j2"))).algo.stellaris.beta_floor == 1.5
+
+
 def test_a_knob_given_twice_in_the_yaml_with_different_values_is_named_both_ways(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"d: 0.9 and overrides.stellaris.d: 0.5 set the same knob"):
         load_config(_yaml(tmp_path, "d: 0.9\noverrides: {stellaris: {d: 0.5}}\n"), {})
