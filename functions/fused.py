@@ -61,7 +61,8 @@ def ship_gradients(ctx: Context, job: JobCache, spec: JobSpec, batch: Trajectory
     tasks = batch_tasks(round_k, batch_id, epochs=cfg.num_epochs, minibatches=m)
     compute = Stopwatch()
     with compute:
-        data = to_device(algo.prepare([batch.arrays], cfg), ctx.device)
+        prepared = to_device(algo.prepare([batch.arrays], cfg), ctx.device)
+    data: Any = None  # completed by the first task's policy
     pusher = ActorGradients(job.client, job.keys, maxlen=job.limits.gradient_maxlen, ttl_s=job.limits.ttl_s)
     holder = f"fused-{batch.actor_id}"
     version: int | None = None
@@ -78,6 +79,9 @@ def ship_gradients(ctx: Context, job: JobCache, spec: JobSpec, batch: Trajectory
                 ctx, job, spec, version=version, weights=weights, held=job.learners.in_flight(), holder=holder,
                 kl_coef=state.kl_coef, target_version=state.target_version,
             )  # fmt: skip
+            if data is None:
+                with compute:
+                    data = algo.with_policy(prepared, policy, cfg)
             record = gradient_record(
                 spec, policy, data, [batch.arrays], task, inputs, task_id=f"{batch_id}:{task.epoch}:{task.minibatch}",
                 learner_id=holder, base_version=version, device=str(ctx.device), compute=compute,

@@ -63,8 +63,8 @@ def device_of(result: Mapping[str, Any] | None) -> str:
 @dataclass(frozen=True)
 class LearnerResult(_Timed):
     """One learner invocation: the gradients it stored, the tasks it lost to a takeover or dead-lettered, and the
-    sums the control plane averages per round (loss; truncated fraction over the gradients that report one), and
-    the device it computed on."""
+    sums the control plane averages per round (loss; truncated and clipped fractions over the gradients that report
+    one), and the device it computed on."""
 
     status: Literal["done", "timeout"] = "done"
     gradients: int = 0
@@ -73,17 +73,21 @@ class LearnerResult(_Timed):
     loss_sum: float = 0.0
     truncated_sum: float = 0.0
     truncated_n: int = 0
+    clipped_sum: float = 0.0
+    clipped_n: int = 0
     device: str = "cpu"
 
     def with_gradient(self, stats: Mapping[str, Any]) -> LearnerResult:
-        """Counted: one stored gradient with its statistics (`loss`; `truncated_fraction` where it has one)."""
-        truncated = "truncated_fraction" in stats
+        """Counted: one stored gradient with its statistics (`loss`; `truncated_fraction` and `clip_fraction` where
+        it has them)."""
         return replace(
             self,
             gradients=self.gradients + 1,
             loss_sum=self.loss_sum + float(stats.get("loss", 0.0)),
             truncated_sum=self.truncated_sum + float(stats.get("truncated_fraction", 0.0)),
-            truncated_n=self.truncated_n + truncated,
+            truncated_n=self.truncated_n + ("truncated_fraction" in stats),
+            clipped_sum=self.clipped_sum + float(stats.get("clip_fraction", 0.0)),
+            clipped_n=self.clipped_n + ("clip_fraction" in stats),
         )
 
 

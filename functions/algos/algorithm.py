@@ -4,6 +4,8 @@ Each algorithm is one module (``ppo_algo``, ``impact_algo``, ``appo_algo``) that
 own functions, and one row of the name table (``registry``). The handlers call these and nothing algorithm-specific:
 
 - ``prepare(batches, cfg)``: a round's data, once per learner instance and round (all tasks of a round share it);
+- ``with_policy(data, policy, cfg)``: that data completed with what the instance's first policy of the round says
+  of it (PPO's proximal log-probs for the decoupled clip), on the instance's device;
 - ``gradient(policy, data, task, cfg, inputs)``: one task's named gradient tensors and statistics;
 - ``start_round(state, cfg, new_round=, version=)``: the aggregator state at a round boundary (the parameter
   function), e.g. PPO's adaptive KL coefficient, IMPACT's and APPO's target network.
@@ -41,6 +43,10 @@ def no_target(cfg: Any) -> bool:
     return False
 
 
+def data_as_is(data: Any, policy: ActorCritic, cfg: Any) -> Any:
+    return data
+
+
 @dataclass(frozen=True)
 class Algorithm:
     """One algorithm behind the seam; ``uses_target(cfg)``: its tasks need the target network's policy."""
@@ -51,6 +57,7 @@ class Algorithm:
     gradient: Callable[[ActorCritic, Any, Any, Any, LearnInputs], Gradient]
     start_round: Callable[..., AggregatorState]
     uses_target: Callable[[Any], bool] = no_target
+    with_policy: Callable[[Any, ActorCritic, Any], Any] = data_as_is
 
 
 def reset_round_kl(state: AggregatorState, new_round: int) -> AggregatorState:

@@ -52,7 +52,8 @@ class StellarisConfig(StellarisKnobs, _Frozen):
     """
 
     rule: Rule = rule_field()  # d, v, rho, truncation, softsync_k, ssp_bound: declared in cache.contract.knobs
-    truncation_form: Literal["surrogate", "weighted"] = "surrogate"  # PPO only: see ppo.clipped_surrogate
+    # PPO only ("decoupled" needs PPO's proximal log-probs): see ppo.clipped_surrogate
+    truncation_form: Literal["surrogate", "weighted", "decoupled"] = "surrogate"
     schedule: Schedule = Schedule.PAPER
     horizon_rounds: PositiveInt | None = None
     beta_floor: NonNegativeFloat = 1.0
@@ -126,6 +127,15 @@ class _VTraceConfig(ReplaySettings, _AlgoConfig):
     rho_bar: PositiveFloat = 1.0
     c_bar: PositiveFloat = 1.0
     target_update_frequency: PositiveFloat = 1.0
+
+    @model_validator(mode="after")
+    def _no_decoupled_form(self) -> Self:
+        if self.stellaris.truncation_form == "decoupled":
+            raise ValueError(
+                "stellaris.truncation_form 'decoupled' is PPO's (it clips against the round's proximal policy); "
+                f"{getattr(self, 'algo', 'this algorithm')} takes 'surrogate' or 'weighted'"
+            )
+        return self
 
 
 class IMPACTConfig(_VTraceConfig):

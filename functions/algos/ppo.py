@@ -36,7 +36,7 @@ def truncated_ratio(ratio: Tensor, is_weights: Tensor | None) -> Tensor:
     return ratio * scale.detach()
 
 
-TruncationForm = Literal["surrogate", "weighted"]
+TruncationForm = Literal["surrogate", "weighted", "decoupled"]
 
 
 def clipped_surrogate(
@@ -46,6 +46,7 @@ def clipped_surrogate(
     clip: float,
     is_weights: Tensor | None = None,
     form: TruncationForm = "surrogate",
+    proximal: Tensor | None = None,
 ) -> Tensor:
     """Per-sample PPO objective with the Stellaris weight R' (PPO Eq. 7, paper §V-A, Eq. 2).
 
@@ -56,7 +57,18 @@ def clipped_surrogate(
     - ``weighted``: stopgrad(R'/r)·min(r·A, clip(r, 1 − ε, 1 + ε)·A): vanilla PPO's clip decides which samples
       carry a gradient, and each one's gradient is R'·A·∇log π_θ, the same as ``surrogate`` inside the trust
       region.
+    - ``decoupled`` (decoupled PPO, Hilton et al. 2022; RLlib's APPO): the clip is taken on ``proximal`` =
+      π_θ/π_prox, the ratio to a proximal policy (the round's first policy), not to μ, which can be a round older:
+      stopgrad(R'/p)·min(p·A, clip(p, 1 − ε, 1 + ε)·A). Inside the trust region each sample's gradient is R'·A·∇log
+      π_θ, as in the other forms; without ``is_weights`` the weight is π_prox/μ (r/p), as in that paper.
     """
+    if form == "decoupled":
+        if proximal is None:
+            raise ValueError("the decoupled form needs `proximal`, the ratio of π_θ to the proximal policy")
+        value = ratio if is_weights is None else is_weights.to(ratio.dtype)
+        weight = torch.where(proximal > 0, value / proximal, torch.zeros_like(proximal)).detach()
+        clipped = torch.clamp(proximal, 1.0 - clip, 1.0 + clip) * advantages
+        return weight * torch.minimum(proximal * advantages, clipped)
     clipped = torch.clamp(ratio, 1.0 - clip, 1.0 + clip) * advantages
     if form == "weighted" and is_weights is not None:
         weight = torch.where(ratio > 0, is_weights.to(ratio.dtype) / ratio, torch.zeros_like(ratio)).detach()
@@ -102,6 +114,7 @@ def ppo_loss(
     old_values: Tensor | None = None,
     vf_clip: float | None = None,
     sample_weights: Tensor | None = None,
+    proximal_log_probs: Tensor | None = None,
 ) -> PPOLossTerms:
     """PPO loss: −surrogate + c_v·value loss + β_KL·KL − c_e·entropy, summed here and nowhere else.
 
@@ -111,9 +124,14 @@ def ppo_loss(
     entropy of π_θ, ``values`` the critic output for the batch and ``returns`` its targets. ``is_weights``
     is R' (paper Eq. 2); with it the unclipped term uses r̃ (see ``clipped_surrogate``). ``sample_weights``
     (prioritized replay's importance weights, APPO) scale each sample's surrogate and value term before the mean.
+    ``proximal_log_probs`` (log π_prox(a|s)) centre the ``decoupled`` form's clip; ``clip_fraction`` is measured
+    on the ratio that is clipped.
     """
     ratio = torch.exp(new_log_probs - behaviour_log_probs)
-    surrogate = clipped_surrogate(ratio, advantages, clip=clip, is_weights=is_weights, form=truncation_form)
+    proximal = None if proximal_log_probs is None else torch.exp(new_log_probs - proximal_log_probs)
+    surrogate = clipped_surrogate(
+        ratio, advantages, clip=clip, is_weights=is_weights, form=truncation_form, proximal=proximal
+    )
     if sample_weights is not None:
         surrogate = sample_weights * surrogate
     policy_loss = -surrogate.mean()
@@ -127,7 +145,8 @@ def ppo_loss(
     mean_entropy = entropy.mean()
     total = policy_loss + vf_coef * v_loss + kl_penalty - ent_coef * mean_entropy
     with torch.no_grad():
-        clip_fraction = ((ratio - 1.0).abs() > clip).float().mean()
+        clipped_ratio = proximal if truncation_form == "decoupled" and proximal is not None else ratio
+        clip_fraction = ((clipped_ratio - 1.0).abs() > clip).float().mean()
         approx_kl = ((ratio - 1.0) - torch.log(ratio)).mean()
     return PPOLossTerms(
         policy_loss=policy_loss,

@@ -4,7 +4,7 @@ round boundary (loss math in ``ppo``, ``gae``)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor
@@ -22,7 +22,8 @@ from functions.policies import ActorCritic
 @dataclass(frozen=True)
 class PPORound:
     """A round's samples flattened over time and envs, with GAE advantages and returns (from the actors' values,
-    so the same for every task of the round: computed once per learner instance and round)."""
+    so the same for every task of the round: computed once per learner instance and round), and, for the decoupled
+    clip, their log-probs under the instance's first policy of the round."""
 
     obs: Tensor
     actions: Tensor
@@ -30,6 +31,7 @@ class PPORound:
     advantages: Tensor
     returns: Tensor
     values: Tensor
+    proximal_log_probs: Tensor | None = None
 
 
 def prepare(batches: Sequence[Batch], cfg: PPOConfig) -> PPORound:
@@ -53,6 +55,16 @@ def prepare(batches: Sequence[Batch], cfg: PPOConfig) -> PPORound:
         parts["val"].append(flat(as_tensor(b["values"])))
     c = {k: torch.cat(v) for k, v in parts.items()}
     return PPORound(c["obs"], c["act"], c["mu"], c["adv"], c["ret"], c["val"])
+
+
+@torch.no_grad()
+def with_proximal(data: PPORound, policy: ActorCritic, cfg: PPOConfig) -> PPORound:
+    """The decoupled clip's proximal policy is the first one this instance trains the round with: like plain PPO's
+    π_old, which is the policy at the round's start, while μ can be up to a round older (actors run ahead)."""
+    if cfg.stellaris.truncation_form != "decoupled":
+        return data
+    log_probs, _, _ = policy.evaluate(data.obs, data.actions)
+    return replace(data, proximal_log_probs=log_probs)
 
 
 def gradient(policy: ActorCritic, data: PPORound, task: LearnerTask, cfg: PPOConfig, inputs: LearnInputs) -> Gradient:
@@ -86,6 +98,7 @@ def gradient(policy: ActorCritic, data: PPORound, task: LearnerTask, cfg: PPOCon
         truncation_form=cfg.stellaris.truncation_form,
         old_values=data.values[idx] if cfg.vf_clip is not None else None,
         vf_clip=cfg.vf_clip,
+        proximal_log_probs=None if data.proximal_log_probs is None else data.proximal_log_probs[idx],
     )
     grads = gradients(policy, terms.total, cfg.max_grad_norm)
     return grads, stats | loss_stats(terms, kl=terms.approx_kl, samples=len(idx))
@@ -99,4 +112,4 @@ def start_round(state: AggregatorState, cfg: PPOConfig, *, new_round: int, versi
     return reset_round_kl(state, new_round)
 
 
-PPO = Algorithm("ppo", PPOConfig, prepare, gradient, start_round)
+PPO = Algorithm("ppo", PPOConfig, prepare, gradient, start_round, with_policy=with_proximal)

@@ -19,6 +19,7 @@ from functions.faults import fault_point
 from functions.gradient import gradient_record, task_inputs
 from functions.handlers import EventError, Stopwatch, job_id_of
 from functions.jobspec import JobSpec
+from functions.policies import ActorCritic
 from functions.replay_feedback import write_priorities
 from functions.warm import spec_of
 
@@ -40,15 +41,19 @@ def _batches(job: JobCache, task: LearnerTask) -> list[Any]:
     return out
 
 
-def _prepared(ctx: Context, job: JobCache, spec: JobSpec, task: LearnerTask, compute: Stopwatch) -> PreparedRound:
+def _prepared(
+    ctx: Context, job: JobCache, spec: JobSpec, task: LearnerTask, policy: ActorCritic, compute: Stopwatch
+) -> PreparedRound:
     """The round's data, prepared by the first task of the round on this instance (on the CPU: GAE runs in time
-    order) and then moved to the instance's device; only the newest round is kept."""
+    order), moved to the instance's device and completed with what that task's policy says of it; only the newest
+    round is kept."""
     rounds = ctx.memo.rounds
     prepared = rounds.get(job.keys.job)
     if prepared is None or prepared.batch_ids != task.batch_ids:
         batches = _batches(job, task)
+        algo = algorithm_of(spec.algo)
         with compute:
-            data = to_device(algorithm_of(spec.algo).prepare(batches, spec.algo), ctx.device)
+            data = algo.with_policy(to_device(algo.prepare(batches, spec.algo), ctx.device), policy, spec.algo)
         prepared = rounds[job.keys.job] = PreparedRound(task.batch_ids, batches, data)
     return prepared
 
@@ -64,7 +69,7 @@ def task_gradient(
         ctx, job, spec, version=version, weights=claim.weights, held=claim.held, holder=learner_id,
         kl_coef=claim.kl_coef, target_version=claim.target_version,
     )  # fmt: skip
-    prepared = _prepared(ctx, job, spec, task, compute)
+    prepared = _prepared(ctx, job, spec, task, policy, compute)
     return gradient_record(
         spec, policy, prepared.data, prepared.batches, task, inputs,
         task_id=task_id, learner_id=learner_id, base_version=version, device=str(ctx.device), compute=compute,

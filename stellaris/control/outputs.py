@@ -29,7 +29,8 @@ INFO_COLUMNS = [
     "eval_reward_max", "eval_reward_mean", "eval_reward_min", "eval_reward_std", "eval_episodes",
     "staleness_max", "staleness_mean", "staleness_min", "staleness_std",
     "learner_loss", "cost", "staleness_bound", "env_steps", "truncated_fraction", "aggregations", "flushes",
-    "parameter_time", "learner_compute_time", "parameter_compute_time", "cache_time", "invocation_overhead",
+    "clip_fraction", "parameter_time", "learner_compute_time", "parameter_compute_time", "cache_time",
+    "invocation_overhead",
     "cost_learner", "cost_actor", "learner_wait_time", "dead_lettered", "gradients_applied", "redis_round_trips",
     "learner_restarts", "parameter_restarts", "actor_restarts",
 ]  # fmt: skip

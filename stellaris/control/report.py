@@ -100,6 +100,7 @@ def info_row(
     results = rs.learner_results
     n_grads = sum(r.gradients for r in results)
     n_trunc = sum(r.truncated_n for r in results)
+    n_clip = sum(r.clipped_n for r in results)
     learner_time = sum(a.duration_s or 0.0 for a in rs.activations if a.function == facts.learner_function)
     parameter_time = sum(a.duration_s or 0.0 for a in rs.activations if a.function == facts.parameter_function)
     return {
@@ -129,6 +130,8 @@ def info_row(
         "staleness_bound": thresholds[-1] if thresholds else math.nan,
         "env_steps": facts.env_steps,
         "truncated_fraction": sum(r.truncated_sum for r in results) / n_trunc if n_trunc else math.nan,
+        # share of samples outside PPO's clip range (against μ, or the proximal policy in the decoupled form)
+        "clip_fraction": sum(r.clipped_sum for r in results) / n_clip if n_clip else math.nan,
         "aggregations": len(applied),
         "flushes": sum(1 for a in applied if a.decision == "flush"),
         "parameter_time": round(parameter_time, 4),

@@ -14,6 +14,7 @@ TAGS = {
     "train_reward_std": "return/std", "episodes": "return/episodes",
     "staleness_mean": "staleness/mean", "staleness_max": "staleness/max", "staleness_bound": "staleness/bound",
     "aggregations": "learner/aggregations", "flushes": "learner/flushes", "learner_loss": "learner/loss",
+    "truncated_fraction": "learner/truncated_fraction", "clip_fraction": "learner/clip_fraction",
     "gradients_applied": "learner/gradients_applied", "env_steps": "throughput/env_steps",
     "cost": "cost/total", "cost_learner": "cost/learner", "cost_actor": "cost/actor",
     "duration": "latency/round", "learner_time": "latency/learner", "actor_time": "latency/actor",

@@ -29,9 +29,12 @@ def test_results_round_trip_through_their_dicts_and_name_a_bad_field() -> None:
         ParameterResult.from_dict({"status": "exploded"})
 
 
-def test_a_learner_result_counts_gradients_and_only_those_with_a_truncated_fraction() -> None:
+def test_a_learner_result_counts_gradients_and_only_those_with_a_truncated_or_clipped_fraction() -> None:
     out = LearnerResult().with_gradient({"loss": 2.0}).with_gradient({"loss": 1.0, "truncated_fraction": 0.5})
     assert (out.gradients, out.loss_sum, out.truncated_sum, out.truncated_n) == (2, 3.0, 0.5, 1)
+    out = out.with_gradient({"loss": 0.0, "clip_fraction": 0.25}).with_gradient({"clip_fraction": 0.75})
+    assert (out.gradients, out.clipped_sum, out.clipped_n, out.truncated_n) == (4, 1.0, 2, 1)
+    assert LearnerResult.from_dict(out.to_dict()) == out
 
 
 def test_an_applied_row_reads_back_what_its_writer_wrote(job: JobCache) -> None:

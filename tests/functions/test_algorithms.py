@@ -91,6 +91,26 @@ def test_every_algorithm_computes_a_gradient_through_the_seam(cfg: PPOConfig | I
     assert stats["samples"] == (80 / 4 if cfg.algo == "ppo" else 4 * 5)  # shuffled minibatch, or a time chunk
 
 
+def test_ppo_decoupled_clip_takes_the_first_policy_of_the_round_as_proximal() -> None:
+    torch.manual_seed(0)
+    policy = build_policy(gym.spaces.Box(-5, 5, (4,)), gym.spaces.Discrete(2), hidden=(8,), kind="mlp")
+    rng = np.random.default_rng(0)
+    spec_form, decoupled = PPOConfig(), PPOConfig(stellaris={"truncation_form": "decoupled"})
+    algo = algorithm_of(decoupled)
+    data = algo.prepare([_batch(rng, 16, 2)], decoupled)
+    assert algo.with_policy(data, policy, spec_form) is data  # the other forms need nothing of the policy
+    completed = algo.with_policy(data, policy, decoupled)
+    log_probs, _, _ = policy.evaluate(data.obs, data.actions)
+    torch.testing.assert_close(completed.proximal_log_probs, log_probs.detach())
+    assert not completed.proximal_log_probs.requires_grad
+    # The first task's policy is the proximal one, so nothing is clipped against it yet.
+    task = LearnerTask(round=1, batch_ids=("a",), epoch=0, minibatch=0, num_minibatches=2)
+    _, stats = algo.gradient(policy, completed, task, decoupled, LearnInputs())
+    assert stats["clip_fraction"] == 0.0
+    for impact_like in (IMPACTConfig(), APPOConfig()):
+        assert algorithm_of(impact_like).with_policy(data, policy, impact_like) is data
+
+
 def _roundtrip(record: GradientRecord) -> GradientRecord:
     """Through the wire format as a stream entry carries it (field/value pairs, as bytes)."""
     flat = [bytes(x) for x in record.fields()]

@@ -243,3 +243,66 @@ def test_weighted_truncation_keeps_the_trust_region_the_surrogate_form_loses() -
     ratio = torch.tensor([1.5, 0.9])
     a = torch.tensor([1.0, 2.0])
     assert torch.equal(clipped_surrogate(ratio, a, clip=0.2, form="weighted"), clipped_surrogate(ratio, a, clip=0.2))
+
+
+def _decoupled(log_pi: list[float], log_prox: list[float], log_mu: list[float], adv: list[float], weights):
+    log_probs = torch.tensor(log_pi, dtype=torch.float64, requires_grad=True)
+    ratio = torch.exp(log_probs - torch.tensor(log_mu, dtype=torch.float64))
+    proximal = torch.exp(log_probs - torch.tensor(log_prox, dtype=torch.float64))
+    w = None if weights is None else torch.tensor(weights, dtype=torch.float64)
+    a = torch.tensor(adv, dtype=torch.float64)
+    objective = clipped_surrogate(ratio, a, clip=0.2, is_weights=w, form="decoupled", proximal=proximal)
+    (grad,) = torch.autograd.grad(objective.sum(), log_probs)
+    return objective.detach().tolist(), grad.tolist()
+
+
+def test_decoupled_form_clips_against_the_proximal_policy_not_the_behaviour_policy() -> None:
+    # Sample 1: μ = 0.2 (a stale behaviour policy), π_prox = 0.4, π_θ = 0.44: r = 2.2, p = π_θ/π_prox = 1.1; A = 1,
+    #   R' = 1. Weighted form: clipped against μ, gradient 0. Decoupled: (R'/p)·min(1.1, 1.2) = 1, gradient R'·A = 1.
+    # Sample 2: π_prox = 0.4, π_θ = μ = 0.52: p = 1.3 > 1 + ε, A = 2, R' = 0.5: (0.5/1.3)·min(2.6, 2.4) = 0.923077,
+    #   clipped: gradient 0.
+    # Sample 3: π_prox = 0.4, π_θ = μ = 0.3: p = 0.75, A = −1, R' = 1: (1/0.75)·min(−0.75, −0.8) = −1.066667, clipped.
+    log_pi = [math.log(0.44), math.log(0.52), math.log(0.3)]
+    log_prox = [math.log(0.4), math.log(0.4), math.log(0.4)]
+    log_mu = [math.log(0.2), math.log(0.52), math.log(0.3)]
+    adv, weights = [1.0, 2.0, -1.0], [1.0, 0.5, 1.0]
+    values, grads = _decoupled(log_pi, log_prox, log_mu, adv, weights)
+    assert values == pytest.approx([1.0, 0.923077, -1.066667], abs=1e-6) and grads == pytest.approx([1.0, 0.0, 0.0])
+    _, weighted_grads = _surrogate_grads(log_pi, log_mu, adv, weights, "weighted")
+    assert weighted_grads[0] == pytest.approx(0.0)  # the stale sample the decoupled clip keeps
+    # Without R' the weight is π_prox/μ = r/p (Hilton et al.'s decoupled objective): sample 1 gives 2·min(1.1, 1.2).
+    values, grads = _decoupled(log_pi[:1], log_prox[:1], log_mu[:1], adv[:1], None)
+    assert values == pytest.approx([2.2]) and grads == pytest.approx([2.2])
+
+
+def test_decoupled_form_with_the_behaviour_policy_as_proximal_is_the_weighted_form() -> None:
+    gen = torch.Generator().manual_seed(3)
+    log_pi = torch.randn(64, generator=gen, dtype=torch.float64) * 0.3 - 1.0
+    log_mu = torch.randn(64, generator=gen, dtype=torch.float64) * 0.3 - 1.0
+    adv = torch.randn(64, generator=gen, dtype=torch.float64)
+    weights = torch.rand(64, generator=gen, dtype=torch.float64)
+    ratio = torch.exp(log_pi - log_mu)
+    weighted = clipped_surrogate(ratio, adv, clip=0.2, is_weights=weights, form="weighted")
+    decoupled = clipped_surrogate(ratio, adv, clip=0.2, is_weights=weights, form="decoupled", proximal=ratio)
+    assert torch.allclose(decoupled, weighted)
+
+
+def test_decoupled_form_needs_the_proximal_ratio_and_measures_its_clip_fraction() -> None:
+    with pytest.raises(ValueError, match="proximal"):
+        clipped_surrogate(torch.ones(2), torch.ones(2), clip=0.2, form="decoupled")
+    b = _batch()  # r = [1.5, 0.5]; with π_prox = π_θ·[1/1.1, 1]: p = [1.1, 1.0], nothing clipped against it
+    prox = b["new_log_probs"] - torch.log(torch.tensor([1.1, 1.0], dtype=torch.float64))
+    terms = ppo_loss(**b, clip=0.2, kl_coef=0.5, vf_coef=1.0, ent_coef=0.01, truncation_form="decoupled",
+                     proximal_log_probs=prox)  # fmt: skip
+    assert terms.clip_fraction.item() == 0.0
+    # without R' the weights are π_prox/μ = [1.5/1.1, 0.5]: −mean(1.5/1.1·1.1·2, 0.5·1.0·(−1)) = −(3.0 − 0.5)/2
+    assert terms.policy_loss.item() == pytest.approx(-1.25)
+
+
+def test_decoupled_form_is_ppos_alone() -> None:
+    assert PPOConfig(stellaris={"truncation_form": "decoupled"}).stellaris.truncation_form == "decoupled"
+    for algo in ("appo", "impact"):
+        base = preset("fast", algo, "mujoco").model_dump()
+        base["stellaris"]["truncation_form"] = "decoupled"
+        with pytest.raises(ValidationError, match=f"'decoupled' is PPO's.*{algo} takes"):
+            type(preset("fast", algo, "mujoco")).model_validate(base)

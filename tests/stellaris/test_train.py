@@ -95,6 +95,8 @@ def check_outputs(out: Path, *, serverless: bool) -> list[dict[str, str]]:
         assert final_cost > invoked
     costs = [float(r["cost"]) for r in info]
     assert costs == sorted(costs)  # cumulative
+    # every round's learners reported the share of samples PPO's clip cut off
+    assert all(0.0 <= float(r["clip_fraction"]) <= 1.0 for r in info)
     assert {r["function"].rsplit("-", 1)[1] for r in invocations} >= {"learner", "parameter"}
     # Each row names where its handler computed ('' for a call without a result); actors always on the CPU.
     assert all(r["device"] in ("cpu", "") or r["device"].startswith("cuda:") for r in invocations)
