@@ -199,6 +199,11 @@ def test_paper_and_fast_presets() -> None:
     assert fast.network.hidden == (64, 64) and fast.network.activation == "tanh"
     assert fast.normalize_obs and fast.normalize_reward
     assert fast.num_epochs * fast.num_minibatches == 320  # learner tasks (gradients) per round
+    # PPO on MuJoCo-like envs clips against the round's first policy; the paper preset keeps SPEC §5's form, and
+    # the V-trace algorithms (a target network of their own) and Atari (not measured) keep theirs.
+    assert fast.stellaris.truncation_form == "decoupled" and paper.stellaris.truncation_form == "surrogate"
+    assert preset("fast", "ppo", "atari").stellaris.truncation_form == "surrogate"
+    assert preset("fast", "appo", "mujoco").stellaris.truncation_form == "surrogate"
 
 
 def test_config_is_frozen_and_validated() -> None:
