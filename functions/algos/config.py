@@ -6,7 +6,7 @@ IMPACT: 1 epoch, gradient-norm clip 40). ``fast`` is what CleanRL and Stable-Bas
 (MuJoCo: lr 3e-4 annealed linearly over the run, 2048 steps, minibatches of 64, 10 epochs, clip 0.2, λ 0.95, no KL
 penalty, 64×64 tanh, observation and reward normalisation; Atari: CleanRL's ``ppo_atari`` settings). ``paper``
 keeps Eq. 3's β_k = δ_max·d^k literally; ``fast`` uses the long-run ``horizon_floor`` schedule
-(``staleness.Schedule``).
+(``staleness.Schedule``), and its PPO on MuJoCo-like envs the decoupled clip (``ppo.clipped_surrogate``).
 """
 
 from __future__ import annotations
