@@ -62,11 +62,45 @@ def stats(values: list[float]) -> tuple[float, float, float, float]:
     return float(a.max()), float(a.mean()), float(a.min()), float(a.std())
 
 
+def _rewrite(path: Path, columns: list[str], rows: list[dict[str, str]]) -> None:
+    """`path` as a CSV of `columns` holding `rows` (blank where a row lacks a column), replaced atomically."""
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    with tmp.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=columns, restval="")
+        writer.writeheader()
+        writer.writerows(rows)
+    tmp.replace(path)
+
+
+def _migrated(path: Path, columns: list[str]) -> list[str]:
+    """The columns to append under to `path`, a CSV an earlier version may have written with other columns: when its
+    header differs, the file is rewritten with `columns` first, then any column only it has (its rows kept whole,
+    blank in the columns they lack), so that a resumed run's rows line up with their header and nothing is lost."""
+    with path.open(newline="") as f:
+        reader = csv.DictReader(f)
+        old = list(reader.fieldnames or [])
+        if old == columns:
+            return columns
+        rows, spill = [], 0
+        for row in reader:
+            # Values past the header's end (a row appended under a shorter header) keep their place by name.
+            past = row.pop(None, None) or []
+            row.update({f"unnamed_{i + 1}": v for i, v in enumerate(past)})
+            rows.append(row)
+            spill = max(spill, len(past))
+    unnamed = [f"unnamed_{i + 1}" for i in range(spill)]
+    merged = list(dict.fromkeys([*columns, *old, *unnamed]))
+    _rewrite(path, merged, rows)
+    return merged
+
+
 class _Csv:
     def __init__(self, path: Path, columns: list[str]) -> None:
         self.fresh = fresh = not path.exists() or path.stat().st_size == 0
+        if not fresh:
+            columns = _migrated(path, columns)
         self.file = path.open("a", newline="")
-        self.writer = csv.DictWriter(self.file, fieldnames=columns)
+        self.writer = csv.DictWriter(self.file, fieldnames=columns, restval="")
         if fresh:
             self.writer.writeheader()
             self.file.flush()
@@ -82,14 +116,9 @@ class _Csv:
         with path.open(newline="") as f:
             rows = list(csv.DictReader(f))
         kept = [r for r in rows if keep(r)]
-        tmp = path.with_suffix(".csv.tmp")
-        with tmp.open("w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=columns)
-            writer.writeheader()
-            writer.writerows(kept)
-        tmp.replace(path)
+        _rewrite(path, columns, kept)
         self.file = path.open("a", newline="")
-        self.writer = csv.DictWriter(self.file, fieldnames=columns)
+        self.writer = csv.DictWriter(self.file, fieldnames=columns, restval="")
         return len(rows) - len(kept)
 
     def close(self) -> None:
