@@ -10,6 +10,7 @@ starts (stellaris/override_check.py).
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from typing import Any, Literal
@@ -26,6 +27,17 @@ from stellaris.override_check import override_problems
 from stellaris.placement import Backend, Device, RoleMethods, check_placement
 
 Mode = RuleName
+
+
+def default_learners() -> int:
+    """One learner per core past the one the actor, parameter function and Redis share, at most 2 (beyond that,
+    `--learners`). On 2 cores, 1: a second one there added no env steps/s and cost 40 % more (README, "How many
+    learners")."""
+    try:
+        cores = len(os.sched_getaffinity(0))  # the cores this process may use (a container's cpuset), not the host's
+    except AttributeError:  # macOS has no affinity
+        cores = os.cpu_count() or 1
+    return max(1, min(2, cores - 1))
 
 
 class ConfigError(ValueError):
@@ -52,8 +64,8 @@ class TrainConfig(StellarisKnobs, DistributionKnob, ElasticOptions, TriggerField
     rounds: int | None = Field(default=None, gt=0, description="stop after this many rounds")
     total_steps: int | None = Field(default=None, gt=0, description="stop after this many env steps")
     max_minutes: float | None = Field(default=None, gt=0, description="stop after this much wall-clock time")
-    # Defaults for a 2-core machine: one actor stepping 2 envs with batched inference and 2 learners (Hopper fast
-    # preset: 963 env steps/s, against 688 with 2 actors x 1 env and 2 learners, and ~500 with 4 learners).
+    # Defaults for a 2-core machine: one actor stepping 2 envs with batched inference (Hopper fast preset, 2 learners:
+    # 963 env steps/s, against 688 with 2 actors x 1 env; ~500 with 4 learners). Learners: `default_learners`.
     actors: int = Field(default=1, ge=1, le=1024, description="actors collecting each round's batch")
     actor_kind: Literal["serverful", "serverless"] = Field(
         default="serverful", description="serverful (long-lived processes) or serverless (one invocation a batch)"
@@ -67,7 +79,11 @@ class TrainConfig(StellarisKnobs, DistributionKnob, ElasticOptions, TriggerField
         default=4, ge=0, le=100_000,
         description="steps per env between an actor's looks for a newer policy mid-batch (0: once a batch)",
     )  # fmt: skip
-    learners: int = Field(default=2, ge=1, le=256, description="max concurrent learner functions")
+    learners: int = Field(
+        default_factory=default_learners,
+        ge=1, le=256,
+        description="max concurrent learner functions: one per CPU core past the first, at most 2, unless given",
+    )  # fmt: skip
     seed: int = Field(default=0, description="seed of envs, action sampling, minibatch order and network init")
     eval_every: int = Field(default=0, ge=0, le=1_000_000, description="rounds between evaluations, and the last")
     eval_episodes: int = Field(default=5, ge=1, le=10_000, description="deterministic episodes per evaluation")

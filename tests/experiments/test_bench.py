@@ -223,3 +223,11 @@ def test_select_parts() -> None:
     assert select_parts(None, "cache,gateway") == ["actor", "end-to-end"]
     with pytest.raises(typer.BadParameter):
         select_parts("e2e", None)
+
+
+def test_the_end_to_end_row_names_the_runs_actors_envs_and_learners_from_info_csv() -> None:
+    """The learner count follows the machine (1 on 2 cores): the note says what the runs had, not a fixed text."""
+    one = end_to_end_rows("Hopper-v5", _pairs(21, actors=1.0, envs_per_actor=2.0, learners=1.0))
+    assert "1 actor x 2 envs, 1 learner vs 1 process" in _by_name(one, "end-to-end").note
+    two = end_to_end_rows("Hopper-v5", _pairs(21, actors=1.0, envs_per_actor=2.0, learners=2.0))
+    assert "1 actor x 2 envs, 2 learners vs 1 process" in _by_name(two, "end-to-end").note

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from functions.jobspec import JobRequest, resolve
+from stellaris import config
 from stellaris.config import ConfigError, TrainConfig, load_config
 
 
@@ -24,6 +25,23 @@ def test_a_negative_refresh_is_named(tmp_path: Path) -> None:
     path.write_text("env: Hopper-v5\nactor_policy_refresh: -1\nrounds: 1\n")
     with pytest.raises(ConfigError, match="actor_policy_refresh"):
         load_config(path, {})
+
+
+@pytest.mark.parametrize(("cores", "learners"), [(1, 1), (2, 1), (3, 2), (64, 2)])
+def test_the_default_learner_count_leaves_one_core_to_the_rest_and_stops_at_2(
+    monkeypatch: pytest.MonkeyPatch, cores: int, learners: int
+) -> None:
+    monkeypatch.setattr(config.os, "sched_getaffinity", lambda _pid: set(range(cores)))
+    assert TrainConfig(env="Hopper-v5", rounds=1).learners == learners
+    assert TrainConfig(env="Hopper-v5", rounds=1, learners=4).learners == 4  # a count given wins
+
+
+def test_a_run_resumed_on_a_bigger_machine_keeps_its_learner_count(monkeypatch: pytest.MonkeyPatch) -> None:
+    """config.yaml holds the config as dumped (the number, not "the machine's default"), and a resume reads it back."""
+    monkeypatch.setattr(config.os, "sched_getaffinity", lambda _pid: {0, 1})
+    written = TrainConfig(env="Hopper-v5", rounds=1).model_dump(mode="json")
+    monkeypatch.setattr(config.os, "sched_getaffinity", lambda _pid: set(range(64)))
+    assert TrainConfig.model_validate(written).learners == 1
 
 
 # -- the knobs: declared once, and which value wins ------------------------------------------------------------------

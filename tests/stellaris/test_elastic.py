@@ -148,7 +148,7 @@ def test_learner_schedule_parses() -> None:
         ({"learner_schedule": "2@1,four@3"}, "learner_schedule: 'four@3'"),
         ({"learner_schedule": "2@1,4@1"}, "rounds must increase"),
         ({"learner_schedule": "2@1,0@4"}, "outside"),
-        ({"learner_schedule": "3@1"}, "learner_schedule: round 1 has 3 learners but learners is 2"),
+        ({"learner_schedule": "3@1", "learners": 2}, "learner_schedule: round 1 has 3 learners but learners is 2"),
         ({"min_actors": 3, "max_actors": 2}, "min_actors: 3 is above max_actors: 2"),
         ({"elastic_actors": True, "actors": 5, "max_actors": 4}, "actors: 5 is outside"),
         ({"elastic_window": 0}, "elastic_window"),
@@ -161,6 +161,7 @@ def test_config_errors_name_the_field(fields: dict[str, object], named: str) -> 
 
 
 def test_config_learners_follow_the_schedule() -> None:
-    cfg = load_config(None, {"env": "CartPole-v1", "rounds": 2, "learner_schedule": "2@1,4@15", "elastic_actors": True})
+    fields = {"learners": 2, "learner_schedule": "2@1,4@15", "elastic_actors": True}
+    cfg = load_config(None, {"env": "CartPole-v1", "rounds": 2, **fields})
     assert [cfg.learners_at(k) for k in (1, 14, 15, 99)] == [2, 2, 4, 4]
     assert (cfg.learner_capacity, cfg.actor_capacity) == (4, cfg.max_actors)
