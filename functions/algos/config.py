@@ -168,6 +168,7 @@ CONFIGS: Mapping[str, type[PPOConfig] | type[IMPACTConfig] | type[APPOConfig]] =
     {c.model_fields["algo"].default: c for c in (PPOConfig, IMPACTConfig, APPOConfig)}
 )
 
+_FAST_STELLARIS = StellarisConfig(schedule=Schedule.HORIZON_FLOOR)  # the long-run schedule of every fast preset
 _FAST_MUJOCO: dict[str, object] = {
     "lr": 3e-4,
     "lr_schedule": "linear",
@@ -182,7 +183,7 @@ _FAST_MUJOCO: dict[str, object] = {
     "network": NetworkConfig(kind="mlp", hidden=(64, 64), activation="tanh"),
     "normalize_obs": True,
     "normalize_reward": True,
-    "stellaris": StellarisConfig(schedule=Schedule.HORIZON_FLOOR),
+    "stellaris": _FAST_STELLARIS,
 }
 _FAST_ATARI: dict[str, object] = {
     "lr": 2.5e-4,
@@ -196,7 +197,7 @@ _FAST_ATARI: dict[str, object] = {
     "vf_coef": 0.5,
     "max_grad_norm": 0.5,
     "network": NetworkConfig(kind="atari"),
-    "stellaris": StellarisConfig(schedule=Schedule.HORIZON_FLOOR),
+    "stellaris": _FAST_STELLARIS,
 }
 _PAPER_ATARI: dict[str, object] = {"train_batch_size": 256, "network": NetworkConfig(kind="atari")}
 
@@ -219,6 +220,6 @@ def preset(name: PresetName, algo: AlgoName, env_kind: EnvKind) -> AlgoConfig:
         # round older (`ppo.clipped_surrogate`): on Hopper 500k it lifted the mean return by about half (README)
         overrides = {
             **overrides,
-            "stellaris": StellarisConfig(schedule=Schedule.HORIZON_FLOOR, truncation_form="decoupled"),
+            "stellaris": _FAST_STELLARIS.model_copy(update={"truncation_form": "decoupled"}),
         }
     return model.model_validate(overrides)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import io
 import json
 import math
 import os
@@ -64,12 +65,11 @@ def stats(values: list[float]) -> tuple[float, float, float, float]:
 
 def _rewrite(path: Path, columns: list[str], rows: list[dict[str, str]]) -> None:
     """`path` as a CSV of `columns` holding `rows` (blank where a row lacks a column), replaced atomically."""
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    with tmp.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=columns, restval="")
-        writer.writeheader()
-        writer.writerows(rows)
-    tmp.replace(path)
+    text = io.StringIO()
+    writer = csv.DictWriter(text, fieldnames=columns, restval="")
+    writer.writeheader()
+    writer.writerows(rows)
+    _atomic_write(path, text.getvalue().encode())
 
 
 def _migrated(path: Path, columns: list[str]) -> list[str]:
@@ -99,8 +99,7 @@ class _Csv:
         self.fresh = fresh = not path.exists() or path.stat().st_size == 0
         if not fresh:
             columns = _migrated(path, columns)
-        self.file = path.open("a", newline="")
-        self.writer = csv.DictWriter(self.file, fieldnames=columns, restval="")
+        self._append(path, columns)
         if fresh:
             self.writer.writeheader()
             self.file.flush()
@@ -117,9 +116,12 @@ class _Csv:
             rows = list(csv.DictReader(f))
         kept = [r for r in rows if keep(r)]
         _rewrite(path, columns, kept)
+        self._append(path, columns)
+        return len(rows) - len(kept)
+
+    def _append(self, path: Path, columns: list[str]) -> None:
         self.file = path.open("a", newline="")
         self.writer = csv.DictWriter(self.file, fieldnames=columns, restval="")
-        return len(rows) - len(kept)
 
     def close(self) -> None:
         self.file.close()
