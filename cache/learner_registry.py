@@ -6,6 +6,8 @@ died without deregistering) are dropped on every read.
 
 from __future__ import annotations
 
+from typing import Any, NamedTuple
+
 import redis
 
 from cache.keys import JobKeys
@@ -20,27 +22,47 @@ redis.call('PEXPIRE', KEYS[2], ARGV[4])
 return 1
 """
 
-_DROP_EXPIRED = """
+
+def drop_expired_lua(learners: str, deadlines: str) -> str:
+    """Lua that drops the entries whose lease ran out, for scripts that name the two keys at other KEYS slots."""
+    return f"""
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local dead = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now)
+local dead = redis.call('ZRANGEBYSCORE', {deadlines}, '-inf', now)
 for _, id in ipairs(dead) do
-  redis.call('HDEL', KEYS[1], id)
-  redis.call('ZREM', KEYS[2], id)
+  redis.call('HDEL', {learners}, id)
+  redis.call('ZREM', {deadlines}, id)
 end
 """
 
-_HELD = _DROP_EXPIRED + "return redis.call('HGETALL', KEYS[1])"
 
-# The parameter function's look at outstanding work in one round trip (a transaction holding a script costs
-# redis-py a SCRIPT EXISTS round trip on every execute): {tasks queued, held flat, round closed, gradients queued}.
-_SNAPSHOT = (
-    _DROP_EXPIRED
-    + """
-return {redis.call('XLEN', KEYS[3]), redis.call('HGETALL', KEYS[1]), redis.call('GET', KEYS[4]) or '0',
-        redis.call('XLEN', KEYS[5])}
-"""
-)
+def snapshot_lua(learners: str, deadlines: str, tasks: str, closed: str, grad: str) -> str:
+    """Lua whose value is a `WorkSnapshot` (expired learners dropped first): the parameter function's look at
+    outstanding work, also returned by the publish script so that a publish needs no look of its own."""
+    return drop_expired_lua(learners, deadlines) + (
+        f"local snapshot = {{redis.call('XLEN', {tasks}), redis.call('HGETALL', {learners}), "
+        f"redis.call('GET', {closed}) or '0', redis.call('XLEN', {grad})}}\n"
+    )
+
+
+class WorkSnapshot(NamedTuple):
+    """One consistent look at a job's outstanding work."""
+
+    tasks: int  # tasks on the task stream (a task leaves it when its gradient is stored or it is dead-lettered)
+    held: list[int]  # the versions live learners hold, one per learner
+    closed: int  # the newest closed round
+    gradients: int  # gradients on the gradient stream
+
+    @classmethod
+    def from_reply(cls, raw: Any) -> WorkSnapshot:
+        tasks, flat, closed, gradients = raw
+        return cls(int(tasks), [int(flat[i + 1]) for i in range(0, len(flat), 2)], int(closed), int(gradients))
+
+
+_HELD = drop_expired_lua("KEYS[1]", "KEYS[2]") + "return redis.call('HGETALL', KEYS[1])"
+
+# One round trip (a transaction holding a script costs redis-py a SCRIPT EXISTS round trip on every execute).
+_SNAPSHOT = snapshot_lua("KEYS[1]", "KEYS[2]", "KEYS[3]", "KEYS[4]", "KEYS[5]") + "return snapshot"
 
 
 class LearnerRegistry:
@@ -74,14 +96,11 @@ class LearnerRegistry:
         flat = self._held(keys=[self.keys.learners, self.keys.learner_deadlines])
         return {flat[i].decode(): int(flat[i + 1]) for i in range(0, len(flat), 2)}
 
-    def work_snapshot(self) -> tuple[int, list[int], int, int]:
-        """One consistent look at the job's outstanding work: (tasks on the task stream, the versions live learners
-        hold, the newest closed round, gradients on the gradient stream)."""
+    def work_snapshot(self) -> WorkSnapshot:
+        """One consistent look at the job's outstanding work."""
         k = self.keys
-        tasks, flat, closed, gradients = self._snapshot(
-            keys=[k.learners, k.learner_deadlines, k.tasks, k.tasks_closed, k.grad]
-        )
-        return int(tasks), [int(flat[i + 1]) for i in range(0, len(flat), 2)], int(closed), int(gradients)
+        keys = [k.learners, k.learner_deadlines, k.tasks, k.tasks_closed, k.grad]
+        return WorkSnapshot.from_reply(self._snapshot(keys=keys))
 
     def held_versions(self) -> list[int]:
         """Distinct policy versions held by live learners, ascending."""

@@ -5,6 +5,8 @@ Every script that writes checks the update lease first, so a holder whose lease 
 
 from __future__ import annotations
 
+from cache.learner_registry import snapshot_lua
+
 # Store the first version unless the job already has one (then return that one).
 # KEYS: version, policy, optim, events. ARGV: weights, optim ('' for none), ttl ms, version
 INIT = """
@@ -18,12 +20,14 @@ return tonumber(ARGV[4])
 """
 
 # Publish and acknowledge as one step: the new version, the optimizer state, the aggregator's state, the removal of
-# the gradients that went into it, and its record in the applied log, all or nothing.
+# the gradients that went into it, and its record in the applied log, all or nothing. Returns {the new version,
+# the work snapshot after it} (`cache.learner_registry.WorkSnapshot`): the publisher's next look comes with it.
 # KEYS: version, lock, new policy, optim, events, retired policy, gradients, gradients freed, aggregator, applied,
-#       learners (id -> held version)
+#       learners (id -> held version), learner deadlines, tasks, tasks closed
 # ARGV: lease value, expected version, weights, optim, ttl ms, retired grace ms, applied maxlen, retired version,
 #       n ids, ids..., n aggregator pairs, field, value, ..., then the applied record's field/value pairs
-PUBLISH_ACK = """
+PUBLISH_ACK = (
+    """
 if redis.call('GET', KEYS[2]) ~= ARGV[1] then return redis.error_reply('FENCE update lease not held') end
 local cur = tonumber(redis.call('GET', KEYS[1]))
 if cur == nil then return redis.error_reply('FENCE store not initialised') end
@@ -69,8 +73,10 @@ if r <= #ARGV then
   redis.call('XADD', KEYS[10], 'MAXLEN', '~', ARGV[7], '*', 'version', new, unpack(ARGV, r))
   redis.call('PEXPIRE', KEYS[10], ARGV[5])
 end
-return new
 """
+    + snapshot_lua("KEYS[11]", "KEYS[12]", "KEYS[13]", "KEYS[14]", "KEYS[7]")
+    + "return {new, snapshot}"
+)
 
 # KEYS: version, lock, optim. ARGV: lease value, the version the state belongs to, state, ttl ms.
 SAVE_OPTIM = """

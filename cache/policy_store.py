@@ -20,6 +20,7 @@ import redis
 from cache import policy_scripts as scripts
 from cache.errors import FencingError, LeaseUnavailable, VersionNotFound
 from cache.keys import JobKeys
+from cache.learner_registry import WorkSnapshot
 from cache.streams import MAX_BLOCK_S, blpop_timeout
 
 
@@ -152,9 +153,10 @@ class PolicyStore:
         self, lease: UpdateLease, *, expected_version: int, weights: bytes, optimizer_state: bytes = b""
     ) -> int:
         """Store version `expected_version + 1` if `lease` still holds and nobody published in between."""
-        return self.publish_and_ack(
+        version, _ = self.publish_and_ack(
             lease, expected_version=expected_version, weights=weights, optimizer_state=optimizer_state
         )
+        return version
 
     def save_optimizer(self, lease: UpdateLease, *, version: int, optimizer_state: bytes) -> None:
         """Store the optimizer state that goes with `version` (publishes may leave it out to save the copy); refused
@@ -183,53 +185,58 @@ class PolicyStore:
         aggregator: Mapping[str, float | int | str] | None = None,
         record: Mapping[str, bytes | str | int | float] | None = None,
         applied_maxlen: int = 100_000,
-    ) -> int:
+    ) -> tuple[int, WorkSnapshot]:
         """`publish`, and in the same atomic step delete the gradients that went into this version, store the
         aggregator's state and append `record` (plus the new version) to the applied log. A crash before it
         changes nothing; after it, nothing is left to apply twice. Refused (FencingError) unless the lease holds,
-        the version is `expected_version` and every gradient is still there."""
+        the version is `expected_version` and every gradient is still there.
+
+        Returns the new version and the job's outstanding work right after the step (what
+        `LearnerRegistry.work_snapshot` would say then): the parameter function's next look costs no round trip."""
         k = self.keys
         new = expected_version + 1
         retired = new - self.keep_versions
         agg = [x for kv in (aggregator or {}).items() for x in kv]
         rec = [x for kv in (record or {}).items() for x in kv]
         try:
-            return int(
-                self._publish_ack(
-                    keys=[
-                        k.policy_version,
-                        k.update_lock,
-                        k.policy(new),
-                        k.optim,
-                        k.policy_events,
-                        k.policy(retired) if retired >= 0 else k.policy(new),
-                        k.grad,
-                        k.freed(k.grad),
-                        k.aggregator,
-                        k.applied,
-                        k.learners,
-                    ],
-                    args=[
-                        lease.value,
-                        expected_version,
-                        weights,
-                        optimizer_state,
-                        self.ttl_ms,
-                        self.retired_grace_ms,
-                        applied_maxlen,
-                        str(retired),
-                        len(gradient_ids),
-                        *gradient_ids,
-                        len(agg) // 2,
-                        *agg,
-                        *rec,
-                    ],
-                )
+            version, snapshot = self._publish_ack(
+                keys=[
+                    k.policy_version,
+                    k.update_lock,
+                    k.policy(new),
+                    k.optim,
+                    k.policy_events,
+                    k.policy(retired) if retired >= 0 else k.policy(new),
+                    k.grad,
+                    k.freed(k.grad),
+                    k.aggregator,
+                    k.applied,
+                    k.learners,
+                    k.learner_deadlines,
+                    k.tasks,
+                    k.tasks_closed,
+                ],
+                args=[
+                    lease.value,
+                    expected_version,
+                    weights,
+                    optimizer_state,
+                    self.ttl_ms,
+                    self.retired_grace_ms,
+                    applied_maxlen,
+                    str(retired),
+                    len(gradient_ids),
+                    *gradient_ids,
+                    len(agg) // 2,
+                    *agg,
+                    *rec,
+                ],
             )
         except redis.ResponseError as exc:
             if "FENCE" in str(exc):
                 raise FencingError(f"job {self.keys.job!r}: publish refused: {exc}") from exc
             raise
+        return int(version), WorkSnapshot.from_reply(snapshot)
 
     # -- waiting ----------------------------------------------------------------------------------------------
     def wait_for_version(self, after: int, *, timeout_s: float) -> int | None:

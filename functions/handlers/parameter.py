@@ -19,6 +19,7 @@ from typing import Any, Literal
 from cache import CodecError, FencingError, GradientMeta, JobCache, LeaseUnavailable, RecordError
 from cache.contract import AggregatorState, AppliedGradient, AppliedRow, DecisionRow, ParameterResult
 from cache.contract.triggers import ParameterTrigger
+from cache.learner_registry import WorkSnapshot
 from cache.policy_store import UpdateLease
 from cache.streams import Entry
 from functions.algos.registry import algorithm_of
@@ -68,6 +69,7 @@ class _Server:
         self.unsaved = 0  # updates since the optimizer state was last stored
         self.trigger, self.owed, self.fired_at = spec.parameter_trigger, 0, -math.inf  # owed: a firing's unapplied
         self.from_queue_alone = applies_from_queue_alone(self.rule) and self.trigger == ParameterTrigger()
+        self.after_publish: WorkSnapshot | None = None  # the work as the last publish left it, until looked at
 
     # -- reading ----------------------------------------------------------------------------------------------
     def take(self, entries: list[Entry]) -> None:
@@ -83,12 +85,8 @@ class _Server:
         self.ctx.log.warning("dead-lettering gradient %s: %s", gradient_id, reason)
         k, lim = self.job.keys, self.job.limits
         with self.job.client.pipeline(transaction=True) as pipe:
-            pipe.xadd(
-                k.dead_letters,
-                {"kind": "gradient", "id": gradient_id, "reason": reason[:1000]},
-                maxlen=lim.dead_letter_maxlen,
-                approximate=True,
-            )
+            fields = {"kind": "gradient", "id": gradient_id, "reason": reason[:1000]}
+            pipe.xadd(k.dead_letters, fields, maxlen=lim.dead_letter_maxlen, approximate=True)
             pipe.xdel(k.grad, gradient_id)
             pipe.execute()
         self.queue.pop(gradient_id, None)
@@ -96,11 +94,9 @@ class _Server:
 
     def wait(self, block_s: float) -> None:
         """Block until gradients land or a control event arrives (stop, dead letter), up to `block_s`."""
-        k = self.job.keys
-        block_ms = max(1, int(block_s * 1000))
-        reply = self.job.client.xread(
-            {k.grad: self.last_id, k.control: self.control_id}, count=READ_COUNT, block=block_ms
-        )
+        k, self.after_publish = self.job.keys, None
+        streams = {k.grad: self.last_id, k.control: self.control_id}
+        reply = self.job.client.xread(streams, count=READ_COUNT, block=max(1, int(block_s * 1000)))
         for stream, items in reply or []:
             if stream.decode() == k.grad:
                 self.take([Entry(i.decode(), f) for i, f in items if f])
@@ -114,7 +110,9 @@ class _Server:
         closed and no task or gradient is left (gradients that landed since the last read count too). A task
         leaves the stream only when its gradient is stored (or it is dead-lettered), so the stream's length counts
         them; tasks not (yet) held by a registered learner will use the current version or a newer one."""
-        tasks, versions, closed, gradients = self.job.learners.work_snapshot()
+        # Right after a publish, the look it returned stands in for ours: a round trip saved per publish.
+        snapshot, self.after_publish = self.after_publish, None
+        tasks, versions, closed, gradients = snapshot or self.job.learners.work_snapshot()
         if gradients > len(self.queue):
             # Landed before the snapshot but not read yet: read them now, or a rule would see their tasks in
             # neither the queue nor in flight (those landing after it are counted twice: a harmless deferral).
@@ -217,7 +215,7 @@ class _Server:
         self.unsaved += 1
         save = self.unsaved >= self.job.limits.optimizer_save_every
         fault_point("parameter:before_publish")
-        model.version = self.job.policies.publish_and_ack(
+        model.version, self.after_publish = self.job.policies.publish_and_ack(
             self.lease,
             expected_version=model.version,
             weights=policy_to_bytes(model.policy, version=model.version + 1),

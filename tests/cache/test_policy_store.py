@@ -1,6 +1,7 @@
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -166,3 +167,24 @@ def test_optimizer_state_saved_apart_only_by_the_lease_holder_for_the_newest_ver
         job.policies.save_optimizer(lease, version=1, optimizer_state=b"o-old-holder")
     assert job.policies.optimizer_state() == b"o1"
     job.policies.release(newer)
+
+
+def test_publish_and_ack_returns_the_work_left_after_it_in_its_one_round_trip(job: JobCache) -> None:
+    """The parameter function's look after a publish comes with the publish: the gradients it acked are gone from
+    the count, an expired learner is dropped, and the rest is what `work_snapshot` says right after."""
+    job.policies.initialise(b"w0")
+    job.learners.register("alive", 0, lease_s=60)
+    job.learners.register("dead", 0, lease_s=0.001)
+    used = [job.client.xadd(job.keys.grad, {"h": b"g"}).decode() for _ in range(2)]
+    job.client.xadd(job.keys.grad, {"h": b"g3"})
+    for _ in range(3):
+        job.client.xadd(job.keys.tasks, {"h": b"t"})
+    job.board.close(2)
+    time.sleep(0.01)  # let the dead learner's lease pass on the server's clock
+    lease = job.policies.acquire("param")
+    before = job.client.round_trips  # type: ignore[attr-defined]
+    version, work = job.policies.publish_and_ack(lease, expected_version=0, weights=b"w1", gradient_ids=used)
+    assert job.client.round_trips - before == 1  # type: ignore[attr-defined]
+    assert (version, work) == (1, (3, [0], 2, 1))
+    assert (work.tasks, work.held, work.closed, work.gradients) == (3, [0], 2, 1)
+    assert job.learners.work_snapshot() == work

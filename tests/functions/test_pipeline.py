@@ -12,7 +12,7 @@ import signal
 import subprocess
 import sys
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +22,7 @@ from cache import Cache, JobCache, JobLimits
 from cache.codec import decode
 from functions.algos.config import NetworkConfig, PPOConfig, StellarisConfig
 from functions.algos.staleness import Rule
+from functions.handlers import parameter
 from functions.jobspec import JobSpec
 from tests.functions.driver import Driver, applied_log
 from tests.functions.workers import stop_key
@@ -92,6 +93,16 @@ def cleanup(cache_conn: Cache) -> Iterator[list[JobCache]]:
         j.delete()
 
 
+def wrapped(events: list[str], mark: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+    """`fn`, appending `mark` to `events` on every call."""
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        events.append(mark)
+        return fn(*args, **kwargs)
+
+    return spy
+
+
 def assert_exactly_once(job: JobCache, rounds: int, tasks_per_round: int, dead_lettered: int = 0) -> list[dict]:
     """Every task of every round in exactly one aggregation; versions contiguous; nothing left behind."""
     log = applied_log(job)
@@ -109,11 +120,16 @@ def assert_exactly_once(job: JobCache, rounds: int, tasks_per_round: int, dead_l
 
 
 def test_multi_task_learner_processes_with_the_parameter_function_applying_as_gradients_land(
-    redis_server, cache_conn: Cache, job_id: str, cleanup
+    redis_server, cache_conn: Cache, job_id: str, cleanup, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     driver = Driver(cache_conn, small_spec(job_id), actors=2)
     job = driver.job
     cleanup.append(job)
+    # The parameter function's Redis calls, in order: Publish, Look at work in flight, Wait for gradients.
+    events: list[str] = []
+    monkeypatch.setattr(job.policies, "publish_and_ack", wrapped(events, "P", job.policies.publish_and_ack))
+    monkeypatch.setattr(job.learners, "work_snapshot", wrapped(events, "L", job.learners.work_snapshot))
+    monkeypatch.setattr(parameter._Server, "wait", wrapped(events, "W", parameter._Server.wait))
     learners = spawn("learner", redis_server.url, job_id, 2)
     try:
         rounds = 4
@@ -135,6 +151,10 @@ def test_multi_task_learner_processes_with_the_parameter_function_applying_as_gr
     state = job.client.hgetall(job.keys.aggregator)
     assert float(state[b"delta_max"]) == max(round1)
     assert int(float(state[b"round_k"])) == rounds
+    # A publish brings the look at work in flight back with it: no look of its own follows one, except where the
+    # next round's invocation starts with its first look.
+    trace = "".join(events)
+    assert trace.count("P") == len(log) and trace.count("PL") < rounds, trace
 
 
 def test_sync_mode_applies_one_update_per_step_with_zero_staleness(redis_server, cache_conn, job_id, cleanup) -> None:
@@ -314,7 +334,7 @@ def test_the_optimizer_state_is_stored_when_the_update_invocation_ends(cache_con
     cleanup.append(driver.job)
     publish, sent = driver.job.policies.publish_and_ack, []
 
-    def spy(*args: Any, **kwargs: Any) -> int:
+    def spy(*args: Any, **kwargs: Any) -> Any:
         sent.append(len(kwargs["optimizer_state"]))
         return publish(*args, **kwargs)
 
