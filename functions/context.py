@@ -38,6 +38,10 @@ class WarmModel:
     version: int
     policy: ActorCritic
     optimizer: torch.optim.Optimizer
+    named: list[tuple[str, torch.nn.Parameter]] = field(init=False)  # the policy's, walked once: they stay put
+
+    def __post_init__(self) -> None:
+        self.named = list(self.policy.named_parameters())
 
 
 @dataclass

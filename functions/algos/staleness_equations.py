@@ -111,10 +111,15 @@ def aggregate(gradients: Sequence[Mapping[str, Tensor]], scales: Sequence[float]
     names = set(gradients[0])
     if any(set(gradient) != names for gradient in gradients):
         raise ValueError("gradients name different parameters")
-    return {
-        name: torch.stack([scale * gradient[name] for gradient, scale in zip(gradients, scales, strict=True)]).mean(0)
-        for name in gradients[0]
-    }
+    # One fused kernel per gradient over all parameters (foreach), not a stack and a mean per parameter: the fast
+    # preset's parameter function spent a third of its update in the per-parameter version. Fresh tensors either way.
+    names = list(gradients[0])
+    total = torch._foreach_mul([gradients[0][name] for name in names], scales[0])
+    for gradient, scale in zip(gradients[1:], scales[1:], strict=True):
+        torch._foreach_add_(total, [gradient[name] for name in names], alpha=scale)
+    if len(gradients) > 1:
+        torch._foreach_div_(total, float(len(gradients)))
+    return dict(zip(names, total, strict=True))
 
 
 def optimizer_step_gradients(

@@ -54,8 +54,8 @@ def update(
     parts = [to_device(r.tensors, device) for r in records]
     scales = gradient_scales(rule, record.stalenesses[: record.count])
     for grads in optimizer_step_gradients(parts, scales, cfg.stellaris.optimizer_steps):
-        for name, p in model.policy.named_parameters():
-            p.grad = grads[name].clone()
+        for name, p in model.named:
+            p.grad = grads[name]  # fresh tensors: the step may take them as they are
         model.optimizer.step()
     normalizer = model.policy.obs_normalizer
     for m in (r.obs_moments for r in records):

@@ -130,6 +130,13 @@ def test_aggregate_matches_slow_reference(seed: int, count: int) -> None:
             for i, value in enumerate(gradient[name].flatten().tolist()):
                 flat[i] += scale * value / count
         torch.testing.assert_close(result[name].flatten().tolist(), flat)
+    # Fresh tensors, even for one gradient at scale 1: the parameter function hands them to the optimizer as they
+    # are, and the inputs (views of a decoded payload) stay as they were.
+    before = {name: g.clone() for name, g in gradients[0].items()}
+    for name, out in aggregate(gradients[:1], [1.0]).items():
+        assert out.untyped_storage().data_ptr() != gradients[0][name].untyped_storage().data_ptr()
+        out.add_(1.0)
+        torch.testing.assert_close(gradients[0][name], before[name])
 
 
 def test_aggregate_rejects_mismatches() -> None:
