@@ -80,6 +80,8 @@ class _AlgoConfig(_Frozen):
     lr: PositiveFloat
     # "linear": annealed towards 0 over the run's planned rounds (CleanRL's anneal_lr; `lr_schedule.learning_rate`)
     lr_schedule: LrSchedule = "constant"
+    # Adam's ε (the parameter function's optimizer): torch's default, as RLlib; the fast presets take CleanRL's 1e-5
+    adam_eps: PositiveFloat = 1e-8
     gamma: Annotated[float, Field(gt=0.0, le=1.0)] = 0.99
     train_batch_size: PositiveInt = 4096
     num_minibatches: PositiveInt = 4
@@ -172,6 +174,7 @@ _FAST_STELLARIS = StellarisConfig(schedule=Schedule.HORIZON_FLOOR)  # the long-r
 _FAST_MUJOCO: dict[str, object] = {
     "lr": 3e-4,
     "lr_schedule": "linear",
+    "adam_eps": 1e-5,
     "train_batch_size": 2048,
     "num_minibatches": 32,
     "num_epochs": 10,
@@ -188,6 +191,7 @@ _FAST_MUJOCO: dict[str, object] = {
 _FAST_ATARI: dict[str, object] = {
     "lr": 2.5e-4,
     "lr_schedule": "linear",
+    "adam_eps": 1e-5,
     "train_batch_size": 1024,
     "num_minibatches": 4,
     "num_epochs": 4,

@@ -37,7 +37,7 @@ def warm_model(ctx: Context, job: JobCache, spec: JobSpec, optimizer_name: str) 
     version, blob = job.policies.latest()
     policy = warm.policy if warm is not None else new_policy(ctx, spec, device=ctx.device)
     load_policy_bytes(policy, blob)
-    optimizer = build_optimizer(optimizer_name, list(policy.parameters()), lr=spec.algo.lr)
+    optimizer = build_optimizer(optimizer_name, list(policy.parameters()), lr=spec.algo.lr, adam_eps=spec.algo.adam_eps)
     load_optimizer_bytes(optimizer, job.policies.optimizer_state() or b"")
     return WarmModel(version, policy, optimizer)
 

@@ -52,7 +52,7 @@ def test_the_parameter_function_steps_with_the_rate_of_the_round_it_aggregates(
 ) -> None:
     spec = small_spec(job_id)
     algo = spec.algo.model_copy(
-        update={"lr_schedule": schedule, "stellaris": StellarisConfig(horizon_rounds=2)}
+        update={"lr_schedule": schedule, "stellaris": StellarisConfig(horizon_rounds=2), "adam_eps": 1e-5}
     )  # 1e-3 over a 2-round horizon
     driver = Driver(cache_conn, spec.model_copy(update={"algo": algo}), actors=1)
     rates = []
@@ -61,6 +61,7 @@ def test_the_parameter_function_steps_with_the_rate_of_the_round_it_aggregates(
             driver.run_round(mode="stellaris")
             (model,) = driver.instance.memo.models.values()  # the parameter function's warm policy and optimizer
             rates.append([g["lr"] for g in model.optimizer.param_groups])
+            assert [g["eps"] for g in model.optimizer.param_groups] == [1e-5]  # the job's Adam ε, not torch's
     finally:
         driver.job.delete()
     assert rates == [[pytest.approx(1e-3)], [pytest.approx(round_2_lr)]]

@@ -33,14 +33,15 @@ def test_weights_of_another_network_are_refused_naming_the_mismatch() -> None:
         load_policy_bytes(build_policy(OBS, ACT, hidden=(8, 8), normalize_obs=True), policy_to_bytes(small, version=1))
 
 
-def test_adam_steps_match_the_per_tensor_adam() -> None:
-    """The fused Adam the parameter function uses gives the per-tensor default's numbers."""
+@pytest.mark.parametrize("eps", [1e-8, 1e-5])
+def test_adam_steps_match_the_per_tensor_adam(eps: float) -> None:
+    """The fused Adam the parameter function uses gives the per-tensor default's numbers, with the job's ε."""
     torch.manual_seed(1)
     a = build_policy(OBS, ACT, hidden=(8, 8))
     b = build_policy(OBS, ACT, hidden=(8, 8))
     b.load_state_dict(a.state_dict())
-    fused = build_optimizer("adam", list(a.parameters()), lr=1e-2)
-    plain = torch.optim.Adam(b.parameters(), lr=1e-2, foreach=False)
+    fused = build_optimizer("adam", list(a.parameters()), lr=1e-2, adam_eps=eps)
+    plain = torch.optim.Adam(b.parameters(), lr=1e-2, eps=eps, foreach=False)
     for _ in range(50):
         for pa, pb in zip(a.parameters(), b.parameters(), strict=True):
             g = torch.randn_like(pa)
