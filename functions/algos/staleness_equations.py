@@ -108,12 +108,11 @@ def aggregate(gradients: Sequence[Mapping[str, Tensor]], scales: Sequence[float]
         raise ValueError("nothing to aggregate")
     if len(gradients) != len(scales):
         raise ValueError(f"{len(gradients)} gradients but {len(scales)} scales")
-    names = set(gradients[0])
-    if any(set(gradient) != names for gradient in gradients):
+    names = list(gradients[0])
+    if any(set(gradient) != set(names) for gradient in gradients):
         raise ValueError("gradients name different parameters")
     # One fused kernel per gradient over all parameters (foreach), not a stack and a mean per parameter: the fast
     # preset's parameter function spent a third of its update in the per-parameter version. Fresh tensors either way.
-    names = list(gradients[0])
     total = torch._foreach_mul([gradients[0][name] for name in names], scales[0])
     for gradient, scale in zip(gradients[1:], scales[1:], strict=True):
         torch._foreach_add_(total, [gradient[name] for name in names], alpha=scale)
