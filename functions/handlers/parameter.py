@@ -112,7 +112,9 @@ class _Server:
         them; tasks not (yet) held by a registered learner will use the current version or a newer one."""
         # Right after a publish, the look it returned stands in for ours: a round trip saved per publish.
         snapshot, self.after_publish = self.after_publish, None
-        tasks, versions, closed, gradients = snapshot or self.job.learners.work_snapshot()
+        if snapshot is None:
+            snapshot = self.job.learners.work_snapshot()
+        tasks, versions, closed, gradients = snapshot
         if gradients > len(self.queue):
             # Landed before the snapshot but not read yet: read them now, or a rule would see their tasks in
             # neither the queue nor in flight (those landing after it are counted twice: a harmless deferral).
