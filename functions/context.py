@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from cache import Cache, JobCache
 from cache import connect as connect_cache
+from cache.packed import PACKED
 
 if TYPE_CHECKING:
     import gymnasium as gym
@@ -38,10 +39,14 @@ class WarmModel:
     version: int
     policy: ActorCritic
     optimizer: torch.optim.Optimizer
-    named: list[tuple[str, torch.nn.Parameter]] = field(init=False)  # the policy's, walked once: they stay put
+    named: list[tuple[str, torch.nn.Parameter]] = field(init=False)  # what the optimizer steps, by gradient name
 
     def __post_init__(self) -> None:
-        self.named = list(self.policy.named_parameters())
+        from functions.flat_params import flat_params
+
+        fp = flat_params(self.policy)
+        # A packed policy's optimizer steps its one flat tensor, fed by packed gradients (`FlatParams.pack`).
+        self.named = [(PACKED, fp.flat)] if fp is not None else list(self.policy.named_parameters())
 
 
 @dataclass

@@ -11,10 +11,12 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from cache.packed import PACKED
 from cache.records import LearnerTask as Task
 from cache.records import ObsMoments
 from functions.algos.truncation import truncated_is_weight, truncation_stats
 from functions.device import module_device
+from functions.flat_params import flat_params
 from functions.normalizers import batch_moments
 from functions.policies import ActorCritic
 
@@ -59,10 +61,17 @@ def is_weights(
 
 def gradients(policy: ActorCritic, loss: Tensor, max_grad_norm: float | None) -> dict[str, Tensor]:
     """d loss / d parameters as fresh tensors (autograd.grad: no .grad buffers to zero or copy), clipped to a total
-    norm of `max_grad_norm` as `clip_grad_norm_` does."""
-    named = list(policy.named_parameters())
-    grads = torch.autograd.grad(loss, [p for _, p in named], allow_unused=True)
-    out = [g if g is not None else torch.zeros_like(p) for (_, p), g in zip(named, grads, strict=True)]
+    norm of `max_grad_norm` as `clip_grad_norm_` does; packed in one tensor for a packed policy (`PACKED`)."""
+    fp = flat_params(policy)
+    named = list(policy.named_parameters()) if fp is None else []
+    params = list(fp.views) if fp is not None else [p for _, p in named]
+    grads = torch.autograd.grad(loss, params, allow_unused=True)
+    out = [g if g is not None else torch.zeros_like(p) for p, g in zip(params, grads, strict=True)]
+    if fp is not None:
+        packed = torch.cat([g.reshape(-1) for g in out])
+        if max_grad_norm is not None:
+            packed.mul_(torch.clamp(max_grad_norm / (torch.linalg.vector_norm(packed) + 1e-6), max=1.0))
+        return {PACKED: packed}
     if max_grad_norm is not None:
         total = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(out)))
         torch._foreach_mul_(out, torch.clamp(max_grad_norm / (total + 1e-6), max=1.0))

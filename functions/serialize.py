@@ -6,6 +6,8 @@ import torch
 from torch import nn
 
 from cache.codec import decode, encode
+from cache.packed import LAYOUT, PACKED, unpacked
+from functions.flat_params import flat_params
 
 
 def policy_to_bytes(policy: nn.Module, *, version: int) -> bytes:
@@ -15,14 +17,28 @@ def policy_to_bytes(policy: nn.Module, *, version: int) -> bytes:
     card = getattr(policy, "card", None)
     if card:
         meta["card"] = card
-    return encode({k: v.detach().cpu() for k, v in policy.state_dict().items()}, meta)
+    fp = flat_params(policy)
+    if fp is None:
+        return encode({k: v.detach().cpu() for k, v in policy.state_dict().items()}, meta)
+    # Packed (cache.packed): the parameters as one buffer, the buffers (normaliser statistics) by name.
+    arrays = {PACKED: fp.flat.detach().cpu(), **{k: b.detach().cpu() for k, b in fp.buffers.items()}}
+    return encode(arrays, {**meta, LAYOUT: fp.wire})
 
 
 def load_policy_bytes(policy: nn.Module, blob: bytes) -> int:
     """Load weights into `policy` (copies out of the buffer, onto the policy's device); returns the version stored
     with them."""
     frame = decode(blob)
-    tensors = frame.tensors()
+    version = int(frame.meta.get("version", -1))
+    fp = flat_params(policy)
+    if fp is not None and frame.meta.get(LAYOUT) == fp.wire and frame.arrays.keys() == {PACKED, *fp.buffers}:
+        with torch.no_grad():  # one copy for all parameters, then the buffers
+            tensors = frame.tensors()
+            fp.flat.copy_(tensors[PACKED])
+            for k, b in fp.buffers.items():
+                b.copy_(tensors[k])
+        return version
+    tensors = unpacked(frame.meta, frame.tensors())  # by name, whichever way they travelled
     current = policy.state_dict()  # detached views sharing the parameters' and buffers' storage
     if current.keys() != tensors.keys() or any(current[k].shape != t.shape for k, t in tensors.items()):
         policy.load_state_dict(tensors, strict=True)  # raises, naming each key or shape that does not fit
@@ -32,7 +48,7 @@ def load_policy_bytes(policy: nn.Module, blob: bytes) -> int:
         with torch.no_grad():
             for k, t in tensors.items():
                 current[k].copy_(t)
-    return int(frame.meta.get("version", -1))
+    return version
 
 
 def optimizer_to_bytes(optimizer: torch.optim.Optimizer) -> bytes:
@@ -55,7 +71,24 @@ def load_optimizer_bytes(optimizer: torch.optim.Optimizer, blob: bytes) -> None:
         index, name = key.split(".", 1)
         state.setdefault(int(index), {})[name] = tensor.clone()
     current = optimizer.state_dict()
+    params = [i for group in current["param_groups"] for i in group["params"]]
+    if len(params) == 1 and len(state) > 1:
+        state = {params[0]: _packed_state(state)}
+        numel = optimizer.param_groups[0]["params"][0].numel()
+        if any(t.dim() and t.numel() != numel for t in state[params[0]].values()):
+            raise ValueError(f"optimizer state does not fit the packed parameters ({numel} elements)")
     optimizer.load_state_dict({"state": state, "param_groups": current["param_groups"]})
+
+
+def _packed_state(state: dict[int, dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """Per-parameter optimizer state (a checkpoint from before parameters were packed, `functions.flat_params`) as
+    the state of their packed tensor: moments end to end in parameter order, the shared step count once."""
+    per_param = [state[i] for i in sorted(state)]
+    out: dict[str, torch.Tensor] = {}
+    for name in per_param[0]:
+        values = [s[name] for s in per_param]
+        out[name] = values[0] if values[0].dim() == 0 else torch.cat([v.reshape(-1) for v in values])
+    return out
 
 
 def build_optimizer(

@@ -11,6 +11,7 @@ import torch
 from cache import JobCache
 from functions.context import Context
 from functions.envs import make_vector_env
+from functions.flat_params import flatten_parameters
 from functions.jobspec import JobSpec, load_spec
 from functions.policies import ActorCritic, build_policy
 from functions.serialize import load_policy_bytes
@@ -37,10 +38,11 @@ def spaces_of(ctx: Context, spec: JobSpec) -> tuple[gym.Space, gym.Space]:
 
 
 def new_policy(ctx: Context, spec: JobSpec, *, device: torch.device | str = "cpu") -> ActorCritic:
-    """A fresh policy for the job's spaces on `device` (actors: always the CPU)."""
+    """A fresh policy for the job's spaces on `device` (actors: always the CPU), its parameters packed in one
+    tensor (`functions.flat_params`): weights load, publish and travel as one buffer."""
     obs_space, act_space = spaces_of(ctx, spec)
     net = spec.algo.network
-    return build_policy(
+    policy = build_policy(
         obs_space,
         act_space,
         hidden=net.hidden,
@@ -48,6 +50,8 @@ def new_policy(ctx: Context, spec: JobSpec, *, device: torch.device | str = "cpu
         activation=net.activation,
         normalize_obs=spec.algo.normalize_obs,
     ).to(device)
+    flatten_parameters(policy)
+    return policy
 
 
 def policy_at(ctx: Context, job: JobCache, spec: JobSpec, version: int, blob: bytes | None = None) -> ActorCritic:

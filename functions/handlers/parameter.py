@@ -36,7 +36,7 @@ from functions.algos.staleness import (
 from functions.context import Context
 from functions.faults import fault_point
 from functions.handlers import Stopwatch, job_id_of
-from functions.handlers.parameter_setup import initialise, keep_warm, kept, update, warm_model
+from functions.handlers.parameter_setup import fitted, initialise, keep_warm, kept, update, warm_model
 from functions.jobspec import JobSpec
 from functions.serialize import optimizer_to_bytes, policy_to_bytes
 from functions.warm import spec_of
@@ -184,7 +184,7 @@ class _Server:
         records = []
         for gid in ids:
             try:
-                records.append(self.job.gradients.record(self.entries[gid]))
+                records.append(fitted(self.model, self.job.gradients.record(self.entries[gid])))
             except (CodecError, RecordError) as exc:
                 self._dead_letter(gid, f"payload unreadable: {type(exc).__name__}: {exc}")
                 return  # decide again without it

@@ -6,13 +6,15 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 import redis
 import torch
 
-from cache import GradientRecord, JobCache
+from cache import GradientRecord, JobCache, RecordError
 from cache.contract import InitResult
+from cache.packed import PACKED
 from cache.policy_store import UpdateLease
 from functions.algos.config import AlgoConfig
 from functions.algos.lr_schedule import learning_rate
@@ -20,6 +22,7 @@ from functions.algos.staleness import AggregationRule, DecisionRecord, gradient_
 from functions.algos.staleness_equations import optimizer_step_gradients
 from functions.context import Context, WarmModel
 from functions.device import to_device
+from functions.flat_params import flat_params
 from functions.jobspec import JobRequest, JobSpec, resolve, save_spec
 from functions.serialize import build_optimizer, load_optimizer_bytes, load_policy_bytes, policy_to_bytes
 from functions.warm import new_policy, spec_of
@@ -37,17 +40,33 @@ def warm_model(ctx: Context, job: JobCache, spec: JobSpec, optimizer_name: str) 
     version, blob = job.policies.latest()
     policy = warm.policy if warm is not None else new_policy(ctx, spec, device=ctx.device)
     load_policy_bytes(policy, blob)
-    optimizer = build_optimizer(optimizer_name, list(policy.parameters()), lr=spec.algo.lr, adam_eps=spec.algo.adam_eps)
+    fp = flat_params(policy)
+    params = [fp.flat] if fp is not None else list(policy.parameters())
+    optimizer = build_optimizer(optimizer_name, params, lr=spec.algo.lr, adam_eps=spec.algo.adam_eps)
     load_optimizer_bytes(optimizer, job.policies.optimizer_state() or b"")
     return WarmModel(version, policy, optimizer)
+
+
+def fitted(model: WarmModel, record: GradientRecord) -> GradientRecord:
+    """`record` with its tensors as the model's optimizer steps them: packed for a packed policy (either way they
+    travelled). A gradient that does not fit the policy raises `RecordError`, naming how: poison, as an unreadable
+    one, and nothing is applied."""
+    fp = flat_params(model.policy)
+    if fp is None:
+        return record
+    try:
+        return replace(record, tensors={PACKED: fp.pack(record.tensors)})
+    except ValueError as exc:
+        raise RecordError(f"gradient {record.meta.task_id!r} from {record.meta.learner_id!r}: {exc}") from exc
 
 
 def update(
     model: WarmModel, cfg: AlgoConfig, rule: AggregationRule, record: DecisionRecord, records: list[GradientRecord],
     device: torch.device,
 ) -> None:  # fmt: skip
-    """One aggregation's update of the model: the optimizer steps on the scaled gradients at the round's learning
-    rate, then the gradients' observation moments (a round's fresh batches) into the policy's normaliser."""
+    """One aggregation's update of the model (its `fitted` records): the optimizer steps on the scaled gradients at
+    the round's learning rate, then the gradients' observation moments (a round's fresh batches) into the policy's
+    normaliser."""
     lr = learning_rate(cfg.lr, cfg.lr_schedule, round_k=max(record.round_k, 1), horizon_rounds=rule.horizon_rounds)
     for group in model.optimizer.param_groups:
         group["lr"] = lr

@@ -18,6 +18,7 @@ from safetensors.numpy import save_file
 
 from cache.codec import decode
 from cache.contract.results import device_of
+from cache.packed import unpacked
 from gateway.models import Activation
 from stellaris.control.scaling import ELASTIC_COLUMNS
 from stellaris.control.tensorboard import RoundBoard
@@ -244,7 +245,8 @@ class RunDir:
         path = self.path / FILE_NAME
         config = self.path / "config.yaml"
         job_spec = (yaml.safe_load(config.read_text()) or {}).get("job_spec") or {} if config.exists() else {}
-        arrays = {k: np.array(v, order="C") for k, v in frame.arrays.items()}  # 0-d stays 0-d (a count)
+        named = unpacked(frame.meta, frame.arrays)  # the file keeps the state_dict's names, packed or not
+        arrays = {k: np.array(v, order="C") for k, v in named.items()}  # 0-d stays 0-d (a count)
         save_file(arrays, str(path), metadata=policy_metadata(frame.meta, job_spec))
         return path
 

@@ -16,10 +16,12 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
-from cache import Cache, JobCache, JobLimits
+from cache import Cache, GradientMeta, GradientRecord, JobCache, JobLimits
 from cache.codec import decode
+from cache.packed import PACKED
 from functions.algos.config import NetworkConfig, PPOConfig, StellarisConfig
 from functions.algos.staleness import Rule
 from functions.handlers import parameter
@@ -290,9 +292,12 @@ def test_poisoned_task_and_gradient_are_dead_lettered_and_the_round_completes(
     out = driver.learner({"job": job_id, "round": 1})
     assert out["status"] == "done" and out["gradients"] == 4 and out["dead_lettered"] == 1
     job.client.xadd(job.keys.grad, {b"h": b"\xc1 not a gradient"})  # a gradient nobody can decode
+    misfit = GradientRecord(GradientMeta("learner-x", 0, "0-1", 1, {}), {PACKED: np.zeros(3, np.float32)})
+    job.client.xadd(job.keys.grad, dict(zip(*[iter(misfit.fields())] * 2, strict=True)))  # decodes, fits no policy
     assert driver.parameter({"job": job_id, "round": 1})["status"] == "ok"
     letters = job.board.read_dead_letters()
-    assert sorted(f["kind"] for _, f in letters) == ["gradient", "task"]
+    assert sorted(f["kind"] for _, f in letters) == ["gradient", "gradient", "task"]
+    assert any("does not fit" in f["reason"] for _, f in letters)
     assert_exactly_once(job, 1, tasks_per_round=5, dead_lettered=1)
 
 

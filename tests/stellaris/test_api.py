@@ -22,6 +22,7 @@ from safetensors.torch import load_file
 
 import stellaris
 from cache.codec import decode
+from cache.packed import unpacked
 from functions.jobspec import JobSpec
 from functions.policies import build_policy
 from stellaris.config import ConfigError
@@ -129,7 +130,8 @@ def test_load_policy_in_a_fresh_process_acts_as_the_trained_network(run: Path) -
     # The file holds the run's newest checkpointed weights, at that checkpoint's policy version.
     state = json.loads((run / "state.json").read_text())
     assert got["version"] == state["version"]
-    checkpoint = decode((run / state["policy_file"]).read_bytes()).arrays
+    frame = decode((run / state["policy_file"]).read_bytes())
+    checkpoint = unpacked(frame.meta, frame.arrays)  # published packed (one array of parameters), filed by name
     saved = load_file(str(run / "policy.safetensors"))
     assert all(np.array_equal(checkpoint[k], saved[k].numpy()) for k in checkpoint) and set(checkpoint) == set(saved)
     # stellaris eval builds its policy through load_policy too.

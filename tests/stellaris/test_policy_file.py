@@ -17,6 +17,7 @@ from safetensors.torch import save_file
 
 import stellaris
 from cache.codec import decode
+from functions.flat_params import flatten_parameters
 from functions.jobspec import JobRequest, resolve
 from functions.policies import ActorCritic, build_policy, space_from_json, space_to_json
 from functions.serialize import policy_to_bytes
@@ -47,10 +48,14 @@ def assert_same_actions(policy: ActorCritic, loaded: stellaris.Policy, obs: np.n
     np.testing.assert_allclose(one, want[0], rtol=1e-5, atol=1e-6)
 
 
-def test_box_spaces_and_the_observation_normaliser_round_trip(tmp_path: Path) -> None:
+@pytest.mark.parametrize("packed", [True, False], ids=["packed", "per-tensor"])
+def test_box_spaces_and_the_observation_normaliser_round_trip(tmp_path: Path, packed: bool) -> None:
+    """The parameter function publishes packed policies (one array of parameters): the file names each one."""
     obs_space = spaces.Box(np.array([-1, -2, -np.inf], np.float32), np.array([1, 2, np.inf], np.float32))
     act_space = spaces.Box(-0.5, 0.5, (2,), np.float32)
     policy = build_policy(obs_space, act_space, hidden=(16, 8), activation="relu", normalize_obs=True)
+    if packed:
+        flatten_parameters(policy)
     torch.manual_seed(0)
     policy.update_obs_normalizer(torch.randn(256, 3) * 4 + 3)  # statistics far from the initial (0, 1)
     with torch.no_grad():
