@@ -186,7 +186,7 @@ class _Server:
             try:
                 records.append(fitted(self.model, self.job.gradients.record(self.entries[gid])))
             except (CodecError, RecordError) as exc:
-                self._dead_letter(gid, f"payload unreadable: {type(exc).__name__}: {exc}")
+                self._dead_letter(gid, f"payload unusable: {type(exc).__name__}: {exc}")
                 return  # decide again without it
         model = self.model
         with self.compute:

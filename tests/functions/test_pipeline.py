@@ -139,7 +139,9 @@ def test_multi_task_learner_processes_with_the_parameter_function_applying_as_gr
             driver.run_round(mode="stellaris", learn_inline=False)
     finally:
         done = stop(job, learners)
-    assert len(done) == 2 * (rounds + 1)  # one invocation per learner per round (+ the stop round), not per task
+    # One invocation per learner per round, not per task, plus the stop round's for a worker that had not yet seen
+    # the stop key when its round-4 invocation ended (a race with `stop`, so 0-2 of those).
+    assert 2 * rounds <= len(done) <= 2 * (rounds + 1)
     assert {d["status"] for d in done} == {"done"}
     assert sum(d["gradients"] for d in done) == rounds * 8
     log = assert_exactly_once(job, rounds, tasks_per_round=8)
