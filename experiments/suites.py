@@ -13,6 +13,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from stellaris.config import default_learners
+
 SuiteName = Literal["algorithms", "cost", "ablation", "sensitivity", "breakdown", "rllib"]
 PresetName = Literal["quick", "paper", "long"]
 SUITES: tuple[str, ...] = ("algorithms", "cost", "ablation", "sensitivity", "breakdown")
@@ -54,7 +56,7 @@ class Budget:
 
     description: str
     default_seeds: int
-    learners: int
+    learners: int | None  # None: what `stellaris train` picks on this machine (`default_learners`: 1 on 2 cores)
     actors: int
     rounds: dict[str, int]  # by env kind
     suite_rounds: dict[str, dict[str, int]] = field(default_factory=dict)  # suite -> env kind -> rounds, if not rounds
@@ -94,11 +96,12 @@ PRESETS: dict[str, Budget] = {
     ),
     "long": Budget(
         description="LONG preset: 500k env steps on MuJoCo (245 rounds of 2048), the fast (CleanRL) hyperparameters "
-        "unchanged (32 minibatches x 10 epochs), the 2-core defaults (1 actor x 2 envs, 2 learner functions), 3 "
-        "seeds; rewards are also read at half the run (the 50k steps before 250k) and its end",
+        "unchanged (32 minibatches x 10 epochs), `stellaris train`'s defaults for this machine (on 2 cores 1 actor x "
+        "2 envs, 1 learner function), 3 seeds; rewards are also read at half the run (the 50k steps before 250k) and "
+        "its end",
         preset="fast",
         default_seeds=3,
-        learners=2,
+        learners=None,
         actors=1,
         rounds={"mujoco": 245, "atari": 245},
     ),
@@ -142,7 +145,7 @@ def _config(suite: str, budget: Budget, env: str, algo: str, seed: int, fields: 
         "algo": algo,
         "preset": budget.preset,
         "rounds": rounds,
-        "learners": budget.learners,
+        "learners": default_learners() if budget.learners is None else budget.learners,
         "actors": budget.actors,
         "seed": seed,
         "overrides": dict(budget.overrides.get(kind, {})),

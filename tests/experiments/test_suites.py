@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from experiments.suites import ENVS, SUITES, baseline_of, plan
+from stellaris.config import default_learners
 
 
 @pytest.mark.parametrize(
@@ -50,7 +51,10 @@ def test_long_preset_is_500k_steps_of_the_fast_settings_on_the_2_core_defaults()
     assert [p.variant for p in plans[:5]] == ["stellaris", "sync", "async", "softsync", "ssp"]
     assert len(plans) == 15 and {p.seed for p in plans} == {0, 1, 2}
     assert {p.config["rounds"] for p in plans} == {245}  # 245 x 2048 = 501,760 env steps
-    assert {(p.config["preset"], p.config["learners"], p.config["actors"]) for p in plans} == {("fast", 2, 1)}
+    # the learners `stellaris train` would pick here, so the suite's stellaris row is the command
+    assert {(p.config["preset"], p.config["learners"], p.config["actors"]) for p in plans} == {
+        ("fast", default_learners(), 1)
+    }
     assert all(not p.config["overrides"] for p in plans)  # CleanRL's 32 minibatches x 10 epochs
 
 
