@@ -67,6 +67,18 @@ def test_a_packed_publish_loads_into_packed_and_plain_policies_and_back() -> Non
         assert torch.equal(packed_again.state_dict()[name], value), name
 
 
+def test_a_buffer_reassigned_rather_than_updated_in_place_still_publishes_and_loads() -> None:
+    _, packed = _pair()
+    packed.obs_normalizer.mean = torch.full((11,), 4.0, dtype=torch.float64)  # a new tensor, not an in-place update
+    frame = decode(policy_to_bytes(packed, version=2))
+    assert torch.equal(frame.tensors()["obs_normalizer.mean"], torch.full((11,), 4.0, dtype=torch.float64))
+    _, other = _pair(seed=1)
+    other.obs_normalizer.var = torch.ones(11, dtype=torch.float64)  # reassigned before a load: the load reaches it
+    assert load_policy_bytes(other, policy_to_bytes(packed, version=2)) == 2
+    for name, value in packed.state_dict().items():
+        assert torch.equal(other.state_dict()[name], value), name
+
+
 def test_a_packed_frame_of_another_network_is_refused_naming_the_mismatch() -> None:
     small = build_policy(OBS, ACT, hidden=(8, 8))
     flatten_parameters(small)
