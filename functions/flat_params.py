@@ -25,25 +25,20 @@ class FlatParams:
     flat: nn.Parameter  # what an optimizer steps; the module's parameters are views of its storage
     layout: Layout  # (name, shape) of each parameter, in `named_parameters` order
     views: tuple[nn.Parameter, ...]  # the module's parameters, in layout order
-    buffers: dict[str, Tensor]  # the state_dict's buffers (the observation normaliser's), kept current by `flat_params`
-    wire: list[list[object]]  # the layout as a frame's meta carries it
     owners: tuple[tuple[str, nn.Module, str], ...]  # (state_dict name, owning module, attribute) of each buffer
+    wire: list[list[object]]  # the layout as a frame's meta carries it
 
     def intact(self) -> bool:
         """Whether the module's parameters still share the flat storage (`.to()` to another device ends that)."""
         ptr = self.flat.untyped_storage().data_ptr()
         return all(v.untyped_storage().data_ptr() == ptr for v in self.views)
 
-    def track_buffers(self) -> None:
-        """Re-point `buffers` at the module's buffers as they are now: one that was reassigned (`self.mean = ...`)
-        rather than updated in place would otherwise publish and load its old tensor. A dict lookup per buffer."""
-        for name, owner, leaf in self.owners:
-            current = owner._buffers.get(leaf)
-            if current is not self.buffers.get(name):
-                if current is None:  # removed or set to None: the state_dict leaves it out too
-                    self.buffers.pop(name, None)
-                else:
-                    self.buffers[name] = current
+    @property
+    def buffers(self) -> dict[str, Tensor]:
+        """The state_dict's buffers (the observation normaliser's) as the module holds them now, read from their
+        owners each time: a buffer reassigned (`self.mean = ...`) rather than updated in place is not missed."""
+        current = ((name, owner._buffers.get(leaf)) for name, owner, leaf in self.owners)
+        return {name: b for name, b in current if b is not None}  # None: removed, and left out of state_dict too
 
     def pack(self, tensors: Mapping[str, Tensor]) -> Tensor:
         """Named per-parameter tensors (a gradient) packed in layout order; `ValueError` names what does not fit."""
@@ -85,23 +80,18 @@ def flatten_parameters(module: nn.Module) -> FlatParams:
         offset += p.numel()
     layout = tuple((name, tuple(p.shape)) for name, p in named)
     params = {name for name, _ in named}
-    buffers = {k: v for k, v in module.state_dict(keep_vars=True).items() if k not in params}
     owners = []
-    for name in buffers:
+    for name in (k for k in module.state_dict(keep_vars=True) if k not in params):  # persistent buffers, extra state
         owner, _, leaf = name.rpartition(".")
         sub = module.get_submodule(owner) if owner else module
-        if leaf in sub._buffers:  # not `_extra_state`, which a module may also put in its state_dict
+        if leaf in sub._buffers:  # not `_extra_state`, which is no tensor
             owners.append((name, sub, leaf))
-    fp = FlatParams(nn.Parameter(flat), layout, tuple(views), buffers, wire_layout(layout), tuple(owners))
+    fp = FlatParams(nn.Parameter(flat), layout, tuple(views), tuple(owners), wire_layout(layout))
     module.__dict__[_ATTR] = fp  # a plain attribute: nn.Module would register a Parameter-holding one otherwise
     return fp
 
 
 def flat_params(module: nn.Module) -> FlatParams | None:
-    """The module's flat parameters, or None when it has none or they no longer back its parameters; their
-    buffers are the module's current ones."""
+    """The module's flat parameters, or None when it has none or they no longer back its parameters."""
     fp = module.__dict__.get(_ATTR)
-    if fp is None or not fp.intact():
-        return None
-    fp.track_buffers()
-    return fp
+    return fp if fp is not None and fp.intact() else None

@@ -31,11 +31,12 @@ def load_policy_bytes(policy: nn.Module, blob: bytes) -> int:
     frame = decode(blob)
     version = int(frame.meta.get("version", -1))
     fp = flat_params(policy)
-    if fp is not None and frame.meta.get(LAYOUT) == fp.wire and frame.arrays.keys() == {PACKED, *fp.buffers}:
+    buffers = fp.buffers if fp is not None else {}
+    if fp is not None and frame.meta.get(LAYOUT) == fp.wire and frame.arrays.keys() == {PACKED, *buffers}:
         with torch.no_grad():  # one copy for all parameters, then the buffers
             tensors = frame.tensors()
             fp.flat.copy_(tensors[PACKED])
-            for k, b in fp.buffers.items():
+            for k, b in buffers.items():
                 b.copy_(tensors[k])
         return version
     tensors = unpacked(frame.meta, frame.tensors())  # by name, whichever way they travelled
