@@ -110,12 +110,14 @@ def rllib_plan(stellaris: RunPlan, *, cores: int) -> RunPlan:
     return RunPlan(stellaris.group, VARIANT, stellaris.seed, {**config, "rllib": spec})
 
 
-def plans(preset: str, seeds: int, variants: Sequence[str] | None = None, *, cores: int) -> list[RunPlan]:
+def plans(
+    preset: str, seeds: int, variants: Sequence[str] | None = None, *, cores: int, first_seed: int = 0
+) -> list[RunPlan]:
     """The suite's runs: per seed, Stellaris then RLlib (only the rows in `variants` when given)."""
     unknown = [v for v in variants or () if v not in VARIANTS]
     if unknown:
         raise ValueError(f"unknown variant(s) {', '.join(unknown)} of rllib; choose from {', '.join(VARIANTS)}")
-    ours = plan("rllib", preset, seeds)
+    ours = plan("rllib", preset, seeds, first_seed=first_seed)
     rows = [p for s in ours for p in (s, rllib_plan(s, cores=cores))]
     return [p for p in rows if variants is None or p.variant in variants]
 

@@ -94,6 +94,7 @@ def run_suite(
     *,
     preset: str = "quick",
     seeds: int | None = None,
+    first_seed: int = 0,
     out: Path = Path("results"),
     parallel: int = 2,
     redis_url: str | None = None,
@@ -113,10 +114,12 @@ def run_suite(
     n_seeds = seeds if seeds is not None else (budget.default_seeds if budget else 1)
     if suite == "rllib":
         cores = rllib_cores if rllib_cores is not None else len(os.sched_getaffinity(0))
-        plans = rllib_suite.plans(preset, n_seeds, variants, cores=cores)  # raises ValueError as plan does
+        # raises ValueError as plan does
+        plans = rllib_suite.plans(preset, n_seeds, variants, cores=cores, first_seed=first_seed)
         parallel = 1
     else:
-        plans = plan(suite, preset, n_seeds, variants)  # raises ValueError naming a bad suite, preset, seeds or variant
+        # raises ValueError naming a bad suite, preset, seeds or variant
+        plans = plan(suite, preset, n_seeds, variants, first_seed=first_seed)
     assert budget is not None
     if parallel < 1:
         raise ValueError(f"parallel must be at least 1, got {parallel}")
@@ -126,7 +129,7 @@ def run_suite(
     theirs = [p for p in plans if rllib_suite.is_rllib(p)]
     unique = {p.run_id for p in plans}
     console.print(f"[bold]{suite}[/] suite, preset [bold]{preset}[/]: {budget.description}")
-    console.print(f"{len(unique)} runs ({n_seeds} seeds), {parallel} in parallel; output under {out}")
+    console.print(f"{len(unique)} runs ({n_seeds} seeds from {first_seed}), {parallel} in parallel; output under {out}")
     outcomes: list[Outcome] = []
     t0 = time.monotonic()
     code = 0
@@ -198,6 +201,7 @@ def main(
         "quick", help="quick (≤15 min per suite on 2 cores), paper (50 rounds, Table III) or long (500k steps)"
     ),
     seeds: int | None = typer.Option(None, help="seeds per configuration (default: quick 2, paper 10)"),
+    first_seed: int = typer.Option(0, help="the first seed: runs use first-seed, first-seed + 1, ..."),
     out: Path = typer.Option(Path("results"), help="output root; suites under one root share identical runs"),
     parallel: int = typer.Option(2, help="training runs at a time"),
     redis_url: str | None = typer.Option(None, "--redis-url", help="use this Redis instead of an embedded one"),
@@ -216,7 +220,7 @@ def main(
     signal.signal(signal.SIGTERM, _interrupt)
     try:
         code = run_suite(
-            suite, preset=preset, seeds=seeds, out=out, parallel=parallel,
+            suite, preset=preset, seeds=seeds, first_seed=first_seed, out=out, parallel=parallel,
             redis_url=redis_url, gateway_url=gateway_url, gateway_token=gateway_token, report_only=report_only,
             variants=None if variants is None else [v.strip() for v in variants.split(",") if v.strip()],
             target_reward=target_reward, rllib_venv=rllib_venv, rllib_cores=rllib_cores,

@@ -153,18 +153,22 @@ def _config(suite: str, budget: Budget, env: str, algo: str, seed: int, fields: 
     }
 
 
-def plan(suite: str, preset: str, seeds: int, variants: Sequence[str] | None = None) -> list[RunPlan]:
-    """The runs of `suite` under `preset` for seeds 0..seeds-1, only the rows in `variants` when given; raises
-    ValueError naming a bad argument."""
+def plan(
+    suite: str, preset: str, seeds: int, variants: Sequence[str] | None = None, *, first_seed: int = 0
+) -> list[RunPlan]:
+    """The runs of `suite` under `preset` for seeds first_seed..first_seed+seeds-1, only the rows in `variants` when
+    given; raises ValueError naming a bad argument."""
     if suite not in ALL_SUITES:
         raise ValueError(f"unknown suite {suite!r}; choose one of {', '.join(ALL_SUITES)}")
     if preset not in PRESETS:
         raise ValueError(f"unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
     if seeds < 1:
         raise ValueError(f"seeds must be at least 1, got {seeds}")
+    if first_seed < 0:
+        raise ValueError(f"first_seed must be at least 0 (env seeds are non-negative), got {first_seed}")
     budget = PRESETS[preset]
     runs: list[RunPlan] = []
-    for seed in range(seeds):
+    for seed in range(first_seed, first_seed + seeds):
         if suite in ("algorithms", "cost"):
             for algo in ALGOS:
                 for env in ENVS:

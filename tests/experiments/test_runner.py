@@ -98,3 +98,11 @@ def test_cli_names_a_bad_suite() -> None:
         [sys.executable, "-m", "experiments.run", "nope"], capture_output=True, text=True, timeout=120
     )
     assert proc.returncode == 2 and "unknown suite 'nope'" in proc.stderr
+
+
+def test_cli_names_a_negative_first_seed() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "experiments.run", "ablation", "--first-seed", "-1"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 2 and "first_seed must be at least 0" in proc.stderr

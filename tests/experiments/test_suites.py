@@ -58,6 +58,17 @@ def test_long_preset_is_500k_steps_of_the_fast_settings_on_the_2_core_defaults()
     assert all(not p.config["overrides"] for p in plans)  # CleanRL's 32 minibatches x 10 epochs
 
 
+def test_first_seed_shifts_the_seeds_and_a_shared_seed_is_the_same_run() -> None:
+    from_one = plan("ablation", "long", 3, ["stellaris"], first_seed=1)
+    assert [p.seed for p in from_one] == [1, 2, 3]
+    assert all(p.config["seed"] == p.seed and f"-s{p.seed}-" in p.run_id for p in from_one)
+    # seeds 1 and 2 are the runs a default plan (seeds 0-2) has: one results root shares them
+    from_zero = {p.seed: p.run_id for p in plan("ablation", "long", 3, ["stellaris"])}
+    assert [p.run_id for p in from_one[:2]] == [from_zero[1], from_zero[2]]
+    with pytest.raises(ValueError, match=r"first_seed must be at least 0 .*, got -1"):
+        plan("ablation", "long", 3, first_seed=-1)
+
+
 def test_variants_filter_and_a_bad_variant_is_named() -> None:
     assert [p.variant for p in plan("ablation", "quick", 1, ["async"])] == ["async"]
     with pytest.raises(ValueError, match=r"unknown variant\(s\) nope of ablation; choose from stellaris, sync"):
