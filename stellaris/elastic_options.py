@@ -93,6 +93,12 @@ class ElasticOptions(BaseModel):
         return self.max_actors if self.elastic_actors else int(getattr(self, "actors", 1))
 
     @property
+    def queue_bound(self) -> int:
+        """Trajectory batches landed and not yet trained on, or in training, before actors block: `actor_run_ahead`
+        per actor. With 1, an actor's next batch waits until the round training on its last one ends."""
+        return self.actor_capacity * int(getattr(self, "actor_run_ahead", 2))
+
+    @property
     def learner_capacity(self) -> int:
         """The most learners the job may run at once (the learner pool's max instances)."""
         return max([int(getattr(self, "learners", 1))] + [n for _, n in self.schedule])

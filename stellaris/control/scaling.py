@@ -17,8 +17,16 @@ if TYPE_CHECKING:
 
 ELASTIC_COLUMNS = [
     "learners", "actors", "actor_change", "actors_prewarmed", "actors_per_learner", "actor_demand", "backlog_steps",
-    "batch_wait_s", "actor_cost_round_before", "actor_cost_round_after", "batches_lost",
+    "batch_wait_s", "actor_cost_round_before", "actor_cost_round_after", "batches_lost", "policy_lag",
 ]  # fmt: skip
+
+
+def policy_lag(batches: Sequence[tuple[str, BatchMeta]], version: int | None) -> int | float:
+    """Versions from the oldest policy that collected any of a round's batches to `version`, the one its learning
+    starts from (NaN without either). The trajectory queue's bound (`actor_run_ahead`) caps it in rounds."""
+    if version is None or not batches:
+        return math.nan
+    return version - min(meta.behaviour_version for _, meta in batches)
 
 
 def actor_steps_s(batches: Sequence[tuple[str, BatchMeta]]) -> float | None:
@@ -94,6 +102,7 @@ class Scaler:
             "batch_wait_s": round(collect_s, 4),  # the learners idle since the last round's learning ended
             "backlog_steps": round(backlog_steps, 1),
             "batches_lost": self.sequence.lost(batches) if serverful else 0,
+            "policy_lag": policy_lag(batches, t.gate.fired_version),
             "actors_per_learner": math.nan,
             "actor_demand": math.nan,
         }

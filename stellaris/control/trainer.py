@@ -77,7 +77,7 @@ class Trainer:
         self.gate = LearnerGate(cfg.triggers.learner, self.job.trajectories.stream)  # README, triggers
 
     def _queue_bound(self) -> int:
-        return max(2, self.cfg.actor_capacity * self.cfg.actor_run_ahead)
+        return self.cfg.queue_bound
 
     @property
     def cost(self) -> float:

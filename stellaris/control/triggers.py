@@ -135,12 +135,12 @@ class TriggerFields(BaseModel):
     @model_validator(mode="after")
     def _batches_fit_the_queue(self) -> Any:
         """A batch count beyond the trajectory queue's bound could never land: actors block on a full queue."""
-        bound = max(2, int(getattr(self, "actors", 1)) * int(getattr(self, "actor_run_ahead", 2)))
+        bound = int(getattr(self, "queue_bound", 2))
         wanted = self.triggers.learner.batches
         if wanted is not None and wanted > bound:
             raise ValueError(
                 f"triggers.learner.batches: {wanted} exceeds the trajectory queue's bound {bound} "
-                "(max(2, actors x actor_run_ahead)); raise actor_run_ahead or ask for fewer"
+                "(actors x actor_run_ahead; max_actors with elastic actors); raise actor_run_ahead or ask for fewer"
             )
         return self
 

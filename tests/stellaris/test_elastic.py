@@ -3,12 +3,14 @@ parsing and the config's bounds, and the batch sequence that tells a lost batch.
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from cache import BatchMeta
 from stellaris.config import ConfigError, load_config
 from stellaris.control.elastic import ActorController, Signal, actor_cost_per_round, actors_per_learner
-from stellaris.control.scaling import BatchSequence, actor_steps_s
+from stellaris.control.scaling import BatchSequence, actor_steps_s, policy_lag
 from stellaris.elastic_options import parse_learner_schedule
 
 
@@ -138,6 +140,15 @@ def test_actor_rate_over_collection_spans() -> None:
     assert actor_steps_s([("1", meta("a", 0, span=None))]) is None
 
 
+def test_policy_lag_counts_versions_from_the_oldest_collecting_policy() -> None:
+    def at(version: int) -> tuple[str, BatchMeta]:
+        return ("1", BatchMeta(actor_id="a", behaviour_version=version, env_steps=100, info={}))
+
+    assert policy_lag([at(7), at(4)], 9) == 5  # the oldest of the round's batches, to the version learning starts at
+    assert policy_lag([at(9)], 9) == 0
+    assert math.isnan(policy_lag([], 9)) and math.isnan(policy_lag([at(3)], None))
+
+
 def test_learner_schedule_parses() -> None:
     assert parse_learner_schedule("2@1, 4@15") == [(1, 2), (15, 4)]
 
@@ -165,3 +176,11 @@ def test_config_learners_follow_the_schedule() -> None:
     cfg = load_config(None, {"env": "CartPole-v1", "rounds": 2, **fields})
     assert [cfg.learners_at(k) for k in (1, 14, 15, 99)] == [2, 2, 4, 4]
     assert (cfg.learner_capacity, cfg.actor_capacity) == (4, cfg.max_actors)
+    assert cfg.queue_bound == cfg.max_actors * cfg.actor_run_ahead  # sized for the most actors the job may run
+
+
+@pytest.mark.parametrize(("actors", "run_ahead", "bound"), [(1, 1, 1), (1, 2, 2), (3, 2, 6)])
+def test_queue_bound_is_run_ahead_batches_per_actor(actors: int, run_ahead: int, bound: int) -> None:
+    # 1 actor x 1: its next batch waits for the round training on its last one to end (no floor of 2)
+    fields = {"actors": actors, "actor_run_ahead": run_ahead}
+    assert load_config(None, {"env": "CartPole-v1", "rounds": 2, **fields}).queue_bound == bound

@@ -19,7 +19,8 @@ PER_ROUND = 16  # 4 epochs x 4 minibatches (FAST_CARTPOLE)
 def test_config_defined_workflow(tmp_path: Path) -> None:
     out = tmp_path / "run"
     triggers = {"learner": {"batches": BATCHES}, "parameter": {"gradients": GRADIENTS}}
-    cmd = train_cmd(tmp_path, "--rounds", str(ROUNDS), "--out", str(out), triggers=triggers, seed=3)
+    # 4 batches of 2 actors need a queue of 4: 2 per actor (the default, 1, would refuse the trigger)
+    cmd = train_cmd(tmp_path, "--rounds", str(ROUNDS), "--out", str(out), triggers=triggers, seed=3, actor_run_ahead=2)
     done = run_train(cmd)
     assert done.returncode == 0, done.stderr[-3000:]
 

@@ -116,7 +116,8 @@ def test_parameter_rows_group_by_version() -> None:
 
 
 def test_config_takes_yaml_mapping_and_json_flag() -> None:
-    cfg = load_config(None, {**CARTPOLE, "triggers": {"learner": {"batches": 2}, "parameter": {"gradients": 4}}})
+    triggers = {"learner": {"batches": 2}, "parameter": {"gradients": 4}}
+    cfg = load_config(None, {**CARTPOLE, "actors": 2, "triggers": triggers})
     assert cfg.triggers.learner.batches == 2 and cfg.triggers.parameter.gradients == 4
     assert cfg.job_request("j")["parameter_trigger"] == {"gradients": 4, "period_s": None}
     flag = load_config(None, {**CARTPOLE, "triggers": '{"learner": {"steps": 64, "period_s": 0.5}}'})
@@ -145,3 +146,11 @@ def test_default_config_has_default_triggers() -> None:
 def test_bad_triggers_name_the_field(triggers: object, named: str) -> None:
     with pytest.raises(ConfigError, match=f"invalid configuration: {named}"):
         load_config(None, {**CARTPOLE, "triggers": triggers})
+
+
+def test_a_batch_count_beyond_the_queue_bound_is_refused_naming_the_bound() -> None:
+    two = {"learner": {"batches": 2}}
+    with pytest.raises(ConfigError, match=r"triggers\.learner\.batches: 2 exceeds the trajectory queue's bound 1 "):
+        load_config(None, {**CARTPOLE, "triggers": two})  # 1 actor x the default run-ahead, 1
+    cfg = load_config(None, {**CARTPOLE, "actor_run_ahead": 2, "triggers": two})
+    assert cfg.triggers.learner.batches == 2 and cfg.queue_bound == 2
