@@ -73,7 +73,7 @@ class TrainConfig(StellarisKnobs, DistributionKnob, ElasticOptions, TriggerField
     envs_per_actor: int = Field(default=2, ge=1, le=1024, description="envs one actor steps (batched inference)")
     # Policy lag: a batch is collected while learners train on the previous one; actors follow the newest policy
     # every 4 steps mid-batch, and with run-ahead 1 idle once their next batch is in, leaving the cores to learning
-    # (Hopper: 1.22x the env steps/s of run-ahead 2, the same lag; README, "Actors and policy lag").
+    # (Hopper, 6 A/B pairs: 1.10x the env steps/s of run-ahead 2, 0.96-1.36x; README, "Actors and policy lag").
     actor_run_ahead: int = Field(default=1, ge=1, le=64, description="batches per actor queued or in training")
     actor_policy_refresh: int = Field(
         default=4, ge=0, le=100_000,
