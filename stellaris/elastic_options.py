@@ -96,7 +96,7 @@ class ElasticOptions(BaseModel):
     def queue_bound(self) -> int:
         """Trajectory batches landed and not yet trained on, or in training, before actors block: `actor_run_ahead`
         per actor. With 1, an actor's next batch waits until the round training on its last one ends."""
-        return self.actor_capacity * int(getattr(self, "actor_run_ahead", 2))
+        return self.actor_capacity * int(getattr(self, "actor_run_ahead", 1))
 
     @property
     def learner_capacity(self) -> int:

@@ -135,7 +135,7 @@ class TriggerFields(BaseModel):
     @model_validator(mode="after")
     def _batches_fit_the_queue(self) -> Any:
         """A batch count beyond the trajectory queue's bound could never land: actors block on a full queue."""
-        bound = int(getattr(self, "queue_bound", 2))
+        bound = int(getattr(self, "queue_bound", 1))
         wanted = self.triggers.learner.batches
         if wanted is not None and wanted > bound:
             raise ValueError(
