@@ -90,6 +90,11 @@ class ActivationStore:
     async def wait(self, activation_id: str, timeout_s: float) -> Activation | None:
         """The record once final, or as it stands after `timeout_s` (blocks on a list, no polling)."""
         act = await self.get(activation_id)
+        if act is None and (self._pending or (self._flush is not None and not self._flush.done())):
+            # Maybe one of this worker's records written after its answer left (save_later): a caller reading it
+            # right after that answer waits for the write rather than getting a 404.
+            await self.drain()
+            act = await self.get(activation_id)
         if act is None or act.status in FINAL or timeout_s <= 0:
             return act
         done = self.keys.activation_done(activation_id)
