@@ -46,13 +46,13 @@ class Trainer:
         self.job_base = self.state.get("job_base") or self.state.get("job") or f"j{uuid.uuid4().hex[:10]}"
         self.epoch = int(self.state.get("epoch", -1)) + 1 if self.state else 0
         self.job_id = self.job_base if self.epoch == 0 else f"{self.job_base}-e{self.epoch}"
-        self.job = JobCache(self.cache.client, self.job_id, JobLimits(trajectory_maxlen=self._queue_bound()))
+        self.job = JobCache(self.cache.client, self.job_id, JobLimits(trajectory_maxlen=self.cfg.queue_bound))
         self.round = int(self.state.get("round", 0))
         self.env_steps = int(self.state.get("env_steps", 0))
         self.elapsed_before = float(self.state.get("elapsed_s", 0.0))
         self.started = time.monotonic()
         self.deployment = Deployment(
-            platform.gateway, self.cache, self.job, queue_bound=self._queue_bound(), placement=placements(cfg)
+            platform.gateway, self.cache, self.job, queue_bound=self.cfg.queue_bound, placement=placements(cfg)
         )
         self.names = self.deployment.names
         self.billing = Billing(
@@ -76,9 +76,6 @@ class Trainer:
         self.elastic = Scaler(self)  # elastic actors and the learner schedule (README)
         self.gate = LearnerGate(cfg.triggers.learner, self.job.trajectories.stream)  # README, triggers
 
-    def _queue_bound(self) -> int:
-        return self.cfg.queue_bound
-
     @property
     def cost(self) -> float:
         return self.billing.cost
@@ -88,7 +85,7 @@ class Trainer:
         env = {
             "OMP_NUM_THREADS": str(self.cfg.torch_threads),
             "STELLARIS_LOG_LEVEL": os.environ.get("STELLARIS_LOG_LEVEL", "WARNING"),
-            "STELLARIS_JOB_TRAJECTORY_MAXLEN": str(self._queue_bound()),
+            "STELLARIS_JOB_TRAJECTORY_MAXLEN": str(self.cfg.queue_bound),
         }
         env |= self.deployment.job_credentials()
         self.deployment.register_parameter(env)
