@@ -78,12 +78,21 @@ if [ "$(cat "$CONF" 2>/dev/null || true)" != "$conf" ]; then
     if answers; then say "containers.conf changed: restarting the service"; stop_service; fi
 fi
 
-# 3. The Docker-API service, detached from this shell (its output must not hold the caller's pipe open).
+# 3. The Docker-API service, detached from this shell (its output must not hold the caller's pipe open), started in
+#    / : a service whose working directory was deleted still answers, but fails every container start with
+#    "write child: broken pipe" (reproduced: started from a directory, then the directory removed).
 remove_containers
+if answers && [[ "$(readlink "/proc/$(cat "$PIDFILE" 2>/dev/null || echo none)/cwd" 2>/dev/null)" == *" (deleted)" ]]; then
+    say "the service's working directory was deleted: restarting it"
+    stop_service
+fi
 if ! answers; then
     stop_service # a service from an earlier run that lost its socket
-    setsid podman system service --time=0 "unix://$SOCK" </dev/null >>"$LOG" 2>&1 &
-    echo $! >"$PIDFILE"
+    (
+        cd /
+        setsid podman system service --time=0 "unix://$SOCK" </dev/null >>"$LOG" 2>&1 &
+        echo $! >"$PIDFILE"
+    )
     for _ in $(seq 100); do answers && break; sleep 0.1; done # bounded: 10 s
     answers || { say "the service did not answer on $SOCK; its log:"; tail -20 "$LOG" >&2; exit 1; }
     say "service answering on unix://$SOCK (pid $(cat "$PIDFILE"), log $LOG)"
