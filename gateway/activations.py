@@ -13,6 +13,10 @@ from cache.keys import GatewayKeys
 from gateway.models import Activation, Status
 
 FINAL = {Status.SUCCESS, Status.ERROR, Status.TIMEOUT, Status.REJECTED}
+# How long a read with `wait_s` waits for a record that is not there yet: a synchronous call's record is written
+# just after its answer leaves, by whichever worker answered, so a caller reading it at once from another worker can
+# get there first. The write is one event-loop turn away; a record still absent after this is unknown or expired.
+UNWRITTEN_GRACE_S = 1.0
 
 # Drop the oldest records beyond the cap, and index entries older than the TTL (their records are gone). KEYS: index.
 # ARGV: cap, record key prefix, ttl ms, oldest creation time kept (s). The record keys share the index's hash tag
@@ -95,9 +99,15 @@ class ActivationStore:
             # right after that answer waits for the write rather than getting a 404.
             await self.drain()
             act = await self.get(activation_id)
-        if act is None or act.status in FINAL or timeout_s <= 0:
+        if act is None and timeout_s > 0 and _issued_here(activation_id):
+            timeout_s = min(timeout_s, UNWRITTEN_GRACE_S)  # maybe another worker's record, about to be written
+        elif act is None or act.status in FINAL or timeout_s <= 0:
             return act
         done = self.keys.activation_done(activation_id)
-        if await self.client.blmove(done, done, timeout_s, "LEFT", "RIGHT") is not None:  # leaves it for others
-            return await self.get(activation_id)
+        await self.client.blmove(done, done, timeout_s, "LEFT", "RIGHT")  # leaves the wake-up for other readers
         return await self.get(activation_id)
+
+
+def _issued_here(activation_id: str) -> bool:
+    """Whether the id has the form the gateway gives activations (uuid4 hex): only those are worth waiting for."""
+    return len(activation_id) == 32 and all(c in "0123456789abcdef" for c in activation_id)

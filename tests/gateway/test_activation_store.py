@@ -31,3 +31,35 @@ def test_a_record_saved_after_the_answer_is_found_by_a_read_right_after(redis_se
     found, unknown = asyncio.run(scenario())
     assert found is not None and found.status == Status.SUCCESS
     assert unknown is None
+
+
+def test_a_read_on_another_worker_waits_for_a_record_about_to_be_written(redis_server: EmbeddedRedis) -> None:
+    """Two workers (stores on one namespace): the caller's read reaches worker B before worker A, which answered the
+    call, has written its record. B waits for it rather than answering 404."""
+
+    async def blocked_readers(client: aioredis.Redis) -> int:
+        return sum(1 for c in await client.client_list() if c.get("cmd") == "blmove")
+
+    async def scenario() -> tuple[Activation | None, Activation | None, Activation | None]:
+        clients = [aioredis.Redis.from_url(redis_server.url) for _ in range(3)]
+        try:
+            keys = GatewayKeys(f"t{uuid.uuid4().hex[:8]}")
+            a, b = (ActivationStore(c, keys, ttl_s=60, max_records=100) for c in clients[:2])
+            act = Activation(id=uuid.uuid4().hex, function="f", status=Status.SUCCESS, start=time.time())
+            read = asyncio.ensure_future(b.wait(act.id, 30.0))
+            while await blocked_readers(clients[2]) == 0:  # B found no record and blocks on its completion
+                assert not read.done(), "B answered before A wrote the record"
+                await asyncio.sleep(0.01)
+            a.save_later(act)
+            await a.drain()
+            found = await read
+            never = await b.wait(uuid.uuid4().hex, 0.2)  # our id form, never written: None once the grace ends
+            odd = await b.wait("not-an-activation-id", 30.0)  # not an id the gateway gives: not waited for
+            return found, never, odd
+        finally:
+            for c in clients:
+                await c.aclose()
+
+    found, never, odd = asyncio.run(scenario())
+    assert found is not None and found.id and found.status == Status.SUCCESS
+    assert never is None and odd is None
