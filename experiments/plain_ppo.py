@@ -6,18 +6,29 @@ and reward normalisation, the learning rate annealed linearly over the rounds) s
 for like.
 
     python -m experiments.plain_ppo --env Hopper-v5 --rounds 5
+    python -m experiments.plain_ppo --total-steps 500000 --seed 1 --csv plain-s1.csv   # its reward, as runs report it
+
+`--csv` writes a row per round with the columns of a run's info.csv that the reward measures read
+(`experiments/summary.py`), and the run ends by printing the mean training return of the episodes in the 50k env
+steps before half its steps and before its end, as the experiment suites report a run's.
 """
 
 from __future__ import annotations
 
+import csv
+import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
 import torch
 import typer
 from torch import nn
+
+from experiments.summary import window_reward
 
 
 @dataclass(frozen=True)
@@ -61,7 +72,9 @@ class RoundResult:
     collect_cpu_seconds: float = 0.0  # of it, stepping the env with the policy's inference (the rest: GAE, update)
 
 
-def train(env_id: str, rounds: int, seed: int = 0, h: Hyper = Hyper()) -> list[RoundResult]:
+def train(
+    env_id: str, rounds: int, seed: int = 0, h: Hyper = Hyper(), on_round: Callable[[RoundResult], None] | None = None
+) -> list[RoundResult]:
     torch.manual_seed(seed)
     torch.set_num_threads(1)  # small nets: one thread is fastest, and it is what each platform function gets
     env = gym.make(env_id)
@@ -125,14 +138,53 @@ def train(env_id: str, rounds: int, seed: int = 0, h: Hyper = Hyper()) -> list[R
                 opt.step()
         seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
         results.append(RoundResult(seconds, h.steps, returns, cpu, collect_cpu))
+        if on_round is not None:
+            on_round(results[-1])
     env.close()
     return results
 
 
-def main(env: str = "Hopper-v5", rounds: int = 5, seed: int = 0) -> None:
-    for i, r in enumerate(train(env, rounds, seed), 1):
-        mean = np.mean(r.episode_returns) if r.episode_returns else float("nan")
-        print(f"round {i}: {r.env_steps / r.seconds:,.0f} env steps/s, mean episodic return {mean:.1f}")
+def info_rows(results: list[RoundResult]) -> list[dict[str, float]]:
+    """Per round, the info.csv columns the reward measures read: duration, cumulative env steps, episodes ended and
+    their mean return (NaN without one)."""
+    rows, steps = [], 0
+    for i, r in enumerate(results, 1):
+        steps += r.env_steps
+        mean = float(np.mean(r.episode_returns)) if r.episode_returns else math.nan
+        rows.append(
+            {"round_id": i, "duration": r.seconds, "env_steps": steps, "episodes": len(r.episode_returns),
+             "train_reward_mean": mean}
+        )  # fmt: skip
+    return rows
+
+
+def main(
+    env: str = "Hopper-v5",
+    rounds: int = typer.Option(5, min=1, help="rounds of 2048 env steps"),
+    seed: int = 0,
+    total_steps: int | None = typer.Option(None, min=1, help="rounds enough for this many env steps (over --rounds)"),
+    csv_path: Path | None = typer.Option(None, "--csv", help="write a row per round (info.csv's reward columns)"),
+) -> None:
+    if total_steps is not None:
+        rounds = math.ceil(total_steps / Hyper.steps)
+
+    def progress(r: RoundResult) -> None:
+        mean = np.mean(r.episode_returns) if r.episode_returns else math.nan
+        print(f"round {len(done) + 1}/{rounds}: {r.env_steps / r.seconds:,.0f} env steps/s, mean episodic return "
+              f"{mean:.1f}", flush=True)  # fmt: skip
+        done.append(r)
+
+    done: list[RoundResult] = []
+    rows = info_rows(train(env, rounds, seed, on_round=progress))
+    if csv_path is not None:
+        with csv_path.open("w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+            writer.writeheader()
+            writer.writerows(rows)
+    end = total_steps or rows[-1]["env_steps"]
+    half = window_reward(rows, end / 2)
+    print(f"mean training return of the episodes in the 50k env steps before {end / 2:,.0f}: {half:,.0f}; "
+          f"before {end:,.0f}: {window_reward(rows, end):,.0f}")  # fmt: skip
 
 
 if __name__ == "__main__":
