@@ -118,6 +118,9 @@ class PPOConfig(_AlgoConfig):
     ent_coef: NonNegativeFloat = 0.0
     vf_clip: PositiveFloat | None = None
     normalize_advantages: bool = True
+    # GAE from the values of the learner's first policy of the round rather than the actors' (a round older when
+    # actors run ahead), as plain PPO's come from the policy it trains from (README, "Actors and policy lag").
+    recompute_values: bool = False
 
 
 class _VTraceConfig(ReplaySettings, _AlgoConfig):

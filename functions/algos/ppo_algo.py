@@ -32,21 +32,33 @@ class PPORound:
     returns: Tensor
     values: Tensor
     proximal_log_probs: Tensor | None = None
+    rollouts: tuple[Rollout, ...] = ()  # what GAE needs to run again on other values (recompute_values)
+
+
+@dataclass(frozen=True)
+class Rollout:
+    """One batch's GAE inputs, time-major [T, N], but for its values (the bootstraps stay the actor's)."""
+
+    rewards: Tensor
+    bootstrap_value: Tensor
+    terminations: Tensor
+    truncations: Tensor
+    truncation_values: Tensor
 
 
 def prepare(batches: Sequence[Batch], cfg: PPOConfig) -> PPORound:
     parts: dict[str, list[Tensor]] = {k: [] for k in ("obs", "act", "mu", "adv", "ret", "val")}
+    rollouts = []
     for b in batches:
-        a, r = gae(
+        rollout = Rollout(
             as_tensor(b["rewards"]),
-            as_tensor(b["values"]),
             as_tensor(b["last_values"]),
             as_tensor(b["terminations"]),
             as_tensor(b["truncations"]),
-            gamma=cfg.gamma,
-            lam=cfg.lam,
-            truncation_values=as_tensor(b["truncation_values"]),
+            as_tensor(b["truncation_values"]),
         )
+        a, r = _gae(rollout, as_tensor(b["values"]), cfg)
+        rollouts.append(rollout)
         parts["obs"].append(flat(as_tensor(b["observations"])))
         parts["act"].append(flat(as_tensor(b["actions"])))
         parts["mu"].append(flat(as_tensor(b["behaviour_log_probs"])))
@@ -54,17 +66,43 @@ def prepare(batches: Sequence[Batch], cfg: PPOConfig) -> PPORound:
         parts["ret"].append(flat(r))
         parts["val"].append(flat(as_tensor(b["values"])))
     c = {k: torch.cat(v) for k, v in parts.items()}
-    return PPORound(c["obs"], c["act"], c["mu"], c["adv"], c["ret"], c["val"])
+    kept = tuple(rollouts) if cfg.recompute_values else ()
+    return PPORound(c["obs"], c["act"], c["mu"], c["adv"], c["ret"], c["val"], rollouts=kept)
+
+
+def _gae(rollout: Rollout, values: Tensor, cfg: PPOConfig) -> tuple[Tensor, Tensor]:
+    r = rollout
+    kw = {"gamma": cfg.gamma, "lam": cfg.lam, "truncation_values": r.truncation_values}
+    return gae(r.rewards, values, r.bootstrap_value, r.terminations, r.truncations, **kw)
+
+
+def with_values(data: PPORound, values: Tensor, cfg: PPOConfig) -> PPORound:
+    """The round's advantages and returns by GAE again, from `values` (flat, in the round's sample order)."""
+    adv, ret, start = [], [], 0
+    for rollout in data.rollouts:
+        shape = rollout.rewards.shape
+        n = shape.numel()
+        a, r = _gae(rollout, values[start : start + n].reshape(shape).to(rollout.rewards.dtype), cfg)
+        adv.append(flat(a))
+        ret.append(flat(r))
+        start += n
+    if start != len(values):
+        raise ValueError(f"{len(values)} values for a round of {start} samples")
+    return replace(data, advantages=torch.cat(adv), returns=torch.cat(ret), values=values)
 
 
 @torch.no_grad()
 def with_proximal(data: PPORound, policy: ActorCritic, cfg: PPOConfig) -> PPORound:
     """The decoupled clip's proximal policy is the first one this instance trains the round with: like plain PPO's
-    π_old, which is the policy at the round's start, while μ can be up to a round older (actors run ahead)."""
-    if cfg.stellaris.truncation_form != "decoupled":
+    π_old, which is the policy at the round's start, while μ can be up to a round older (actors run ahead). With
+    `recompute_values`, that policy's values also replace the actors' in GAE."""
+    decoupled = cfg.stellaris.truncation_form == "decoupled"
+    if not decoupled and not data.rollouts:
         return data
-    log_probs, _, _ = policy.evaluate(data.obs, data.actions)
-    return replace(data, proximal_log_probs=log_probs)
+    log_probs, _, values = policy.evaluate(data.obs, data.actions)
+    if data.rollouts:
+        data = with_values(data, values.reshape(-1), cfg)
+    return replace(data, proximal_log_probs=log_probs) if decoupled else data
 
 
 def gradient(policy: ActorCritic, data: PPORound, task: LearnerTask, cfg: PPOConfig, inputs: LearnInputs) -> Gradient:
