@@ -167,14 +167,14 @@ def main(
 ) -> None:
     if total_steps is not None:
         rounds = math.ceil(total_steps / Hyper.steps)
+    done: list[RoundResult] = []
 
     def progress(r: RoundResult) -> None:
-        mean = np.mean(r.episode_returns) if r.episode_returns else math.nan
-        print(f"round {len(done) + 1}/{rounds}: {r.env_steps / r.seconds:,.0f} env steps/s, mean episodic return "
-              f"{mean:.1f}", flush=True)  # fmt: skip
         done.append(r)
+        mean = np.mean(r.episode_returns) if r.episode_returns else math.nan
+        print(f"round {len(done)}/{rounds}: {r.env_steps / r.seconds:,.0f} env steps/s, mean episodic return "
+              f"{mean:.1f}", flush=True)  # fmt: skip
 
-    done: list[RoundResult] = []
     rows = info_rows(train(env, rounds, seed, on_round=progress))
     if csv_path is not None:
         with csv_path.open("w", newline="") as f:

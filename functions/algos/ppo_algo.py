@@ -57,23 +57,25 @@ def prepare(batches: Sequence[Batch], cfg: PPOConfig) -> PPORound:
             as_tensor(b["truncations"]),
             as_tensor(b["truncation_values"]),
         )
-        a, r = _gae(rollout, as_tensor(b["values"]), cfg)
+        values = as_tensor(b["values"])
+        a, r = _gae(rollout, values, cfg)
         rollouts.append(rollout)
         parts["obs"].append(flat(as_tensor(b["observations"])))
         parts["act"].append(flat(as_tensor(b["actions"])))
         parts["mu"].append(flat(as_tensor(b["behaviour_log_probs"])))
         parts["adv"].append(flat(a))
         parts["ret"].append(flat(r))
-        parts["val"].append(flat(as_tensor(b["values"])))
+        parts["val"].append(flat(values))
     c = {k: torch.cat(v) for k, v in parts.items()}
     kept = tuple(rollouts) if cfg.recompute_values else ()
     return PPORound(c["obs"], c["act"], c["mu"], c["adv"], c["ret"], c["val"], rollouts=kept)
 
 
-def _gae(rollout: Rollout, values: Tensor, cfg: PPOConfig) -> tuple[Tensor, Tensor]:
-    r = rollout
-    kw = {"gamma": cfg.gamma, "lam": cfg.lam, "truncation_values": r.truncation_values}
-    return gae(r.rewards, values, r.bootstrap_value, r.terminations, r.truncations, **kw)
+def _gae(r: Rollout, values: Tensor, cfg: PPOConfig) -> tuple[Tensor, Tensor]:
+    return gae(
+        r.rewards, values, r.bootstrap_value, r.terminations, r.truncations,
+        gamma=cfg.gamma, lam=cfg.lam, truncation_values=r.truncation_values,
+    )  # fmt: skip
 
 
 def with_values(data: PPORound, values: Tensor, cfg: PPOConfig) -> PPORound:
