@@ -20,6 +20,8 @@ from cache.errors import BackpressureTimeout, CacheError
 MAX_BLOCK_S = 20.0
 # The shortest BLPOP timeout sent: Redis reads a timeout that rounds to 0 ms (0.001 s or less) as "block forever".
 MIN_BLOCK_S = 0.01
+# A consumed-entry wait looks again this often when no freed token wakes it (several waiters share the tokens).
+CONSUMED_POLL_S = 0.05
 
 
 def blpop_timeout(remaining_s: float) -> float:
@@ -136,6 +138,17 @@ class BoundedStream:
                     "consumers are not keeping up; raise its maxlen or add consumers"
                 )
             self.client.blpop([self.freed_key], timeout=blpop_timeout(remaining))
+
+    def wait_consumed(self, entry_id: str, *, timeout_s: float, poll_s: float = CONSUMED_POLL_S) -> bool:
+        """Block until `entry_id` is acknowledged (gone from the stream); False on timeout. Woken by the freed list
+        as `add` is; a token another waiter took costs at most `poll_s`."""
+        deadline = time.monotonic() + timeout_s
+        while self.client.xrange(self.key, entry_id, entry_id, count=1):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            self.client.blpop([self.freed_key], timeout=blpop_timeout(min(remaining, poll_s)))
+        return True
 
     # -- consuming --------------------------------------------------------------------------------------------
     def read(self, consumer: str, *, count: int = 1, block_s: float = 0.0) -> list[Entry]:

@@ -3,7 +3,9 @@
 Each loop pushes one trajectory batch per iteration and blocks on the trajectory stream's backpressure when
 learners fall behind; it stops at the next iteration boundary once its stop event is set. After its first batch an
 actor waits for the policy that batch trains before it runs ahead: round 1 is every actor's first batch, whatever the
-actors' relative speed, so the same seed gives the same round 1 (README, "Reproducing a run").
+actors' relative speed, so the same seed gives the same round 1 (README, "Reproducing a run"). With run-ahead 0 it
+never runs ahead: each batch is collected once the round that trained the last one has ended, with the policy that
+round published, as a serverless actor invoked between rounds collects it.
 """
 
 from __future__ import annotations
@@ -22,7 +24,13 @@ log = logging.getLogger("stellaris.actor")
 
 
 def actor_loop(
-    redis_url: str, job: str, actor_id: str, actor_index: int, stop: Event, max_batches: int | None = None
+    redis_url: str,
+    job: str,
+    actor_id: str,
+    actor_index: int,
+    stop: Event,
+    max_batches: int | None = None,
+    run_ahead: int = 1,
 ) -> None:
     import torch
 
@@ -40,20 +48,28 @@ def actor_loop(
                 log.warning("%s: %s", actor_id, exc)
                 continue
             pushed += 1
-            if pushed == 1:
+            if max_batches is not None and pushed >= max_batches:
+                break
+            if run_ahead == 0:  # the trainer acknowledges (deletes) a batch when the round training it ends
+                stream = instance.job(job).trajectories.stream
+                while not stop.is_set() and not stream.wait_consumed(result.batch_id, timeout_s=1.0):
+                    pass
+            elif pushed == 1:
                 policies = instance.job(job).policies
                 while not stop.is_set() and policies.wait_for_version(result.version, timeout_s=1.0) is None:
                     pass
 
 
 def main() -> None:
-    """`python -m functions.actor_loop JOB ACTOR_ID INDEX` with $REDIS_URL: one serverful actor until SIGTERM."""
+    """`python -m functions.actor_loop JOB ACTOR_ID INDEX [RUN_AHEAD]` with $REDIS_URL: one serverful actor until
+    SIGTERM (RUN_AHEAD: TrainConfig.actor_run_ahead, 1 when left out)."""
     import os
     import signal
     import sys
     import threading
 
     job, actor_id, index = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    run_ahead = int(sys.argv[4]) if len(sys.argv) > 4 else 1
     stop = threading.Event()
 
     def on_signal(signum: int, frame: object) -> None:
@@ -61,7 +77,7 @@ def main() -> None:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    actor_loop(os.environ["REDIS_URL"], job, actor_id, index, stop)  # type: ignore[arg-type]
+    actor_loop(os.environ["REDIS_URL"], job, actor_id, index, stop, run_ahead=run_ahead)  # type: ignore[arg-type]
 
 
 if __name__ == "__main__":

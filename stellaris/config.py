@@ -71,10 +71,9 @@ class TrainConfig(StellarisKnobs, DistributionKnob, ElasticOptions, TriggerField
         default="serverful", description="serverful (long-lived processes) or serverless (one invocation a batch)"
     )
     envs_per_actor: int = Field(default=2, ge=1, le=1024, description="envs one actor steps (batched inference)")
-    # Policy lag: a batch is collected while learners train on the previous one; actors follow the newest policy
-    # every 4 steps mid-batch, and with run-ahead 1 idle once their next batch is in, leaving the cores to learning
-    # (Hopper, 6 A/B pairs: 1.10x the env steps/s of run-ahead 2, 0.96-1.36x; README, "Actors and policy lag").
-    actor_run_ahead: int = Field(default=1, ge=1, le=64, description="batches per actor queued or in training")
+    # Policy lag (README, "Actors and policy lag"): at 1 a batch is collected while the previous one trains, following
+    # the newest policy every 4 steps; at 0 it is collected after that round, with the policy it ended on.
+    actor_run_ahead: int = Field(default=1, ge=0, le=64, description="batches per actor queued or in training")
     actor_policy_refresh: int = Field(
         default=4, ge=0, le=100_000,
         description="steps per env between an actor's looks for a newer policy mid-batch (0: once a batch)",

@@ -67,6 +67,11 @@ class ElasticOptions(BaseModel):
             raise ValueError(
                 f"actors: {actors} is outside [min_actors, max_actors] = [{self.min_actors}, {self.max_actors}]"
             )
+        if int(getattr(self, "actor_run_ahead", 1)) == 0 and getattr(self, "distribution", "") == "gradients_at_actors":
+            raise ValueError(
+                "actor_run_ahead: 0 waits for an actor's trajectory batch to be trained on, and distribution "
+                "gradients_at_actors ships no trajectory batch; use 1 or more"
+            )
         first = self.schedule[0] if self.schedule else None
         if first is not None and first[0] == 1 and first[1] != learners:
             raise ValueError(
@@ -95,8 +100,9 @@ class ElasticOptions(BaseModel):
     @property
     def queue_bound(self) -> int:
         """Trajectory batches landed and not yet trained on, or in training, before actors block: `actor_run_ahead`
-        per actor. With 1, an actor's next batch waits until the round training on its last one ends."""
-        return self.actor_capacity * int(getattr(self, "actor_run_ahead", 1))
+        per actor (0 counts as 1). With 1, an actor's next batch waits until the round training on its last one
+        ends; with 0, its collection does."""
+        return self.actor_capacity * max(1, int(getattr(self, "actor_run_ahead", 1)))
 
     @property
     def learner_capacity(self) -> int:

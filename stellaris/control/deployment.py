@@ -96,6 +96,7 @@ class Deployment:
         job: JobCache,
         *,
         queue_bound: int,
+        actor_run_ahead: int = 1,
         placement: Mapping[Role, Placement],
     ) -> None:
         self.gateway, self.cache, self.job = gateway, cache, job
@@ -103,7 +104,7 @@ class Deployment:
         self.job_id = job.keys.job
         self.names = function_names(self.job_id)
         self.functions = GatewayFunctions(gateway, self.names)
-        self.queue_bound = queue_bound
+        self.queue_bound, self.actor_run_ahead = queue_bound, actor_run_ahead
         self.actor_procs: list[subprocess.Popen[bytes]] = []
         self.stopping: list[subprocess.Popen[bytes]] = []  # scaled-down actors finishing the batch in hand
         self.job_url: str | None = None  # Redis as the job's own user, when Redis has ACLs
@@ -198,6 +199,7 @@ class Deployment:
             DEVICE_ENV: "cpu",
         }
         cmd = [sys.executable, "-m", "functions.actor_loop", self.job_id, f"actor-{index}", str(index)]
+        cmd.append(str(self.actor_run_ahead))
         return subprocess.Popen(cmd, env=env, preexec_fn=die_with_parent)
 
     def restart_dead_actors(self) -> int:

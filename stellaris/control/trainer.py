@@ -52,8 +52,9 @@ class Trainer:
         self.elapsed_before = float(self.state.get("elapsed_s", 0.0))
         self.started = time.monotonic()
         self.deployment = Deployment(
-            platform.gateway, self.cache, self.job, queue_bound=self.cfg.queue_bound, placement=placements(cfg)
-        )
+            platform.gateway, self.cache, self.job, queue_bound=self.cfg.queue_bound,
+            actor_run_ahead=self.cfg.actor_run_ahead, placement=placements(cfg),
+        )  # fmt: skip
         self.names = self.deployment.names
         self.billing = Billing(
             cfg.billing, actors=cfg.actors, learners=cfg.learners, actor_function=self.names["actor"], state=self.state

@@ -96,6 +96,24 @@ def test_stream_is_capped_and_producer_gets_backpressure(cache_conn: Cache, job_
         job.delete()
 
 
+def test_a_consumed_wait_ends_when_the_entry_is_acknowledged_not_before(job: JobCache) -> None:
+    ids = [job.trajectories.put(batch(steps=s)) for s in (1, 2)]
+    stream = job.trajectories.stream
+    assert not stream.wait_consumed(ids[0], timeout_s=0.05)  # still queued
+    job.trajectories.take("l1", count=2, block_s=1.0)
+    assert not stream.wait_consumed(ids[0], timeout_s=0.05)  # delivered is not consumed: the round may still train it
+    done: list[bool] = []
+    waiter = threading.Thread(target=lambda: done.append(stream.wait_consumed(ids[0], timeout_s=30)))
+    waiter.start()
+    job.trajectories.ack([ids[1]])  # another batch's ack wakes the waiter, which looks again and keeps waiting
+    waiter.join(timeout=0.3)
+    assert waiter.is_alive() and not done
+    job.trajectories.ack([ids[0]])
+    waiter.join(timeout=30)
+    assert done == [True] and stream.length() == 0
+    assert stream.wait_consumed(ids[0], timeout_s=0.0)  # an entry already gone returns at once
+
+
 def test_every_key_written_has_a_ttl(job: JobCache) -> None:
     bid = job.trajectories.put(batch())
     job.trajectories.take("l1", block_s=1.0)

@@ -49,3 +49,30 @@ def test_serverful_actor_processes_push_batches_until_stopped(cache_conn: Cache,
                 p.kill()
                 p.join()
         job.delete()
+
+
+def test_an_actor_at_run_ahead_0_collects_its_next_batch_after_the_last_one_is_trained(
+    cache_conn: Cache, job_id: str
+) -> None:
+    driver = Driver(cache_conn, small_spec(job_id))
+    job: JobCache = driver.job
+    ctx = mp.get_context("spawn")
+    stop = ctx.Event()
+    proc = ctx.Process(target=actor_loop, args=(cache_conn.url, job_id, "actor-0", 0, stop, 2, 0), daemon=True)
+    try:
+        proc.start()
+        [(first_id, first)] = job.trajectories.take("test", count=2, block_s=60)
+        lease = job.policies.acquire("test")
+        job.policies.publish(lease, expected_version=0, weights=job.policies.get(0))
+        # A newer policy alone does not start the next batch (at run-ahead 1 it would): the round still trains this one.
+        assert job.trajectories.take("test", count=2, block_s=1.0) == []
+        job.trajectories.ack([first_id])  # the round ends
+        [(_, second)] = job.trajectories.take("test", count=2, block_s=60)
+        proc.join(30)
+        assert first.behaviour_version == 0 and second.behaviour_version == 1  # collected with the round's last policy
+        assert proc.exitcode == 0
+    finally:
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
+        job.delete()

@@ -179,8 +179,14 @@ def test_config_learners_follow_the_schedule() -> None:
     assert cfg.queue_bound == cfg.max_actors * cfg.actor_run_ahead  # sized for the most actors the job may run
 
 
-@pytest.mark.parametrize(("actors", "run_ahead", "bound"), [(1, 1, 1), (1, 2, 2), (3, 2, 6)])
+@pytest.mark.parametrize(("actors", "run_ahead", "bound"), [(1, 1, 1), (1, 2, 2), (3, 2, 6), (2, 0, 2)])
 def test_queue_bound_is_run_ahead_batches_per_actor(actors: int, run_ahead: int, bound: int) -> None:
     # 1 actor x 1: its next batch waits for the round training on its last one to end (no floor of 2)
     fields = {"actors": actors, "actor_run_ahead": run_ahead}
     assert load_config(None, {"env": "CartPole-v1", "rounds": 2, **fields}).queue_bound == bound
+
+
+def test_run_ahead_0_is_refused_where_actors_ship_gradients_naming_both_fields() -> None:
+    fields = {"actor_run_ahead": 0, "distribution": "gradients_at_actors"}
+    with pytest.raises(ConfigError, match=r"actor_run_ahead: 0 .* gradients_at_actors"):
+        load_config(None, {"env": "CartPole-v1", "rounds": 2, **fields})
