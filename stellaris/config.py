@@ -71,9 +71,9 @@ class TrainConfig(StellarisKnobs, DistributionKnob, ElasticOptions, TriggerField
         default="serverful", description="serverful (long-lived processes) or serverless (one invocation a batch)"
     )
     envs_per_actor: int = Field(default=2, ge=1, le=1024, description="envs one actor steps (batched inference)")
-    # Policy lag (README, "Actors and policy lag"): at 1 a batch is collected while the previous one trains, following
-    # the newest policy every 4 steps; at 0 it is collected after that round, with the policy it ended on.
-    actor_run_ahead: int = Field(default=1, ge=0, le=64, description="batches per actor queued or in training")
+    # Policy lag (README, "Actors and policy lag"): at 0 a batch is collected once the round training the previous one
+    # ends, with the policy it ended on; at 1 while it trains, following the newest policy every 4 steps.
+    actor_run_ahead: int = Field(default=0, ge=0, le=64, description="batches per actor queued or in training")
     actor_policy_refresh: int = Field(
         default=4, ge=0, le=100_000,
         description="steps per env between an actor's looks for a newer policy mid-batch (0: once a batch)",
@@ -219,7 +219,7 @@ class TrainConfig(StellarisKnobs, DistributionKnob, ElasticOptions, TriggerField
             "overrides": overrides,
             "num_envs": self.envs_per_actor,
             "actors": self.actors,
-            "policy_refresh_steps": self.actor_policy_refresh,
+            "policy_refresh_steps": self.actor_policy_refresh if self.actor_run_ahead else 0,  # none lands mid-batch
             "seed": self.seed,
             "horizon_rounds": self.rounds,
             "horizon_steps": self.total_steps,

@@ -58,6 +58,14 @@ class ElasticOptions(BaseModel):
             parse_learner_schedule(text)
         return text
 
+    @model_validator(mode="before")
+    @classmethod
+    def _run_ahead_default(cls, data: Any) -> Any:
+        # Run-ahead 0 waits for an actor's trajectory batch to be trained on; actors that ship gradients push none.
+        if isinstance(data, dict) and data.get("distribution") == "gradients_at_actors":
+            return {"actor_run_ahead": 1, **data}
+        return data
+
     @model_validator(mode="after")
     def _actor_bounds(self) -> Any:
         actors, learners = int(getattr(self, "actors", 1)), int(getattr(self, "learners", 1))
@@ -70,7 +78,7 @@ class ElasticOptions(BaseModel):
         if int(getattr(self, "actor_run_ahead", 1)) == 0 and getattr(self, "distribution", "") == "gradients_at_actors":
             raise ValueError(
                 "actor_run_ahead: 0 waits for an actor's trajectory batch to be trained on, and distribution "
-                "gradients_at_actors ships no trajectory batch; use 1 or more"
+                "gradients_at_actors ships no trajectory batch; use 1 or more (its default is 1)"
             )
         first = self.schedule[0] if self.schedule else None
         if first is not None and first[0] == 1 and first[1] != learners:

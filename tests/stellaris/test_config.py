@@ -12,12 +12,17 @@ from stellaris.config import ConfigError, TrainConfig, load_config
 
 
 def test_actor_policy_refresh_reaches_the_job_spec() -> None:
-    cfg = TrainConfig(env="Hopper-v5", preset="fast", rounds=1)
+    cfg = TrainConfig(env="Hopper-v5", preset="fast", rounds=1, actor_run_ahead=1)
     assert cfg.actor_policy_refresh == 4
     spec = resolve(JobRequest.model_validate(cfg.job_request("j1")))
     assert spec.policy_refresh_steps == 4 and spec.num_envs == 2 and spec.actor_steps == 1024
-    off = TrainConfig(env="Hopper-v5", preset="fast", rounds=1, actor_policy_refresh=0)
+    off = TrainConfig(env="Hopper-v5", preset="fast", rounds=1, actor_run_ahead=1, actor_policy_refresh=0)
     assert resolve(JobRequest.model_validate(off.job_request("j2"))).policy_refresh_steps == 0
+    # At run-ahead 0 (the default) a batch is collected between rounds, when no version can land: looking would be a
+    # wasted round trip.
+    fresh = TrainConfig(env="Hopper-v5", preset="fast", rounds=1)
+    assert fresh.actor_run_ahead == 0
+    assert resolve(JobRequest.model_validate(fresh.job_request("j3"))).policy_refresh_steps == 0
 
 
 def test_a_negative_refresh_is_named(tmp_path: Path) -> None:

@@ -176,7 +176,7 @@ def test_config_learners_follow_the_schedule() -> None:
     cfg = load_config(None, {"env": "CartPole-v1", "rounds": 2, **fields})
     assert [cfg.learners_at(k) for k in (1, 14, 15, 99)] == [2, 2, 4, 4]
     assert (cfg.learner_capacity, cfg.actor_capacity) == (4, cfg.max_actors)
-    assert cfg.queue_bound == cfg.max_actors * cfg.actor_run_ahead  # sized for the most actors the job may run
+    assert cfg.queue_bound == cfg.max_actors  # sized for the most actors the job may run, a batch each at run-ahead 0
 
 
 @pytest.mark.parametrize(("actors", "run_ahead", "bound"), [(1, 1, 1), (1, 2, 2), (3, 2, 6), (2, 0, 2)])
@@ -190,3 +190,7 @@ def test_run_ahead_0_is_refused_where_actors_ship_gradients_naming_both_fields()
     fields = {"actor_run_ahead": 0, "distribution": "gradients_at_actors"}
     with pytest.raises(ConfigError, match=r"actor_run_ahead: 0 .* gradients_at_actors"):
         load_config(None, {"env": "CartPole-v1", "rounds": 2, **fields})
+    # Left unset, run-ahead is 0 for trajectory batches and 1 where actors ship gradients.
+    assert load_config(None, {"env": "CartPole-v1", "rounds": 2}).actor_run_ahead == 0
+    shipping = load_config(None, {"env": "CartPole-v1", "rounds": 2, "distribution": "gradients_at_actors"})
+    assert shipping.actor_run_ahead == 1
