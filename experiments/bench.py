@@ -20,6 +20,7 @@ import csv
 import json
 import math
 import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -286,8 +287,9 @@ def cpu_by_process_row(pairs: list[Pair]) -> Row | None:
     )
 
 
-def end_to_end_rows(env: str, pairs: list[Pair]) -> list[Row]:
-    """The overhead-share, round-trips and end-to-end rows from the A/B pairs' results."""
+def end_to_end_rows(env: str, pairs: list[Pair], train_args: Sequence[str] = ()) -> list[Row]:
+    """The overhead-share, round-trips and end-to-end rows from the A/B pairs' results (`train_args`: what our side
+    ran with besides the fast preset, named in the end-to-end row)."""
     steady = [p.info[1:] for p in pairs]
     steady_rounds = min(min(len(p.info), len(p.plain)) for p in pairs) - 1
     caveat = ""
@@ -322,7 +324,8 @@ def end_to_end_rows(env: str, pairs: list[Pair]) -> list[Row]:
     ratio = Spread.of([o / b for o, b in zip(ours, plain, strict=True)])
     rows.append(
         Row(
-            f"end-to-end training {env} (fast preset): stellaris train vs plain single-file PPO",
+            f"end-to-end training {env} (fast preset{''.join(' ' + a for a in train_args)}): stellaris train vs "
+            "plain single-file PPO",
             f"{statistics.median(ours):,.0f} steps/s (median)",
             f"{statistics.median(plain):,.0f} steps/s (median)",
             ratio.median,
@@ -352,12 +355,15 @@ def rows_written(info_csv: Path) -> int:
         return 0
 
 
-def run_ours(env: str, rounds: int, seed: int, tmp: Path) -> tuple[list[dict[str, float]], dict[str, float] | None]:
-    """One `stellaris train` run of the fast preset in its own process: its info.csv rows, and the CPU seconds its
-    processes spent between round 1's row and round N's, by `process_kind` (None if either was missed)."""
+def run_ours(
+    env: str, rounds: int, seed: int, tmp: Path, train_args: Sequence[str] = ()
+) -> tuple[list[dict[str, float]], dict[str, float] | None]:
+    """One `stellaris train` run of the fast preset (and `train_args`) in its own process: its info.csv rows, and the
+    CPU seconds its processes spent between round 1's row and round N's, by `process_kind` (None if either was
+    missed)."""
     run = tmp / f"run-{seed}"
     cmd = [sys.executable, "-m", "stellaris.cli", "train", "--env", env, "--preset", "fast"]
-    cmd += ["--rounds", str(rounds), "--seed", str(seed), "--out", str(run)]
+    cmd += ["--rounds", str(rounds), "--seed", str(seed), "--out", str(run), *train_args]
     log = tmp / f"log-{seed}.txt"
     first: dict[str, float] | None = None  # the run's CPU seconds as round 1's row lands, then as round N's does
     last: dict[str, float] | None = None
@@ -377,7 +383,7 @@ def run_ours(env: str, rounds: int, seed: int, tmp: Path) -> tuple[list[dict[str
     return read_info(run), {k: last.get(k, 0.0) - first.get(k, 0.0) for k in last.keys() | first.keys()}
 
 
-def training_rows(env: str, rounds: int, pairs: int, console: Console) -> list[Row]:
+def training_rows(env: str, rounds: int, pairs: int, console: Console, train_args: Sequence[str] = ()) -> list[Row]:
     info: dict[int, list[dict[str, float]]] = {}
     cpu: dict[int, dict[str, float] | None] = {}
     plain: dict[int, list[plain_ppo.RoundResult]] = {}
@@ -385,12 +391,12 @@ def training_rows(env: str, rounds: int, pairs: int, console: Console) -> list[R
         for i, side in ab_schedule(pairs):
             console.log(f"end-to-end pair {i + 1}/{pairs}: {side} ({rounds} rounds of the fast preset, seed {i})")
             if side == "ours":
-                info[i], cpu[i] = run_ours(env, rounds, i, Path(tmp))
+                info[i], cpu[i] = run_ours(env, rounds, i, Path(tmp), train_args)
                 console.log(f"  stellaris train: {ours_rate(info[i]):,.0f} steps/s over rounds 2..N")
             else:
                 plain[i] = plain_ppo.train(env, rounds, seed=i)
                 console.log(f"  plain PPO: {plain_rate(plain[i]):,.0f} steps/s over rounds 2..N")
-    return end_to_end_rows(env, [Pair(info[i], plain[i], cpu[i]) for i in range(pairs)])
+    return end_to_end_rows(env, [Pair(info[i], plain[i], cpu[i]) for i in range(pairs)], train_args)
 
 
 # --- output -----------------------------------------------------------------------------------------------------------
@@ -447,6 +453,9 @@ def main(
     skip: str | None = typer.Option(None, help="comma-separated parts to leave out"),
     csv_path: Path | None = typer.Option(None, "--csv", help="also write the table here as CSV"),
     json_path: Path | None = typer.Option(None, "--json", help="also write the table here as a JSON list of rows"),
+    train_args: str = typer.Option(
+        "", help='end-to-end: more `stellaris train` options for our side, e.g. "--actor-run-ahead 1"'
+    ),
 ) -> None:
     parts = select_parts(only, skip)
     console = Console(stderr=True)
@@ -459,7 +468,7 @@ def main(
         console.log("actor sampling")
         rows += actor_rows(env, repeats)
     if "end-to-end" in parts:
-        rows += training_rows(env, rounds, pairs, console)
+        rows += training_rows(env, rounds, pairs, console, shlex.split(train_args))
     out = Console()
     render(rows, out if out.is_terminal else Console(width=200))  # logs keep the rows whole
     if csv_path is not None:

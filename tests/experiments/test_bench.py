@@ -92,6 +92,13 @@ def test_end_to_end_row_is_the_median_of_per_pair_ratios() -> None:
     assert "PRELIMINARY" not in e2e.note
 
 
+def test_the_end_to_end_row_names_the_train_options_our_side_ran_with() -> None:
+    plain = _by_name(end_to_end_rows("Hopper-v5", _pairs(21)), "end-to-end")
+    ahead = _by_name(end_to_end_rows("Hopper-v5", _pairs(21), ["--actor-run-ahead", "1"]), "end-to-end")
+    assert "(fast preset)" in plain.benchmark
+    assert "(fast preset --actor-run-ahead 1)" in ahead.benchmark
+
+
 def test_overhead_share_is_the_median_per_pair_share() -> None:
     rows = end_to_end_rows("Hopper-v5", _pairs(21))
     share = _by_name(rows, "overhead share")
