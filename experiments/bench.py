@@ -383,6 +383,23 @@ def run_ours(
     return read_info(run), {k: last.get(k, 0.0) - first.get(k, 0.0) for k in last.keys() | first.keys()}
 
 
+# The options `run_ours` sets itself: the pairs' runs differ only in what --train-args adds.
+BENCH_SET = ("--env", "--preset", "--rounds", "--seed", "--out")
+
+
+def parse_train_args(text: str) -> list[str]:
+    """--train-args as `stellaris train` arguments; raises ValueError naming the problem (bad quoting, an option
+    the bench sets itself)."""
+    try:
+        args = shlex.split(text)
+    except ValueError as exc:
+        raise ValueError(f"--train-args {text!r}: {exc}") from exc
+    taken = [a for a in args if a.split("=", 1)[0] in BENCH_SET]
+    if taken:
+        raise ValueError(f"--train-args {text!r} sets {', '.join(taken)}; the bench sets {', '.join(BENCH_SET)} itself")
+    return args
+
+
 def training_rows(env: str, rounds: int, pairs: int, console: Console, train_args: Sequence[str] = ()) -> list[Row]:
     info: dict[int, list[dict[str, float]]] = {}
     cpu: dict[int, dict[str, float] | None] = {}
@@ -458,6 +475,10 @@ def main(
     ),
 ) -> None:
     parts = select_parts(only, skip)
+    try:
+        extra = parse_train_args(train_args)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--train-args") from exc
     console = Console(stderr=True)
     rows: list[Row] = []
     if "cache" in parts:
@@ -468,7 +489,7 @@ def main(
         console.log("actor sampling")
         rows += actor_rows(env, repeats)
     if "end-to-end" in parts:
-        rows += training_rows(env, rounds, pairs, console, shlex.split(train_args))
+        rows += training_rows(env, rounds, pairs, console, extra)
     out = Console()
     render(rows, out if out.is_terminal else Console(width=200))  # logs keep the rows whole
     if csv_path is not None:

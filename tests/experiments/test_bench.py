@@ -19,6 +19,7 @@ from experiments.bench import (
     cpu_by_process_row,
     cpu_row,
     end_to_end_rows,
+    parse_train_args,
     process_kind,
     round_trips,
     round_trips_row,
@@ -97,6 +98,15 @@ def test_the_end_to_end_row_names_the_train_options_our_side_ran_with() -> None:
     ahead = _by_name(end_to_end_rows("Hopper-v5", _pairs(21), ["--actor-run-ahead", "1"]), "end-to-end")
     assert "(fast preset)" in plain.benchmark
     assert "(fast preset --actor-run-ahead 1)" in ahead.benchmark
+
+
+def test_train_args_are_split_as_a_shell_would_and_refused_where_the_bench_sets_them() -> None:
+    assert parse_train_args('--actors 2 --set "stellaris.d=0.9"') == ["--actors", "2", "--set", "stellaris.d=0.9"]
+    assert parse_train_args("") == []
+    with pytest.raises(ValueError, match=r"sets --rounds, --seed=3; the bench sets"):
+        parse_train_args("--rounds 5 --seed=3")
+    with pytest.raises(ValueError, match=r"--train-args '--set \"a': No closing quotation"):
+        parse_train_args('--set "a')
 
 
 def test_overhead_share_is_the_median_per_pair_share() -> None:
