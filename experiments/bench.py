@@ -324,8 +324,8 @@ def end_to_end_rows(env: str, pairs: list[Pair], train_args: Sequence[str] = ())
     ratio = Spread.of([o / b for o, b in zip(ours, plain, strict=True)])
     rows.append(
         Row(
-            f"end-to-end training {env} (fast preset{''.join(' ' + a for a in train_args)}): stellaris train vs "
-            "plain single-file PPO",
+            f"end-to-end training {env} (fast preset{' ' + shlex.join(train_args) if train_args else ''}): "
+            "stellaris train vs plain single-file PPO",
             f"{statistics.median(ours):,.0f} steps/s (median)",
             f"{statistics.median(plain):,.0f} steps/s (median)",
             ratio.median,
