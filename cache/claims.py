@@ -67,6 +67,17 @@ class BatchClaims:
         newest = tail.decode() if isinstance(tail, bytes) else str(tail)
         return newest, [(e.id, BatchMeta.from_fields(e.fields)) for e in entries]
 
+    def orphaned(self, claimer: str, *, known: set[str]) -> Claimed:
+        """Batches delivered to `claimer` that it does not know of (`known`: the ids it holds): a claim whose reply
+        was lost with its connection (Redis killed mid-call, the call retried) left them pending for it, where no
+        later claim would return them."""
+        self.stream.ensure_group()
+        reply = self.stream.client.xreadgroup(
+            self.stream.group, claimer, {self.stream.key: "0"}, count=self.stream.maxlen
+        )
+        entries = [e for _, items in (reply or []) for raw_id, f in items if (e := _entry(raw_id, f))]
+        return [(e.id, BatchMeta.from_fields(e.fields)) for e in entries if e.id not in known]
+
     def claim(self, claimer: str, *, at_least: int = 1, at_most: int | None = None, block_s: float = 0.0) -> Claimed:
         """Claim as `try_claim` does, waiting up to `block_s` for enough batches to land (woken by each landing)."""
         deadline = time.monotonic() + block_s

@@ -89,6 +89,8 @@ class LearnerGate:
                 raise TrainingError(f"no trajectory batch arrived within {BATCH_WAIT_S:.0f} s: are the actors alive?")
             want = trigger.batches_short(len(batches))
             got = self.claims.claim(CLAIMER, at_least=want, at_most=want, block_s=self._wait_s(facts))
+            # Nothing landed: a claim whose reply died with Redis may hold batches no later claim returns.
+            got = got or self.claims.orphaned(CLAIMER, known={bid for bid, _ in batches})
             batches += got
             t.reward_scalers |= {b.actor_id: b.info["reward_scaler"] for _, b in got if "reward_scaler" in b.info}
             rs.redis_round_trips += sum(int(b.info.get("redis_round_trips", 0)) for _, b in got)

@@ -34,6 +34,18 @@ def test_claim_takes_at_most(job: JobCache) -> None:
     assert claims.claim("t", at_least=1) == []
 
 
+def test_a_claim_whose_reply_was_lost_is_found_again_by_its_claimer(job: JobCache) -> None:
+    claims = BatchClaims(job.trajectories.stream)
+    ids = [job.trajectories.put(batch(steps=s)) for s in (1, 2, 3)]
+    claims.claim("t", at_least=3)  # delivered, but say the reply never reached the claimer (Redis killed mid-call)
+    assert claims.claim("t", at_least=1) == []  # no later claim returns them
+    assert [i for i, _ in claims.orphaned("t", known={ids[0]})] == ids[1:]  # the one it holds is left out
+    assert [m.env_steps for _, m in claims.orphaned("t", known=set())] == [1, 2, 3]
+    job.trajectories.ack(ids[:2])  # acknowledged (deleted) batches are not orphans
+    assert [i for i, _ in claims.orphaned("t", known=set())] == ids[2:]
+    assert claims.orphaned("other", known=set()) == []  # another claimer's are not its own
+
+
 def test_claim_waits_for_a_landing(job: JobCache) -> None:
     claims = BatchClaims(job.trajectories.stream)
     job.trajectories.put(batch(steps=2))
