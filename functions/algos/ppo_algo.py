@@ -11,6 +11,7 @@ from torch import Tensor
 
 from cache.contract import AggregatorState
 from cache.records import LearnerTask
+from functions.algos import ppo_numpy
 from functions.algos.algorithm import Algorithm, Gradient, LearnInputs, reset_round_kl
 from functions.algos.config import PPOConfig
 from functions.algos.gae import gae
@@ -110,6 +111,10 @@ def with_proximal(data: PPORound, policy: ActorCritic, cfg: PPOConfig) -> PPORou
 def gradient(policy: ActorCritic, data: PPORound, task: LearnerTask, cfg: PPOConfig, inputs: LearnInputs) -> Gradient:
     """PPO gradient of one minibatch of the round (advantages by GAE over each whole batch)."""
     idx = minibatch_index(len(data.obs), task, inputs.seed).to(data.obs.device)  # drawn on the CPU: same on any device
+    kl_coef = cfg.kl_coef if inputs.kl_coef is None else inputs.kl_coef
+    nets = ppo_numpy.plan(policy, inputs.others) if data.obs.device.type == "cpu" else None
+    if nets is not None:  # an MLP on the CPU: the same gradient as array math, without autograd's overhead
+        return ppo_numpy.gradient(nets, data, idx, cfg, kl_coef)
     o, act, mu = data.obs[idx], data.actions[idx], data.behaviour_log_probs[idx]
     advantages, returns = data.advantages[idx], data.returns[idx]
     if cfg.normalize_advantages and len(advantages) > 1:
@@ -131,7 +136,7 @@ def gradient(policy: ActorCritic, data: PPORound, task: LearnerTask, cfg: PPOCon
         entropy,
         kl,
         clip=cfg.clip,
-        kl_coef=cfg.kl_coef if inputs.kl_coef is None else inputs.kl_coef,
+        kl_coef=kl_coef,
         vf_coef=cfg.vf_coef,
         ent_coef=cfg.ent_coef,
         is_weights=weights,
