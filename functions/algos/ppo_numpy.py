@@ -46,6 +46,11 @@ def _min_grad(u: np.ndarray, c: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return gu.astype(F32), np.where(tie, 0.5, 1 - gu).astype(F32)
 
 
+def _over(value: np.ndarray, p: np.ndarray) -> np.ndarray:
+    """value/p where p > 0, else 0: a ratio that underflowed to 0 has R' = 0 (R' ≤ own ratio), so no 0/0."""
+    return np.where(p > 0, value / np.where(p > 0, p, 1), 0).astype(F32)
+
+
 def _surrogate(
     logp: np.ndarray, mu: np.ndarray, adv: np.ndarray, weights: np.ndarray | None, prox: np.ndarray | None,
     cfg: PPOConfig,
@@ -58,15 +63,14 @@ def _surrogate(
             raise ValueError("the decoupled form needs the round's proximal log-probs")
         p = np.exp(logp - prox)
         value = ratio if weights is None else weights
-        scale = np.where(p > 0, value / np.where(p > 0, p, 1), 0).astype(F32)
+        scale = _over(value, p)
     else:
         p = ratio
-        weighted = form == "weighted" and weights is not None
-        scale = np.where(p > 0, weights / np.where(p > 0, p, 1), 0).astype(F32) if weighted else None
+        scale = _over(weights, p) if form == "weighted" and weights is not None else None
     inside = ((p >= lo) & (p <= hi)).astype(F32)
     clipped = np.clip(p, lo, hi) * adv
     if form == "surrogate" and weights is not None:
-        s_ratio = np.where(ratio > 0, weights / np.where(ratio > 0, ratio, 1), 0).astype(F32)
+        s_ratio = _over(weights, ratio)
         u = ratio * s_ratio * adv  # r·stopgrad(R'/r): valued R', ∂ of r scaled by R'/r
         gu, gc = _min_grad(u, clipped)
         ds_dlogp = gu * adv * s_ratio * ratio + gc * adv * inside * ratio
