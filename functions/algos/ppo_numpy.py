@@ -34,9 +34,19 @@ if TYPE_CHECKING:
 
 def plan(policy: ActorCritic, others: Sequence[ActorCritic] = ()) -> list[Net] | None:
     """`policy` and each of `others` as the array math takes them, or None: then the gradient is torch's."""
-    if os.environ.get("STELLARIS_TORCH_GRADIENT", "") not in ("", "0"):
-        return None
-    return nets(policy, others)
+    return None if torch_gradient() else nets(policy, others)
+
+
+_SWITCH = "STELLARIS_TORCH_GRADIENT"
+_ON, _OFF = ("1", "true", "yes"), ("", "0", "false", "no")
+
+
+def torch_gradient() -> bool:
+    """Whether ``STELLARIS_TORCH_GRADIENT`` sends every gradient through torch (1/true/yes; unset, 0/false/no: no)."""
+    value = os.environ.get(_SWITCH, "").strip().lower()
+    if value not in _ON + _OFF:
+        raise ValueError(f"{_SWITCH}={os.environ[_SWITCH]!r}: use 1, true or yes (torch), or 0, false or no (NumPy)")
+    return value in _ON
 
 
 def _min_grad(u: np.ndarray, c: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

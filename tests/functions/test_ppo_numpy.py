@@ -148,6 +148,20 @@ def test_other_architectures_take_the_torch_path(monkeypatch: pytest.MonkeyPatch
     assert ppo_numpy.plan(_policy(gym.spaces.Discrete(2), relu=False, normalize=False, seed=1)) is None
 
 
+SWITCH_VALUES = [("", False), ("0", False), ("No", False), ("true", True), ("1", True)]
+
+
+@pytest.mark.parametrize(("value", "torch_path"), SWITCH_VALUES)
+def test_the_switch_reads_yes_and_no_and_names_anything_else(
+    monkeypatch: pytest.MonkeyPatch, value: str, torch_path: bool
+) -> None:
+    monkeypatch.setenv("STELLARIS_TORCH_GRADIENT", value)
+    assert ppo_numpy.torch_gradient() is torch_path
+    monkeypatch.setenv("STELLARIS_TORCH_GRADIENT", "sometimes")
+    with pytest.raises(ValueError, match="STELLARIS_TORCH_GRADIENT='sometimes'"):
+        ppo_numpy.plan(_policy(gym.spaces.Discrete(2), relu=False, normalize=False, seed=1))
+
+
 def test_weights_loaded_in_place_are_followed(monkeypatch: pytest.MonkeyPatch) -> None:
     """A warm instance loads each version's weights into the same policy object: the NumPy views must see them."""
     cfg = PPOConfig(stellaris={"truncation": False})
