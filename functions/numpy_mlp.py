@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from cache.packed import PACKED
+from cache.packed import PACKED, split
 from functions.flat_params import flat_params
 from functions.networks import FlattenObs, OneHotObs
 from functions.policies import ActorCritic
@@ -79,17 +79,14 @@ _ARRAYS: WeakKeyDictionary[nn.Module, tuple[object, dict[str, np.ndarray]]] = We
 def _arrays(policy: ActorCritic) -> dict[str, np.ndarray] | None:
     """The policy's parameters by name as NumPy views (no copies: they follow in-place weight loads), or None when
     they are not float32 on the CPU. A packed policy's views are kept while its flat tensor stays the same."""
-    fp = flat_params(policy)
-    if fp is not None and fp.intact():
+    fp = flat_params(policy)  # None too when the parameters no longer share its storage
+    if fp is not None:
         hit = _ARRAYS.get(policy)
         if hit is not None and hit[0] is fp:
             return hit[1]
         if fp.flat.device.type != "cpu" or fp.flat.dtype != torch.float32:
             return None
-        flat, arrays, start = fp.flat.detach().numpy(), {}, 0
-        for name, size in fp.layout:
-            arrays[name] = flat[start : start + math.prod(size)].reshape(size)
-            start += math.prod(size)
+        arrays = split(fp.flat.detach().numpy(), fp.layout)
         _ARRAYS[policy] = (fp, arrays)
         return arrays
     params = dict(policy.named_parameters())
@@ -170,17 +167,11 @@ class Net:
             norm = float(np.sqrt(np.dot(packed, packed)))
             packed *= F32(min(max_grad_norm / (norm + 1e-6), 1.0))
         flat = torch.from_numpy(packed)
-        if self.packed:
-            return {PACKED: flat}
-        out, start = {}, 0
-        for name, size in self.shape.sizes:
-            out[name] = flat[start : start + math.prod(size)].view(size)
-            start += math.prod(size)
-        return out
+        return {PACKED: flat} if self.packed else split(flat, self.shape.sizes)
 
 
 def log_prob_of(out: np.ndarray, actions: np.ndarray, log_std: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
-    """(log π(a|s), and for the backward pass: (a − m)/σ² for a Gaussian, the softmax for a categorical)."""
+    """(log π(a|s), and for the backward pass: (a − m)/σ² for a Gaussian, log p of every action for a categorical)."""
     if log_std is None:
         z = out - out.max(-1, keepdims=True)
         log_p = z - np.log(np.exp(z).sum(-1, keepdims=True))

@@ -62,11 +62,11 @@ def _over(value: np.ndarray, p: np.ndarray) -> np.ndarray:
 
 
 def _surrogate(
-    logp: np.ndarray, mu: np.ndarray, adv: np.ndarray, weights: np.ndarray | None, prox: np.ndarray | None,
+    logp: np.ndarray, ratio: np.ndarray, adv: np.ndarray, weights: np.ndarray | None, prox: np.ndarray | None,
     cfg: PPOConfig,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
-    """(per-sample surrogate s, ∂s/∂log π, the ratio the clip is taken on) for `ppo.clipped_surrogate`'s forms."""
-    ratio = np.exp(logp - mu)
+    """(per-sample surrogate s, ∂s/∂log π, the ratio the clip is taken on) for `ppo.clipped_surrogate`'s forms;
+    `ratio` is π_θ/μ."""
     form, lo, hi = cfg.stellaris.truncation_form, 1.0 - cfg.clip, 1.0 + cfg.clip
     if form == "decoupled":
         if prox is None:
@@ -111,12 +111,13 @@ def gradient(
     critic_acts = net.forward(net.critic, x)
     logp, cache = log_prob_of(actor_acts[-1], act, net.log_std)
     values = critic_acts[-1][:, 0]
+    log_ratio = logp - mu
+    ratio = np.exp(log_ratio)
 
     stats: dict[str, float] = {}
     weights = None
     if cfg.stellaris.truncation:
-        other = [o.log_prob(obs, act) for o in others]
-        ratios = np.exp(np.stack([logp, *other]) - mu)
+        ratios = np.stack([ratio, *(np.exp(o.log_prob(obs, act) - mu) for o in others)])
         smallest = np.abs(ratios.min(0))
         weights = np.minimum(smallest, cfg.stellaris.rho).astype(F32)
         stats = {
@@ -125,13 +126,9 @@ def gradient(
             "other_policies": float(len(others)),
         }
     prox = None if data.proximal_log_probs is None else data.proximal_log_probs.numpy()[i]
-    s, ds_dlogp, clipped_ratio = _surrogate(logp, mu, adv, weights, prox, cfg)
-    g_logp = -ds_dlogp / n  # policy loss = −mean(s)
-
-    log_ratio = logp - mu
-    ratio = np.exp(log_ratio)
-    kl = (ratio - 1) - log_ratio
-    g_logp = g_logp + kl_coef * (ratio - 1) / n
+    s, ds_dlogp, clipped_ratio = _surrogate(logp, ratio, adv, weights, prox, cfg)
+    kl = (ratio - 1) - log_ratio  # k3 estimator of KL(μ‖π_θ), per sample
+    g_logp = -ds_dlogp / n + kl_coef * (ratio - 1) / n  # policy loss = −mean(s); ∂kl/∂log π = ratio − 1
 
     value_loss, g_values = _value_loss(values, ret, data, i, cfg)
     g_values *= cfg.vf_coef
