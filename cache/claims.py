@@ -71,11 +71,7 @@ class BatchClaims:
         """Batches delivered to `claimer` that it does not know of (`known`: the ids it holds): a claim whose reply
         was lost with its connection (Redis killed mid-call, the call retried) left them pending for it, where no
         later claim would return them."""
-        self.stream.ensure_group()
-        reply = self.stream.client.xreadgroup(
-            self.stream.group, claimer, {self.stream.key: "0"}, count=self.stream.maxlen
-        )
-        entries = [e for _, items in (reply or []) for raw_id, f in items if (e := _entry(raw_id, f))]
+        entries = self.stream.delivered(claimer, count=self.stream.maxlen)
         return [(e.id, BatchMeta.from_fields(e.fields)) for e in entries if e.id not in known]
 
     def claim(self, claimer: str, *, at_least: int = 1, at_most: int | None = None, block_s: float = 0.0) -> Claimed:

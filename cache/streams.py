@@ -163,6 +163,12 @@ class BoundedStream:
             if entries or deadline - time.monotonic() <= 0:
                 return entries
 
+    def delivered(self, consumer: str, *, count: int) -> list[Entry]:
+        """Entries delivered to `consumer` and not yet acknowledged (its pending list, oldest first), up to `count`."""
+        self.ensure_group()
+        reply = self.client.xreadgroup(self.group, consumer, {self.key: "0"}, count=count)
+        return [e for _, items in (reply or []) for raw_id, f in items if (e := _entry(raw_id, f))]
+
     def ack(self, entry_ids: Sequence[str]) -> int:
         """Acknowledge and delete entries; wakes producers waiting for room. Returns how many were pending."""
         if not entry_ids:
