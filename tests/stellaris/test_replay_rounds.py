@@ -203,9 +203,11 @@ def test_bad_replay_overrides_fail_up_front_naming_the_field(
 
 
 def learn(cache: Cache, spec: JobSpec) -> tuple[int, int, float]:
-    """Rounds until the mean of the last 10 episodes reaches THRESHOLD: (rounds, env steps, seconds). Sync rounds:
-    with the Stellaris rule the version each gradient is computed on depends on thread timing, and the rounds to the
-    threshold varied from 90 to over 300 between runs (a CI failure); sync steps took 64-100 in four runs."""
+    """Rounds until the mean of the last 10 episodes reaches THRESHOLD: (rounds, env steps, seconds). Sync rounds
+    (steps of one task per learner, the next enqueued once the step is applied): with the whole round enqueued at
+    once, the version each gradient is computed on depends on thread timing, and the rounds to the threshold varied
+    from 90 to over 300 between runs (a CI failure); sync steps took 64-100 in four runs. The job's rule stays
+    Stellaris, so a step's two gradients may still be applied one by one or together: the spread that is left."""
     torch.set_num_threads(1)
     driver = ReplayDriver(cache, spec)
     start = time.monotonic()
