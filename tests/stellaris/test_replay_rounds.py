@@ -207,7 +207,7 @@ def learn(cache: Cache, spec: JobSpec) -> tuple[int, int, float]:
     (steps of one task per learner, the next enqueued once the step is applied): with the whole round enqueued at
     once, the version each gradient is computed on depends on thread timing, and the rounds to the threshold varied
     from 90 to over 300 between runs (a CI failure); sync steps took 64-100 in four runs. The job's rule stays
-    Stellaris, so a step's two gradients may still be applied one by one or together: the spread that is left."""
+    Stellaris: setting it to sync as well left the spread as it was (81-113 in four runs)."""
     torch.set_num_threads(1)
     driver = ReplayDriver(cache, spec)
     start = time.monotonic()
