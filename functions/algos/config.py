@@ -78,8 +78,10 @@ class _AlgoConfig(_Frozen):
     """Fields shared by PPO and IMPACT; defaults are the paper's MuJoCo settings."""
 
     lr: PositiveFloat
-    # "linear": annealed towards 0 over the run's planned rounds (CleanRL's anneal_lr; `lr_schedule.learning_rate`)
+    # "linear": annealed towards 0 over the run's planned rounds (CleanRL's anneal_lr; `lr_schedule.learning_rate`);
+    # "exponential": decayed towards lr·lr_final_fraction at the horizon
     lr_schedule: LrSchedule = "constant"
+    lr_final_fraction: Annotated[float, Field(gt=0.0, le=1.0)] = 0.01
     # Adam's ε (the parameter function's optimizer): torch's default, as RLlib; the fast presets take CleanRL's 1e-5
     adam_eps: PositiveFloat = 1e-8
     gamma: Annotated[float, Field(gt=0.0, le=1.0)] = 0.99

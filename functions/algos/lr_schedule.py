@@ -1,22 +1,32 @@
-"""The learning rate over a run: constant, or annealed linearly towards 0 over the run's planned rounds as CleanRL's
-PPO does (``anneal_lr``: lr·(1 − (k − 1)/N) in round k of N, so the last planned round still steps with lr/N)."""
+"""The learning rate over a run: constant; annealed linearly towards 0 over the run's planned rounds as CleanRL's
+PPO does (``anneal_lr``: lr·(1 − (k − 1)/N) in round k of N, so the last planned round still steps with lr/N); or
+decayed exponentially, lr·f^((k − 1)/N), from lr in the first round towards lr·f at the horizon (f: the final
+fraction)."""
 
 from __future__ import annotations
 
 from typing import Literal
 
-LrSchedule = Literal["constant", "linear"]
+LrSchedule = Literal["constant", "linear", "exponential"]
 
 
-def learning_rate(base: float, schedule: LrSchedule, *, round_k: int, horizon_rounds: int | None) -> float:
-    """The rate of round `round_k` (from 1). ``linear`` needs the run's planned rounds; with none known (a run bounded
-    by wall-clock time only) it stays at `base`. Rounds past the horizon (a resumed run given more) keep lr/N."""
+def learning_rate(
+    base: float, schedule: LrSchedule, *, round_k: int, horizon_rounds: int | None, final_fraction: float = 0.01
+) -> float:
+    """The rate of round `round_k` (from 1). ``linear`` and ``exponential`` need the run's planned rounds; with none
+    known (a run bounded by wall-clock time only) they stay at `base`. Rounds past the horizon (a resumed run given
+    more) keep the horizon's last rate."""
     if round_k < 1:
         raise ValueError(f"round_k counts from 1, got {round_k}")
+    if schedule not in ("constant", "linear", "exponential"):
+        raise ValueError(f"unknown learning-rate schedule {schedule!r}: choose constant, linear or exponential")
     if schedule == "constant" or horizon_rounds is None:
         return base
-    if schedule != "linear":
-        raise ValueError(f"unknown learning-rate schedule {schedule!r}: choose constant or linear")
     if horizon_rounds < 1:
         raise ValueError(f"horizon_rounds must be at least 1 round, got {horizon_rounds}")
-    return base * max(1.0 - (round_k - 1) / horizon_rounds, 1.0 / horizon_rounds)
+    k = min(round_k, horizon_rounds)
+    if schedule == "linear":
+        return base * (1.0 - (k - 1) / horizon_rounds)
+    if not 0.0 < final_fraction <= 1.0:
+        raise ValueError(f"final_fraction must be in (0, 1], got {final_fraction}")
+    return base * final_fraction ** ((k - 1) / horizon_rounds)

@@ -67,7 +67,10 @@ def update(
     """One aggregation's update of the model (its `fitted` records): the optimizer steps on the scaled gradients at
     the round's learning rate, then the gradients' observation moments (a round's fresh batches) into the policy's
     normaliser."""
-    lr = learning_rate(cfg.lr, cfg.lr_schedule, round_k=max(record.round_k, 1), horizon_rounds=rule.horizon_rounds)
+    lr = learning_rate(
+        cfg.lr, cfg.lr_schedule, round_k=max(record.round_k, 1), horizon_rounds=rule.horizon_rounds,
+        final_fraction=cfg.lr_final_fraction,
+    )  # fmt: skip
     for group in model.optimizer.param_groups:
         group["lr"] = lr
     parts = [to_device(r.tensors, device) for r in records]

@@ -26,9 +26,28 @@ def test_linear_anneals_towards_zero_over_the_planned_rounds(round_k: int, horiz
     assert learning_rate(3e-4, "linear", round_k=round_k, horizon_rounds=horizon) == pytest.approx(expected, rel=1e-12)
 
 
+@pytest.mark.parametrize(
+    ("round_k", "horizon", "fraction", "expected"),
+    [
+        (1, 4, 0.01, 3e-4),  # the first round steps with the full rate
+        (3, 4, 0.01, 3e-5),  # 3e-4 * 0.01^(2/4)
+        (4, 4, 0.01, 3e-4 * 0.01**0.75),  # the last planned round: 9.4868e-6
+        (9, 4, 0.01, 3e-4 * 0.01**0.75),  # past the horizon it stays at the last round's rate
+        (2, 2, 0.25, 1.5e-4),  # 3e-4 * 0.25^(1/2)
+        (5, 4, 1.0, 3e-4),  # a final fraction of 1 is a constant rate
+    ],
+)
+def test_exponential_decays_towards_the_final_fraction_at_the_horizon(
+    round_k: int, horizon: int, fraction: float, expected: float
+) -> None:
+    got = learning_rate(3e-4, "exponential", round_k=round_k, horizon_rounds=horizon, final_fraction=fraction)
+    assert got == pytest.approx(expected, rel=1e-12)
+
+
 def test_constant_and_an_unknown_horizon_keep_the_base_rate() -> None:
     assert learning_rate(3e-4, "constant", round_k=50, horizon_rounds=100) == 3e-4
     assert learning_rate(3e-4, "linear", round_k=50, horizon_rounds=None) == 3e-4  # a run bounded by minutes only
+    assert learning_rate(3e-4, "exponential", round_k=50, horizon_rounds=None) == 3e-4
 
 
 def test_bad_inputs_are_named() -> None:
@@ -38,6 +57,9 @@ def test_bad_inputs_are_named() -> None:
         learning_rate(3e-4, "linear", round_k=1, horizon_rounds=0)
     with pytest.raises(ValueError, match="unknown learning-rate schedule 'cosine'"):
         learning_rate(3e-4, "cosine", round_k=1, horizon_rounds=4)  # type: ignore[arg-type]
+    for fraction in (0.0, -0.5, 1.5):
+        with pytest.raises(ValueError, match=f"final_fraction must be in \\(0, 1\\], got {fraction}"):
+            learning_rate(3e-4, "exponential", round_k=2, horizon_rounds=4, final_fraction=fraction)
 
 
 def test_the_fast_preset_anneals_as_cleanrl_does_and_the_paper_preset_does_not() -> None:
@@ -46,7 +68,10 @@ def test_the_fast_preset_anneals_as_cleanrl_does_and_the_paper_preset_does_not()
     assert preset("paper", "ppo", "mujoco").lr_schedule == "constant"
 
 
-@pytest.mark.parametrize(("schedule", "round_2_lr"), [("linear", 5e-4), ("constant", 1e-3)])
+@pytest.mark.parametrize(
+    ("schedule", "round_2_lr"),
+    [("linear", 5e-4), ("constant", 1e-3), ("exponential", 1e-4)],  # 1e-3 * 0.01^(1/2)
+)
 def test_the_parameter_function_steps_with_the_rate_of_the_round_it_aggregates(
     cache_conn: Cache, job_id: str, schedule: str, round_2_lr: float
 ) -> None:
