@@ -88,10 +88,12 @@ def cache_rows(seconds: float, repeats: int, console: Console) -> list[Row]:
     with bench_cache.connect() as cache:
         results = bench_cache.run(cache, seconds, repeats, console)
     rows = []
-    for payload, label in (("batch", "Hopper batch 4096 steps"), ("grad", "2x256 MLP gradient")):
+    for payload, label in bench_cache.LABELS.items():
         by = {r.path: r for r in results if r.payload == payload}
         pickle_r, raw_r = by["pickle + Redis"], by["raw SET/GET"]
-        for ours_path in ("ours (codec SET/GET)", "ours (stream)"):
+        for ours_path in ("ours (codec SET/GET)", "ours (stream)", "ours (learner claim)"):
+            if ours_path not in by:
+                continue  # a batch has no claim
             ours = by[ours_path]
             for base, name in ((pickle_r, "pickle + Redis"), (raw_r, "raw bytes SET/GET")):
                 rows.append(

@@ -1,8 +1,12 @@
 """Cache throughput: our codec + streams vs pickle + Redis (the original Stellaris path) vs raw SET/GET.
 
-Payloads: (a) a Hopper PPO batch of 4096 steps, (b) a gradient of the 2x256 actor + critic MLP. Each path does
+Payloads: (a) a Hopper PPO batch of 4096 steps, (b) a gradient of the 2x256 actor + critic MLP (the paper preset's),
+(c) one of the 2x64 MLP (the fast preset's). Each path does
 put + get round trips of the same payload against the same Redis server in one run; the table reports round
-trips/s and MB/s (median of `--repeats`) and the ratios ours/pickle and ours/raw.
+trips/s and MB/s (median of `--repeats`) and the ratios ours/pickle and ours/raw. For the gradient, "ours (learner
+claim)" is a learner's steady step instead: one claim that stores the finished task's gradient (packed in one
+buffer) with its ack and takes the next task with the current weights (`TaskBoard.claim`), the round trip every
+gradient makes whatever the computation beside it.
 
     python -m experiments.bench_cache [--seconds 1.0] [--repeats 5] [--csv out.csv]
 """
@@ -27,7 +31,7 @@ from rich.table import Table
 from safetensors.numpy import load as st_load
 from safetensors.numpy import save as st_save
 
-from cache import Cache, GradientMeta, GradientRecord, JobCache, JobLimits, TrajectoryBatch, connect
+from cache import Cache, GradientMeta, GradientRecord, JobCache, JobLimits, LearnerTask, TrajectoryBatch, connect
 from cache.codec import decode, encode
 
 HOPPER_OBS, HOPPER_ACT, STEPS = 11, 3, 4096
@@ -63,6 +67,13 @@ def mlp_gradient(hidden: int = 256) -> dict[str, torch.Tensor]:
     return grads
 
 
+def payloads() -> tuple[tuple[str, dict[str, Any]], ...]:
+    return ("batch", hopper_batch()), ("grad", mlp_gradient()), ("grad64", mlp_gradient(64))
+
+
+LABELS = {"batch": "Hopper batch 4096 steps", "grad": "2x256 MLP gradient", "grad64": "2x64 MLP gradient"}
+
+
 @dataclass
 class Result:
     payload: str
@@ -89,6 +100,29 @@ def rate(fn: Callable[[], Any], seconds: float, repeats: int) -> float:
     return statistics.median(rates)
 
 
+def claim_step(job: JobCache, arrays: dict[str, Any], block: int = 128) -> Callable[[], None]:
+    """A learner's steady step (`TaskBoard.claim` storing the last task's gradient), with the gradient packed in one
+    buffer as a learner's policy packs it (`params`). The weights (a policy of the same size) come back with every
+    claim, as they do in a run where the parameter function publishes between two claims. Every `block` steps the
+    stored gradients are deleted and `block` more tasks enqueued, as the parameter function and the control plane
+    would: two more round trips per block, inside the timed window."""
+    packed = {"params": torch.cat([torch.as_tensor(a).flatten() for a in arrays.values()])}
+    grad = GradientRecord(GradientMeta("bench-learner", 0, "0-1", 1), packed)
+    board = job.board
+    job.policies.initialise(encode(packed))
+    finished: list[tuple[str, GradientRecord]] = []
+
+    def step() -> None:
+        claim = board.claim("bench-learner", finished=finished.pop() if finished else None)
+        if claim.task is None:
+            job.client.delete(job.gradients.key)
+            board.enqueue([LearnerTask(1, ("0-1",), 0, i, block) for i in range(block)], close_round=None, timeout_s=5)
+            return
+        finished.append((claim.task.id, grad))
+
+    return step
+
+
 def paths_for(job: JobCache, name: str, arrays: dict[str, Any]) -> dict[str, tuple[Callable[[], Any], int]]:
     client = job.client
     key = f"{job.keys.base}:bench:{name}"
@@ -102,7 +136,7 @@ def paths_for(job: JobCache, name: str, arrays: dict[str, Any]) -> dict[str, tup
             TrajectoryBatch.from_fields(entry.fields)
             queue.ack([entry.id])
 
-    else:
+    else:  # either gradient
         grad = GradientRecord(GradientMeta("bench-learner", 0, "0-1", 1), arrays)
         gqueue = job.gradients
 
@@ -114,7 +148,7 @@ def paths_for(job: JobCache, name: str, arrays: dict[str, Any]) -> dict[str, tup
 
     def codec_set_get() -> None:
         client.set(key, encode(arrays))
-        decode(client.get(key)).tensors() if name == "grad" else decode(client.get(key))
+        decode(client.get(key)).tensors() if name != "batch" else decode(client.get(key))
 
     np_arrays = {k: (v.numpy() if isinstance(v, torch.Tensor) else v) for k, v in arrays.items()}
 
@@ -133,8 +167,10 @@ def paths_for(job: JobCache, name: str, arrays: dict[str, Any]) -> dict[str, tup
         client.get(key)
 
     size = len(raw)
+    claim = {} if name == "batch" else {"ours (learner claim)": (claim_step(job, arrays), size)}
     return {
         "ours (stream)": (ours, size),
+        **claim,
         "ours (codec SET/GET)": (codec_set_get, size),
         "safetensors SET/GET": (safetensors_set_get, len(st_save(np_arrays))),
         "pickle + Redis": (pickle_path, len(pickle.dumps(arrays))),
@@ -146,7 +182,7 @@ def run(cache: Cache, seconds: float, repeats: int, console: Console) -> list[Re
     job = JobCache(cache.client, f"bench-{uuid.uuid4().hex[:8]}", JobLimits())
     results: list[Result] = []
     try:
-        for name, arrays in (("batch", hopper_batch()), ("grad", mlp_gradient())):
+        for name, arrays in payloads():
             for path, (fn, size) in paths_for(job, name, arrays).items():
                 console.log(f"{name}: {path}")
                 results.append(Result(name, path, size, rate(fn, seconds, repeats)))
@@ -159,12 +195,12 @@ def render(results: list[Result], console: Console) -> None:
     table = Table(title="Cache put+get round trips (median of repeats, same Redis, same run)")
     for col in ("payload", "path", "bytes", "trips/s", "MB/s", "vs pickle", "vs raw"):
         table.add_column(col, justify="right" if col not in ("payload", "path") else "left")
-    for payload in ("batch", "grad"):
+    for payload, label in LABELS.items():
         rows = {r.path: r for r in results if r.payload == payload}
         pickle_rate, raw_rate = rows["pickle + Redis"].trips_per_s, rows["raw SET/GET"].trips_per_s
         for r in rows.values():
             table.add_row(
-                "Hopper batch 4096" if payload == "batch" else "2x256 MLP gradient",
+                label,
                 r.path,
                 f"{r.bytes_per_trip:,}",
                 f"{r.trips_per_s:,.0f}",
