@@ -179,15 +179,16 @@ def paths_for(job: JobCache, name: str, arrays: dict[str, Any]) -> dict[str, tup
 
 
 def run(cache: Cache, seconds: float, repeats: int, console: Console) -> list[Result]:
-    job = JobCache(cache.client, f"bench-{uuid.uuid4().hex[:8]}", JobLimits())
     results: list[Result] = []
-    try:
-        for name, arrays in payloads():
+    for name, arrays in payloads():
+        # A job per payload: a job's policy is stored once, and the claim path's weights must be its payload's size.
+        job = JobCache(cache.client, f"bench-{uuid.uuid4().hex[:8]}", JobLimits())
+        try:
             for path, (fn, size) in paths_for(job, name, arrays).items():
                 console.log(f"{name}: {path}")
                 results.append(Result(name, path, size, rate(fn, seconds, repeats)))
-    finally:
-        job.delete()
+        finally:
+            job.delete()
     return results
 
 
