@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, m
 
 from cache.contract.knobs import StellarisKnobs, rule_field
 from cache.replay.config import ReplaySettings
-from functions.algos.lr_schedule import LrSchedule
+from functions.algos.lr_schedule import FINAL_FRACTION, LrSchedule
 from functions.algos.staleness import AggregationRule, Rule
 from functions.algos.staleness_equations import Schedule
 
@@ -81,7 +81,7 @@ class _AlgoConfig(_Frozen):
     # "linear": annealed towards 0 over the run's planned rounds (CleanRL's anneal_lr; `lr_schedule.learning_rate`);
     # "exponential": decayed towards lr·lr_final_fraction at the horizon
     lr_schedule: LrSchedule = "constant"
-    lr_final_fraction: Annotated[float, Field(gt=0.0, le=1.0)] = 0.01
+    lr_final_fraction: Annotated[float, Field(gt=0.0, le=1.0)] = FINAL_FRACTION
     # Adam's ε (the parameter function's optimizer): torch's default, as RLlib; the fast presets take CleanRL's 1e-5
     adam_eps: PositiveFloat = 1e-8
     gamma: Annotated[float, Field(gt=0.0, le=1.0)] = 0.99

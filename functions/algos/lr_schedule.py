@@ -5,20 +5,26 @@ fraction)."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, get_args
 
 LrSchedule = Literal["constant", "linear", "exponential"]
+FINAL_FRACTION = 0.01  # the exponential schedule's default lr·f at the horizon
 
 
 def learning_rate(
-    base: float, schedule: LrSchedule, *, round_k: int, horizon_rounds: int | None, final_fraction: float = 0.01
+    base: float,
+    schedule: LrSchedule,
+    *,
+    round_k: int,
+    horizon_rounds: int | None,
+    final_fraction: float = FINAL_FRACTION,
 ) -> float:
     """The rate of round `round_k` (from 1). ``linear`` and ``exponential`` need the run's planned rounds; with none
     known (a run bounded by wall-clock time only) they stay at `base`. Rounds past the horizon (a resumed run given
     more) keep the horizon's last rate."""
     if round_k < 1:
         raise ValueError(f"round_k counts from 1, got {round_k}")
-    if schedule not in ("constant", "linear", "exponential"):
+    if schedule not in get_args(LrSchedule):
         raise ValueError(f"unknown learning-rate schedule {schedule!r}: choose constant, linear or exponential")
     if schedule == "constant" or horizon_rounds is None:
         return base
