@@ -2,7 +2,7 @@
 actor that collected the batch (``gradients_at_actors``). Both call these two functions, so the two profiles run the
 same algorithm code: `task_inputs` picks the policies a task needs (its version, the versions other holders hold for
 truncation, the target network) through the instance's warm policy cache; `gradient_record` computes the
-algorithm's gradient, the round's observation moments (of its fresh batches) with the first task, and brings the
+algorithm's gradient, the round's observation moments (of its fresh batches) with the last task, and brings the
 tensors back to the CPU for the wire (no I/O)."""
 
 from __future__ import annotations
@@ -48,6 +48,10 @@ def task_inputs(
     return policy, LearnInputs(others=others, target=target, kl_coef=kl_coef, seed=spec.seed)
 
 
+def _last_of_round(task: LearnerTask, spec: JobSpec) -> bool:
+    return task.epoch == spec.algo.num_epochs - 1 and task.minibatch == task.num_minibatches - 1
+
+
 def gradient_record(
     spec: JobSpec, policy: ActorCritic, data: Any, batches: Sequence[Any], task: LearnerTask, inputs: LearnInputs, *,
     task_id: str, learner_id: str, base_version: int, device: str, compute: Stopwatch,
@@ -60,9 +64,11 @@ def gradient_record(
     moments = None
     # Replayed batches were folded in when they were fresh: counting them again would bias the statistics.
     fresh = [b for bid, b in zip(task.batch_ids, batches, strict=True) if not is_replay_id(bid)]
-    if policy.obs_normalizer is not None and task.epoch == 0 and task.minibatch == 0 and fresh:
-        # Once per round: the round's observation moments, folded into the normaliser by the parameter
-        # function, so actors and learners of one version always share its statistics.
+    if policy.obs_normalizer is not None and _last_of_round(task, spec) and fresh:
+        # Once per round, with its last task: the round's observation moments, folded into the normaliser by the
+        # parameter function. Every gradient of the round is then taken on the inputs as the batch's actor
+        # normalised them (as CleanRL trains on observations normalised at collection), and the next round's
+        # actors and learners start from statistics that include this round's batch.
         with compute:
             m = obs_moments(policy, fresh)
             moments = ObsMoments(m.mean.cpu(), m.var.cpu(), m.count)

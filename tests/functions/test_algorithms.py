@@ -178,16 +178,18 @@ def test_replay_algorithms_gradients_take_the_tasks_replay_weights(cfg: IMPACTCo
 
 def test_replayed_batches_are_left_out_of_the_obs_moments() -> None:
     """A replayed batch (id r<stream id>) was folded into the normaliser when it was fresh: a round's moments cover
-    its fresh batches only, and a round of replayed batches alone sends none."""
+    its fresh batches only, and a round of replayed batches alone sends none. The round's last task carries them, so
+    that every gradient of the round sees the statistics its batch was collected with."""
     torch.manual_seed(0)
     policy = build_policy(gym.spaces.Box(-5, 5, (4,)), gym.spaces.Discrete(2), hidden=(8,), normalize_obs=True)
     cfg = IMPACTConfig()
     spec = JobSpec(job="j", env_id="CartPole-v1", algo=cfg, num_envs=2, actor_steps=8)
+    assert cfg.num_epochs == 1  # the round's last task: epoch 0, minibatch 1 of 2
     rng = np.random.default_rng(1)
     fresh, replayed = _batch(rng, 8, 2), _batch(rng, 8, 3)
     replayed["observations"] = replayed["observations"] + 100.0  # would move the mean visibly if counted
 
-    def moments(ids: tuple[str, ...], batches: list[dict[str, np.ndarray]], minibatch: int = 0) -> ObsMoments | None:
+    def moments(ids: tuple[str, ...], batches: list[dict[str, np.ndarray]], minibatch: int = 1) -> ObsMoments | None:
         task = LearnerTask(1, ids, 0, minibatch, 2)
         data = algorithm_of(cfg).prepare(batches, cfg)
         record = gradient_record(
@@ -202,6 +204,6 @@ def test_replayed_batches_are_left_out_of_the_obs_moments() -> None:
     torch.testing.assert_close(got.mean, want.mean)
     torch.testing.assert_close(got.var, want.var)
     assert moments(("r5-0", "r3-0"), [fresh, replayed]) is None  # replayed batches only: no moments
-    assert moments(("5-0", "r3-0"), [fresh, replayed], minibatch=1) is None  # once a round, as before
+    assert moments(("5-0", "r3-0"), [fresh, replayed], minibatch=0) is None  # once a round: with its last task
     both = moments(("5-0", "6-0"), [fresh, replayed])  # fresh batches all count
     assert both is not None and both.count == 40.0
