@@ -176,6 +176,27 @@ def test_replay_algorithms_gradients_take_the_tasks_replay_weights(cfg: IMPACTCo
     assert any(not torch.allclose(plain[k], weighted[k]) for k in plain)
 
 
+def test_the_rounds_last_task_carries_its_obs_moments() -> None:
+    """With several epochs the moments come with the last epoch's last minibatch and no other task: every gradient
+    of the round before it sees the statistics its batch was collected with."""
+    torch.manual_seed(0)
+    policy = build_policy(gym.spaces.Box(-5, 5, (4,)), gym.spaces.Discrete(2), hidden=(8,), normalize_obs=True)
+    cfg = PPOConfig(num_epochs=2, num_minibatches=2, train_batch_size=16)
+    spec = JobSpec(job="j", env_id="CartPole-v1", algo=cfg, num_envs=2, actor_steps=8)
+    batches = [_batch(np.random.default_rng(2), 8, 2)]
+    data = algorithm_of(cfg).prepare(batches, cfg)
+    carried = []
+    for epoch in range(2):
+        for minibatch in range(2):
+            record = gradient_record(
+                spec, policy, data, batches, LearnerTask(1, ("5-0",), epoch, minibatch, 2), LearnInputs(others=[]),
+                task_id="t", learner_id="l", base_version=0, device="cpu", compute=Stopwatch(),
+            )  # fmt: skip
+            if record.obs_moments is not None:
+                carried.append((epoch, minibatch, record.obs_moments.count))
+    assert carried == [(1, 1, 16.0)]
+
+
 def test_replayed_batches_are_left_out_of_the_obs_moments() -> None:
     """A replayed batch (id r<stream id>) was folded into the normaliser when it was fresh: a round's moments cover
     its fresh batches only, and a round of replayed batches alone sends none. The round's last task carries them, so
