@@ -67,6 +67,16 @@ def _lines(path: Path) -> list[str]:
     return path.read_text().splitlines() if path.exists() else []
 
 
+def _rounds(out: Path) -> int:
+    return max(0, len(_lines(out / "info.csv")) - 1)  # the header, then a line a round
+
+
+def _await_rounds(proc: subprocess.Popen[str], out: Path, n: int) -> None:
+    """Until info.csv holds `n` rounds, or the job has ended."""
+    while proc.poll() is None and _rounds(out) < n:
+        time.sleep(0.05)
+
+
 @pytest.mark.slow  # over 40 s (66 s idle): CI's long stage, with the other fault runs
 def test_training_survives_kill_9_of_learners_parameter_functions_and_actors(tmp_path: Path) -> None:
     out = tmp_path / "run"
@@ -101,10 +111,12 @@ def test_training_survives_kill_9_of_learners_parameter_functions_and_actors(tmp
     seen: set[int] = set()
     try:
         # Kill only once the job is running (round 1 recorded), at random moments, whatever each victim is doing.
-        while proc.poll() is None and len(_lines(out / "info.csv")) < 2:  # the header, then round 1
-            time.sleep(0.2)
+        # A kill stalls its round past the next random moment, so without a pause the kills would all land in the
+        # round they stall; after a third of them (at random) the next waits for a round to end, spreading them over
+        # the job (between rounds, first claims, collection) while leaving rounds to spare for all 25.
+        _await_rounds(proc, out, 1)
         while plan and proc.poll() is None:
-            time.sleep(rng.uniform(0.1, 0.5))  # the random moment itself: nothing to await
+            time.sleep(rng.uniform(0.0, 0.3))  # the random moment itself: nothing to await
             pids = _descendants(proc.pid)
             seen.update(pids)
             victims = [p for p in pids if _role(p) == plan[0]]
@@ -116,6 +128,8 @@ def test_training_survives_kill_9_of_learners_parameter_functions_and_actors(tmp
             except ProcessLookupError:
                 continue
             killed[plan.pop(0)] += 1
+            if rng.random() < 1 / 3:
+                _await_rounds(proc, out, _rounds(out) + 1)
         output, _ = proc.communicate(timeout=900)
     finally:
         if proc.poll() is None:
@@ -140,8 +154,10 @@ def test_training_survives_kill_9_of_learners_parameter_functions_and_actors(tmp
     versions = sorted({int(g["applied_version"]) for g in grads})
     assert versions == list(range(1, len(versions) + 1))  # one version per aggregation, none skipped or repeated
     restarts = {k: sum(int(r[f"{k}_restarts"]) for r in info) for k in KILLS}
+    hit = [int(r["round_id"]) for r in info if any(int(r[f"{k}_restarts"]) for k in KILLS)]
+    assert len(hit) >= 3, f"the kills were not spread over the job: restarts seen only in rounds {hit}"
     durations = sorted(float(r["duration"]) for r in info[1:])
     print(
-        f"kills {dict(killed)}; restarts seen by the control plane {restarts}; round seconds "
+        f"kills {dict(killed)}; restarts seen by the control plane {restarts} in rounds {hit}; round seconds "
         f"median {durations[len(durations) // 2]:.2f}, max {durations[-1]:.2f}"
     )
