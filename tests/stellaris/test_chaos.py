@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -63,18 +65,36 @@ def _role(pid: int) -> str | None:
     return None
 
 
-def _lines(path: Path) -> list[str]:
-    return path.read_text().splitlines() if path.exists() else []
+class _Output:
+    """The job's output, read by a thread as it comes (the pipe never fills), with the last round it logged: the
+    per-round log line is the event the kill loop waits on."""
 
+    def __init__(self, proc: subprocess.Popen[str]) -> None:
+        self.lines: list[str] = []
+        self.round, self.ended = 0, False
+        self._changed = threading.Condition()
+        self._reader = threading.Thread(target=self._read, args=(proc,), daemon=True)
+        self._reader.start()
 
-def _rounds(out: Path) -> int:
-    return max(0, len(_lines(out / "info.csv")) - 1)  # the header, then a line a round
+    def _read(self, proc: subprocess.Popen[str]) -> None:
+        for line in proc.stdout or []:
+            logged = re.match(r"round (\d+) env_steps ", line)
+            with self._changed:
+                self.lines.append(line)
+                self.round = int(logged[1]) if logged else self.round
+                self._changed.notify_all()
+        with self._changed:
+            self.ended = True
+            self._changed.notify_all()
 
+    def await_round(self, k: int, timeout_s: float = 900) -> None:
+        """Until round `k` is logged or the output ends."""
+        with self._changed:
+            self._changed.wait_for(lambda: self.round >= k or self.ended, timeout_s)
 
-def _await_rounds(proc: subprocess.Popen[str], out: Path, n: int) -> None:
-    """Until info.csv holds `n` rounds, or the job has ended."""
-    while proc.poll() is None and _rounds(out) < n:
-        time.sleep(0.05)
+    def text(self) -> str:
+        self._reader.join(60)  # the pipe closes once the job and every process it started are gone
+        return "".join(self.lines)
 
 
 @pytest.mark.slow  # over 40 s (66 s idle): CI's long stage, with the other fault runs
@@ -104,6 +124,7 @@ def test_training_survives_kill_9_of_learners_parameter_functions_and_actors(tmp
         stderr=subprocess.STDOUT,
         text=True,
     )
+    output = _Output(proc)
     rng = random.Random(20261123)
     plan = [role for role, n in KILLS.items() for _ in range(n)]
     rng.shuffle(plan)
@@ -114,7 +135,7 @@ def test_training_survives_kill_9_of_learners_parameter_functions_and_actors(tmp
         # A kill stalls its round past the next random moment, so without a pause the kills would all land in the
         # round they stall; after a third of them (at random) the next waits for a round to end, spreading them over
         # the job (between rounds, first claims, collection) while leaving rounds to spare for all 25.
-        _await_rounds(proc, out, 1)
+        output.await_round(1)
         while plan and proc.poll() is None:
             time.sleep(rng.uniform(0.0, 0.3))  # the random moment itself: nothing to await
             pids = _descendants(proc.pid)
@@ -129,13 +150,13 @@ def test_training_survives_kill_9_of_learners_parameter_functions_and_actors(tmp
                 continue
             killed[plan.pop(0)] += 1
             if rng.random() < 1 / 3:
-                _await_rounds(proc, out, _rounds(out) + 1)
-        output, _ = proc.communicate(timeout=900)
+                output.await_round(output.round + 1)
+        proc.wait(timeout=900)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    assert proc.returncode == 0, output[-3000:]
+    assert proc.returncode == 0, output.text()[-3000:]
     assert killed == Counter(KILLS), f"the job ended before every kill: {killed}"
     for pid in seen:  # gateway, instances, actors, redis-server: all gone with the job
         assert wait_pid_gone(pid, 30) or not pid_alive(pid), f"pid {pid} ({_cmdline(pid)}) outlived the job"
