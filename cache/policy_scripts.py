@@ -102,9 +102,11 @@ if v == ARGV[1] then return {v} end
 return {v, redis.call('GET', ARGV[2] .. v)}
 """
 
-# KEYS: lock, released (the list a waiting `acquire` blocks on). ARGV: lease value, ttl ms of that list.
+# KEYS: lock, released (the list a waiting `acquire` blocks on). ARGV: lease value, ttl ms of that list, and
+# 'owner' when ARGV[1] is only the owner (whatever its fencing token: the holder died and the token is unknown).
 RELEASE_LEASE = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then
+local held = redis.call('GET', KEYS[1])
+if held == ARGV[1] or (ARGV[3] == 'owner' and held and string.sub(held, 1, #ARGV[1] + 1) == ARGV[1] .. ':') then
   redis.call('DEL', KEYS[1])
   redis.call('LPUSH', KEYS[2], '1')
   redis.call('LTRIM', KEYS[2], 0, 15)

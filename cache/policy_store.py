@@ -149,6 +149,12 @@ class PolicyStore:
     def release(self, lease: UpdateLease) -> bool:
         return bool(self._release(keys=[self.keys.update_lock, self._released_key], args=[lease.value, 60000]))
 
+    def evict(self, owner: str) -> bool:
+        """Release the lease `owner` holds, whatever its token: its holder is known to be gone (the platform killed
+        its instance), so a replacement need not wait for the lease to run out. The token fences the old holder."""
+        keys = [self.keys.update_lock, self._released_key]
+        return bool(self._release(keys=keys, args=[owner, 60000, "owner"]))
+
     def publish(
         self, lease: UpdateLease, *, expected_version: int, weights: bytes, optimizer_state: bytes = b""
     ) -> int:

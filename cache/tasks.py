@@ -202,6 +202,12 @@ class TaskBoard:
             pipe.pexpire(self.keys.tasks_wake, self.ttl_ms)
             pipe.execute()
 
+    def evict(self, learner_id: str) -> None:
+        """`learner_id` is known to be gone (the platform killed its instance): drop its lease now, so that its task
+        is taken over at once (idle learners are woken) rather than when the lease runs out. A holder that were
+        still alive would only lose the task: its gradient is then not stored."""
+        self.leave(learner_id)
+
     def wait(self, timeout_s: float) -> None:
         """Block until tasks are enqueued or finished (or `timeout_s`, which callers bound by a lease expiry)."""
         if timeout_s > 0:

@@ -140,7 +140,7 @@ class FunctionPool:
             )
         except InstanceUnreachable as exc:
             outcome.duration_s = time.monotonic() - started
-            await self._discard(live, replace=True)
+            await self._discard(live, replace=True, kill=True)  # gone before we say so: its leases may be freed
             error = {"type": "InstanceCrashed", "message": f"instance {live.handle.id} died: {exc}"}
             raise InvocationFailed(502, Status.ERROR, error, outcome) from exc
         except TimeoutError as exc:

@@ -2,7 +2,8 @@
 newest policy version (weights reloaded only when the version changed), registers the version it holds so others
 truncate against it, computes one gradient with truncation, and stores it together with the task's ack. It
 leaves once the round is closed and no task is outstanding; while others still hold tasks it waits, so that it
-can take over the task of a learner that died (after that learner's lease ran out)."""
+can take over the task of a learner that died (once its lease ran out, or sooner: the control plane evicts a
+learner whose instance the platform reports killed)."""
 
 from __future__ import annotations
 

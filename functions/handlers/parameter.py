@@ -250,10 +250,10 @@ def handle(event: dict[str, Any], ctx: Context) -> dict[str, Any]:
     sync_expected = event.get("sync_expected")
     lease_s = job.limits.parameter_lease_s
     try:
-        # A dead holder's lease runs out within lease_s: wait a little longer than that by default.
-        lease = job.policies.acquire(
-            f"param-{ctx.call_id}", lease_s=lease_s, wait_s=float(event.get("wait_s", 2 * lease_s + 1))
-        )
+        # A dead holder's lease runs out within lease_s (or is freed sooner when the control plane, which names
+        # each invocation's `owner`, learns its instance is gone): wait a little longer than that by default.
+        owner = str(event.get("owner") or f"param-{ctx.call_id}")
+        lease = job.policies.acquire(owner, lease_s=lease_s, wait_s=float(event.get("wait_s", 2 * lease_s + 1)))
     except LeaseUnavailable:
         return ParameterResult(status="busy", device=str(device)).to_dict()
     status: Literal["ok", "fenced", "expired"] = "ok"

@@ -83,6 +83,11 @@ class GatewayFunctions:
     def died(self, exc: BaseException) -> bool:
         return isinstance(exc, GatewayError) and exc.status_code in (502, 504)
 
+    def gone(self, exc: BaseException) -> bool:
+        # The gateway kills an instance that crashed or timed out before it answers so; an unreachable gateway
+        # (502 GatewayUnreachable) says nothing of the instances, which may still be working.
+        return isinstance(exc, GatewayError) and exc.error.get("type") in ("InstanceCrashed", "Timeout")
+
 
 class Deployment:
     """One epoch of a job on the platform. `env` is what every instance of the job gets (threads, log level, the

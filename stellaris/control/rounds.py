@@ -10,18 +10,21 @@ published versions; nothing polls.
 
 from __future__ import annotations
 
+import contextlib
+import itertools
+import uuid
 from collections.abc import Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
+
+import redis
 
 from cache import JobCache, LearnerTask
 from cache.contract import ActorResult, LearnerResult, ParameterResult
 from cache.contract.knobs import RuleName
-from cache.contract.results import device_of
-from gateway.models import Activation
+from stellaris.control.round_stats import Call, Role, RoundStats
 
-Role = Literal["actor", "learner", "parameter"]
+__all__ = ["Call", "Functions", "Role", "RoundStats", "Rounds", "TrainingError", "round_steps", "round_tasks"]
 
 MAX_RESTARTS = 64  # replacements of failed invocations (or dead actors) per round before the job gives up
 DRAIN_CHECK_S = 1.0  # while a sync step drains, how often finished invocations are looked at between versions
@@ -31,87 +34,16 @@ class TrainingError(RuntimeError):
     pass
 
 
-@dataclass(frozen=True)
-class Call:
-    """One finished invocation: the handler's JSON result (read through its `cache.contract` record), the
-    client-observed latency, and the gateway's metering (None for an in-process call)."""
-
-    result: dict[str, Any]
-    latency_s: float
-    activation: Activation | None = None
-
-    @property
-    def handler_s(self) -> float:
-        """Time inside the handler: the instance's measure, or the whole latency for an in-process call."""
-        if self.activation is None:
-            return self.latency_s
-        return self.activation.duration_s or 0.0
-
-    @property
-    def metered(self) -> Activation | None:
-        """The gateway's activation record, with the part of the handler's result that invocations.csv reports
-        (its `device`) where the record carries no copy of the result."""
-        if self.activation is None or self.activation.result is not None:
-            return self.activation
-        return self.activation.model_copy(update={"result": {"device": device_of(self.result)}})
-
-
 class Functions(Protocol):
     """How the round's functions are invoked: `invoke` runs one call to completion; `died` says whether an exception
-    it raised means the instance died or timed out (the call is then replaced) rather than a bug (raised)."""
+    it raised means the instance died or timed out (the call is then replaced) rather than a bug (raised); `gone`,
+    whether the platform also made sure that instance is gone (killed it), so what it held is free at once."""
 
     def invoke(self, role: Role, event: dict[str, Any]) -> Call: ...
 
     def died(self, exc: BaseException) -> bool: ...
 
-
-@dataclass
-class RoundStats:
-    learner_results: list[LearnerResult] = field(default_factory=list)
-    parameter_results: list[ParameterResult] = field(default_factory=list)
-    actor_results: list[ActorResult] = field(default_factory=list)
-    activations: list[Activation] = field(default_factory=list)
-    max_in_flight: int = 0
-    learner_wait_s: float = 0.0
-    learner_restarts: int = 0
-    parameter_restarts: int = 0
-    actor_restarts: int = 0
-    redis_round_trips: int = 0  # every function's and the control plane's, end to end
-    # Latency breakdown (paper Fig. 14), seconds summed over the round's calls: algorithm time inside learner and
-    # parameter handlers, the rest of their handler time (cache I/O, (de)serialisation), and invocation overhead
-    # (client-observed latency minus handler time: HTTP, gateway queueing, instance dispatch).
-    learner_compute_s: float = 0.0
-    parameter_compute_s: float = 0.0
-    cache_s: float = 0.0
-    invocation_s: float = 0.0
-
-    def add(self, call: Call, role: Role) -> None:
-        metered = call.metered
-        if metered is not None:
-            self.activations.append(metered)
-        handler = call.handler_s
-        self.invocation_s += max(0.0, call.latency_s - handler)
-        if role == "actor":
-            self.actor_results.append(ActorResult.from_dict(call.result))
-            return  # an actor's round trips are counted from its batch's header
-        timed: LearnerResult | ParameterResult
-        if role == "learner":
-            timed = LearnerResult.from_dict(call.result)
-            self.learner_results.append(timed)
-        else:
-            timed = ParameterResult.from_dict(call.result)
-            self.parameter_results.append(timed)
-        self.redis_round_trips += timed.redis_round_trips
-        # Time blocked waiting for work (a learner for tasks others hold, the parameter function for gradients)
-        # is neither computation nor platform overhead.
-        waited = min(timed.wait_s, handler)
-        compute = min(timed.compute_s, handler - waited)
-        self.cache_s += handler - waited - compute
-        if role == "learner":
-            self.learner_compute_s += compute
-            self.learner_wait_s += waited
-        else:
-            self.parameter_compute_s += compute
+    def gone(self, exc: BaseException) -> bool: ...
 
 
 def round_tasks(round_k: int, batch_ids: Sequence[str], *, epochs: int, minibatches: int) -> list[LearnerTask]:
@@ -141,13 +73,15 @@ def succeeded(call: Call, role: Role) -> bool:
 class _RoundCalls:
     """One round's invocations: `invocations` learner invocations working through the round's tasks and one
     parameter invocation applying gradients as they land. An invocation whose instance died is replaced (the
-    replacement takes over the dead one's task once its lease runs out; a parameter replacement resumes from the
-    cache)."""
+    replacement takes over the dead one's task; a parameter replacement resumes from the cache). Each invocation
+    gets its own holder id (its learner lease, or the update lease's owner), so that what a dead one held is freed
+    as soon as the platform says its instance is gone, not when the lease runs out."""
 
     def __init__(self, rounds: Rounds, round_k: int, stats: RoundStats) -> None:
         self.r, self.round_k, self.stats = rounds, round_k, stats
         self.learners: set[Future[Call]] = set()
         self.parameter: Future[Call] | None = None
+        self.holders: dict[Future[Call], str] = {}
         self.last_failure: BaseException | None = None  # named when the job gives up (e.g. no node can place it)
 
     def start(self) -> None:
@@ -157,7 +91,12 @@ class _RoundCalls:
         self.stats.max_in_flight = max(self.stats.max_in_flight, len(self.learners))
 
     def _submit(self, role: Role) -> Future[Call]:
-        return self.r.pool.submit(self.r.functions.invoke, role, {"job": self.r.job.keys.job, "round": self.round_k})
+        holder = f"{role}-{self.r.holder_prefix}-{self.round_k}.{next(self.r.serial)}"
+        key = "learner_id" if role == "learner" else "owner"
+        event = {"job": self.r.job.keys.job, "round": self.round_k, key: holder}
+        fut = self.r.pool.submit(self.r.functions.invoke, role, event)
+        self.holders[fut] = holder
+        return fut
 
     def _learner(self) -> None:
         self.learners.add(self._submit("learner"))
@@ -167,11 +106,14 @@ class _RoundCalls:
 
     def _failed(self, fut: Future[Call], role: Role) -> bool:
         """True when the call failed because its instance died or timed out (replace it); raises otherwise."""
-        exc = fut.exception()
+        exc, holder = fut.exception(), self.holders.pop(fut, None)
         if exc is None:
             return not succeeded(fut.result(), role)
         if self.r.functions.died(exc):
             self.last_failure = exc
+            if holder is not None and self.r.functions.gone(exc):
+                with contextlib.suppress(redis.RedisError):  # then its lease runs out, as it would without this
+                    self.r.job.board.evict(holder) if role == "learner" else self.r.job.policies.evict(holder)
             return True
         raise exc
 
@@ -235,6 +177,8 @@ class Rounds:
         self.enqueue_timeout_s = job.limits.backpressure_timeout_s if enqueue_timeout_s is None else enqueue_timeout_s
         self.pool = ThreadPoolExecutor(max_workers=self.invocations + 1, thread_name_prefix="learn")
         self.actor_pool = ThreadPoolExecutor(max_workers=max(1, actors), thread_name_prefix="act")
+        # Invocations' holder ids: unique in the job, also across a resume by another control plane.
+        self.holder_prefix, self.serial = uuid.uuid4().hex[:8], itertools.count(1)
 
     def begin(self, round_k: int, stats: RoundStats) -> None:
         """Before the round's batches are collected (a profile may start invocations here; this one starts none)."""

@@ -96,6 +96,25 @@ def test_acquire_waits_for_release_without_polling(job: JobCache) -> None:
     assert got and got[0].owner == "waiter"
 
 
+def test_evicting_a_gone_owner_frees_its_lease_at_once_and_fences_it(job: JobCache) -> None:
+    """The control plane knows an invocation's owner id, not its token: evicting that owner wakes a waiting
+    replacement at once (the lease would have held for 600 s), evicting anyone else frees nothing, and the old
+    holder can no longer publish."""
+    job.policies.initialise(b"w0")
+    dead = job.policies.acquire("parameter-1", lease_s=600)
+    assert job.policies.evict("parameter") is False and job.policies.evict("parameter-12") is False  # not its owner
+    got: list = []
+    waiter = threading.Thread(target=lambda: got.append(job.policies.acquire("parameter-2", wait_s=60)))
+    waiter.start()
+    assert job.policies.evict("parameter-1") is True
+    waiter.join(timeout=60)
+    assert got and got[0].owner == "parameter-2" and got[0].token > dead.token
+    with pytest.raises(FencingError, match="lease not held"):
+        job.policies.publish(dead, expected_version=0, weights=b"stale")
+    assert job.policies.evict("parameter-1") is False  # the new holder's lease stays
+    assert job.policies.publish(got[0], expected_version=0, weights=b"w1") == 1
+
+
 def test_wait_for_version_wakes_on_publish(job: JobCache) -> None:
     job.policies.initialise(b"w0")
     assert job.policies.wait_for_version(0, timeout_s=0.05) is None

@@ -92,6 +92,29 @@ def test_a_holder_whose_lease_ran_out_stores_nothing(board_job: JobCache) -> Non
     assert [board_job.gradients.meta(e).learner_id for e in board_job.gradients.read()] == ["b"]
 
 
+def test_an_evicted_holders_task_is_taken_over_at_once_and_its_late_gradient_is_not_stored(
+    board_job: JobCache,
+) -> None:
+    """Eviction (the platform reports the holder's instance gone) ends a lease of any length: the waiting learner is
+    woken and takes the task, and should the evicted holder still finish, its gradient is not stored."""
+    board = board_job.board
+    [tid] = board.enqueue(tasks(1), close_round=1, timeout_s=1)
+    assert board.claim("gone").task is not None
+    # Leases are LEASE_S long here: make this one outlast the test by far (the server's clock is this machine's).
+    board_job.client.zadd(board_job.keys.learner_deadlines, {"gone": int(time.time() * 1000) + 600_000})
+    waiting = board.claim("b")
+    assert waiting.task is None and waiting.next_expiry_ms is not None and waiting.held.keys() == {"gone", "b"}
+    board_job.client.delete(board_job.keys.tasks_wake)  # the enqueue's wake-ups: only the eviction's may follow
+    board.evict("gone")
+    assert board_job.client.blpop([board_job.keys.tasks_wake], timeout=5) is not None  # idle learners are woken
+    taken = board.claim("b")
+    assert taken.task is not None and taken.task.id == tid and "gone" not in taken.held
+    late = board.claim("gone", finished=(tid, gradient("gone", tid)))
+    assert late.lost and board_job.gradients.length() == 0
+    done = board.claim("b", finished=(tid, gradient("b", tid)))
+    assert done.stored is not None and board_job.gradients.length() == 1
+
+
 def test_a_killed_holders_task_is_taken_over_once(cache_conn: Cache, board_job: JobCache) -> None:
     board = board_job.board
     [tid] = board.enqueue(tasks(1), close_round=1, timeout_s=1)

@@ -80,6 +80,9 @@ class InProcessFunctions:
     def died(self, exc: BaseException) -> bool:
         return False
 
+    def gone(self, exc: BaseException) -> bool:
+        return False
+
 
 class Driver:
     """One job on the three handlers. `learners` is the learner capacity the round protocol plans with (a sync

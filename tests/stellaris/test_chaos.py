@@ -24,7 +24,9 @@ from tests.stellaris.test_train import ROOT, rows
 ROUNDS = 30
 TASKS_PER_ROUND = 4 * 16
 KILLS = {"learner": 20, "parameter": 3, "actor": 2}
-LEASE_S = 1.0
+# Longer than the job may run (proc.wait below): a killed instance's task or update lease is freed only by the control
+# plane, once the gateway reports the instance gone, never by a lease running out.
+LEASE_S = 1200.0
 
 
 def _descendants(pid: int) -> list[int]:

@@ -90,6 +90,9 @@ class HandlerCalls:
     def died(self, exc: BaseException) -> bool:
         return False
 
+    def gone(self, exc: BaseException) -> bool:
+        return False
+
 
 def test_a_failed_evaluation_leaves_nan_and_a_warning(
     cache_conn: Cache, job_id: str, caplog: pytest.LogCaptureFixture
