@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 
 from cache.contract.runtime_http import CALL_ID_HEADER
-from gateway.models import METER_HEADER, Activation, FunctionSpec, Status
+from gateway.models import AFFINITY_HEADER, METER_HEADER, Activation, FunctionSpec, Status
 
 
 class GatewayError(RuntimeError):
@@ -88,17 +88,20 @@ class GatewayClient:
         return self._check(self._send("POST", f"/system/functions/{name}/prewarm", json=body))
 
     # -- invocation -------------------------------------------------------------------------------------------
-    def invoke(self, name: str, event: dict[str, Any]) -> dict[str, Any]:
-        """Synchronous call; returns the handler's result or raises GatewayError (429, 502, 504, ...)."""
-        return self._check(self._send("POST", f"/function/{name}", invocation=True, json=event))
+    def invoke(self, name: str, event: dict[str, Any], *, affinity: str | None = None) -> dict[str, Any]:
+        """Synchronous call; returns the handler's result or raises GatewayError (429, 502, 504, ...). `affinity`:
+        reuse the instance that last served this key when it is idle (its state between calls is there)."""
+        return self._check(self._send("POST", f"/function/{name}", invocation=True, json=event, **_keyed(affinity)))
 
     def invoke_with_id(self, name: str, event: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         resp = self._send("POST", f"/function/{name}", invocation=True, json=event)
         return resp.headers.get(CALL_ID_HEADER, ""), self._check(resp)
 
-    def invoke_metered(self, name: str, event: dict[str, Any]) -> tuple[dict[str, Any], Activation]:
+    def invoke_metered(
+        self, name: str, event: dict[str, Any], *, affinity: str | None = None
+    ) -> tuple[dict[str, Any], Activation]:
         """Synchronous call returning (result, the activation's metering: times, cold, cost; no result copy)."""
-        resp = self._send("POST", f"/function/{name}", invocation=True, json=event)
+        resp = self._send("POST", f"/function/{name}", invocation=True, json=event, **_keyed(affinity))
         result = self._check(resp)
         meter = json.loads(resp.headers.get(METER_HEADER, "{}"))
         act = Activation(id=resp.headers.get(CALL_ID_HEADER, ""), function=name, status=Status.SUCCESS, **meter)
@@ -127,3 +130,7 @@ class GatewayClient:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _keyed(affinity: str | None) -> dict[str, Any]:
+    return {"headers": {AFFINITY_HEADER: affinity}} if affinity else {}

@@ -16,6 +16,8 @@ BACKENDS: tuple[str, ...] = get_args(BackendName)
 # The metering part of the activation record rides on the synchronous answer in this header, so a caller that
 # accounts for cost (the control plane) needs no second request per call.
 METER_HEADER = "X-Activation-Meter"
+# A call may name a key whose instance it would rather reuse (gateway/instances.py).
+AFFINITY_HEADER = "X-Affinity-Key"
 METER_FIELDS = {
     *("start", "end", "cold", "init_s", "wait_s", "duration_s"),
     *("instance", "container_id", "image", "node", "resource_seconds", "cost_usd"),

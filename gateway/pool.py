@@ -8,13 +8,13 @@ import asyncio
 import contextlib
 import time
 import uuid
-from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
 
 from gateway.admission import Admission
 from gateway.backends.base import Backend, BackendError, InstanceHandle
+from gateway.instances import Live, reuse_order
 from gateway.invocation import InstanceUnreachable, InvocationFailed, Outcome, post_event
 from gateway.metering import Metrics
 from gateway.models import FunctionSpec, Status
@@ -24,14 +24,6 @@ PROBE_IDLE_AFTER_S = 1.0
 # The gateway waits this much longer than the function's timeout_s, so that the runtime's own 504 arrives first.
 ANSWER_MARGIN_S = 5.0
 _LATE_STOPS: set[asyncio.Task[None]] = set()
-
-
-@dataclass
-class Live:
-    handle: InstanceHandle
-    in_flight: int = 0
-    idle_since: float = field(default_factory=time.monotonic)
-    expiry: asyncio.TimerHandle | None = None
 
 
 class FunctionPool:
@@ -60,19 +52,23 @@ class FunctionPool:
         self._stop_late_starts = True
 
     # -- invocation -------------------------------------------------------------------------------------------
-    async def invoke(self, event: dict[str, Any], *, call_id: str, admitted: bool = False) -> Outcome:
-        """Run one call: `admitted` when `admission.admit()` already took its place."""
+    async def invoke(
+        self, event: dict[str, Any], *, call_id: str, admitted: bool = False, affinity: str | None = None
+    ) -> Outcome:
+        """Run one call: `admitted` when `admission.admit()` already took its place; `affinity`: reuse the instance
+        that last served that key if it is idle (gateway/instances.py)."""
         async with self.admission.slot(admitted=admitted) as accepted:
-            live, cold, init_s = await self._take_instance()
+            live, cold, init_s = await self._take_instance(affinity)
+            live.affinity = affinity or live.affinity
             wait_s = time.monotonic() - accepted - (init_s or 0.0)
             try:
                 return await self._call(live, event, call_id, cold=cold, init_s=init_s, wait_s=wait_s)
             finally:
                 await self._give_back(live)
 
-    async def _take_instance(self) -> tuple[Live, bool, float | None]:
+    async def _take_instance(self, affinity: str | None) -> tuple[Live, bool, float | None]:
         while True:
-            live = await self._idle_instance()
+            live = await self._idle_instance(affinity)
             if live is not None:
                 return live, False, None
             if len(self.instances) + self.starting < self.spec.max_instances:
@@ -82,9 +78,8 @@ class FunctionPool:
             async with self._changed:
                 await self._changed.wait()
 
-    async def _idle_instance(self) -> Live | None:
-        # Most recently used first, so surplus instances stay idle long enough to expire.
-        for live in sorted(self.instances.values(), key=lambda x: -x.idle_since):
+    async def _idle_instance(self, affinity: str | None) -> Live | None:
+        for live in reuse_order(self.instances.values(), affinity):
             if live.in_flight >= self.spec.concurrency_per_instance:
                 continue
             stale = live.in_flight == 0 and time.monotonic() - live.idle_since > PROBE_IDLE_AFTER_S

@@ -200,13 +200,19 @@ class Gateway:
 
     # -- invocation -------------------------------------------------------------------------------------------
     async def run(
-        self, pool: FunctionPool, act: Activation, event: dict[str, Any], *, admitted: bool = False
+        self,
+        pool: FunctionPool,
+        act: Activation,
+        event: dict[str, Any],
+        *,
+        admitted: bool = False,
+        affinity: str | None = None,
     ) -> tuple[int, dict[str, Any]]:
         """Invoke and complete the activation record; returns (HTTP status, body)."""
         name = pool.spec.name
         outcome: Outcome | None = None
         try:
-            outcome = await pool.invoke(event, call_id=act.id, admitted=admitted)
+            outcome = await pool.invoke(event, call_id=act.id, admitted=admitted, affinity=affinity)
             code, body = 200, outcome.result or {}
             act.status, act.result = Status.SUCCESS, outcome.result
         except InvocationFailed as failed:

@@ -8,7 +8,9 @@ from typing import Annotated, Any
 from fastapi import Depends, Request
 from starlette.exceptions import HTTPException
 
+from gateway.instances import affinity_key
 from gateway.limits import parse_json
+from gateway.models import AFFINITY_HEADER
 from gateway.service import Gateway
 
 
@@ -48,6 +50,14 @@ async def read_event(request: Request) -> dict[str, Any]:
     if not isinstance(event, dict):
         raise HTTPException(422, f"body: the event must be a JSON object, got {type(event).__name__}")
     return event
+
+
+def read_affinity(request: Request) -> str | None:
+    """The call's `X-Affinity-Key` (gateway/instances.py), or None; an over-long key is a 400 that names it."""
+    try:
+        return affinity_key(request.headers.get(AFFINITY_HEADER))
+    except ValueError as exc:
+        raise HTTPException(400, str(exc)) from exc
 
 
 GatewayDep = Annotated[Gateway, Depends(get_gateway)]

@@ -14,7 +14,16 @@ INVOKE_OPERATION: dict[str, Any] = {
     "description": "Synchronous invocation: the handler's result, or a JSON error. The activation's metering "
     "(times, cold start, cost) rides in the X-Activation-Meter header, its id in X-Call-Id.",
     "operationId": "invoke_function__name__post",
-    "parameters": [{"name": "name", "in": "path", "required": True, "schema": {"type": "string", "title": "Name"}}],
+    "parameters": [
+        {"name": "name", "in": "path", "required": True, "schema": {"type": "string", "title": "Name"}},
+        {
+            "name": "X-Affinity-Key",
+            "in": "header",
+            "required": False,
+            "description": "reuse the idle instance that last served this key, if there is one",
+            "schema": {"type": "string", "maxLength": 200},
+        },
+    ],
     "requestBody": {
         "required": False,
         "content": {"application/json": {"schema": {"type": "object", "additionalProperties": True, "title": "Event"}}},
@@ -24,6 +33,7 @@ INVOKE_OPERATION: dict[str, Any] = {
             "description": "the handler's result",
             "content": {"application/json": {"schema": {"type": "object", "additionalProperties": True}}},
         },
+        "400": {"description": "Bad Request (an over-long X-Affinity-Key)"},
         "401": {"description": "Unauthorized"},
         "404": {"description": "Not Found"},
         "422": {"description": "Unprocessable Entity"},

@@ -77,7 +77,9 @@ class GatewayFunctions:
 
     def invoke(self, role: Role, event: dict[str, Any]) -> Call:
         t0 = time.perf_counter()
-        result, act = self.gateway.invoke_metered(self.names[role], event)
+        # A serverless actor's envs stay on the instance that stepped them: ask for that one again.
+        affinity = str(event["actor_id"]) if role == "actor" and "actor_id" in event else None
+        result, act = self.gateway.invoke_metered(self.names[role], event, affinity=affinity)
         return Call(result, time.perf_counter() - t0, act)
 
     def died(self, exc: BaseException) -> bool:

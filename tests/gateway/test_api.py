@@ -146,6 +146,22 @@ def test_min_warm_and_prewarm(client: GatewayClient, fname: str) -> None:
     assert len(pids(client, fname)) == 3
 
 
+def test_an_affinity_key_brings_its_calls_back_to_the_instance_that_served_it(
+    client: GatewayClient, fname: str
+) -> None:
+    """Without a key the most recently used idle instance serves (one instance would take every sequential call);
+    with one, the instance that last served that key does, and a new key takes an instance no key has claimed."""
+    client.register(spec(fname, "count", min_warm=2))
+    assert len(pids(client, fname)) == 2
+    home = {key: client.invoke(fname, {}, affinity=key)["pid"] for key in ("actor-0", "actor-1")}
+    assert home["actor-0"] != home["actor-1"]
+    for key in ["actor-0", "actor-1", "actor-1", "actor-0"] * 3:
+        assert client.invoke(fname, {}, affinity=key)["pid"] == home[key]
+    with pytest.raises(GatewayError) as long_key:
+        client.invoke(fname, {}, affinity="k" * 201)
+    assert long_key.value.status_code == 400 and "X-Affinity-Key is 201 characters" in str(long_key.value)
+
+
 def test_killed_instance_fails_its_call_with_502_and_is_replaced(
     client: GatewayClient, fname: str, cache_conn: Cache
 ) -> None:

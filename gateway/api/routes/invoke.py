@@ -15,7 +15,7 @@ from starlette.routing import Route
 
 from cache.contract.runtime_http import CALL_ID_HEADER, RETRY_AFTER_HEADER
 from gateway.admission import PoolFull
-from gateway.api.deps import GatewayDep, InvokeAuth, get_gateway, may_invoke, read_event
+from gateway.api.deps import GatewayDep, InvokeAuth, get_gateway, may_invoke, read_affinity, read_event
 from gateway.api.errors import error_response, http_error
 from gateway.models import METER_FIELDS, METER_HEADER, Activation, Status
 
@@ -37,13 +37,13 @@ async def invoke(request: Request) -> Response:
     try:
         may_invoke(request)
         pool = await gw.pool(name)
-        event = await read_event(request)
+        event, affinity = await read_event(request), read_affinity(request)
     except HTTPException as exc:
         return http_error(exc)
     act = Activation(id=uuid.uuid4().hex, function=name, status=Status.RUNNING, start=time.time())
     headers = {CALL_ID_HEADER: act.id}
     try:
-        code, body = await gw.run(pool, act, event)
+        code, body = await gw.run(pool, act, event, affinity=affinity)
     except PoolFull as full:
         gw.metrics.invocations.labels(name, "429").inc()
         return _too_many(full, headers)
@@ -58,7 +58,7 @@ raw_routes = [Route("/function/{name}", invoke, methods=["POST"])]
 @router.post("/async-function/{name}", status_code=202)
 async def invoke_async(name: str, request: Request, gw: GatewayDep, _: InvokeAuth) -> JSONResponse:
     pool = await gw.pool(name)
-    event = await read_event(request)
+    event, affinity = await read_event(request), read_affinity(request)
     try:
         pool.admission.admit()  # decided now, before the 202: an accepted call is never rejected later
     except PoolFull as full:
@@ -72,7 +72,7 @@ async def invoke_async(name: str, request: Request, gw: GatewayDep, _: InvokeAut
         raise
 
     async def background() -> None:
-        await gw.run(pool, act, event, admitted=True)
+        await gw.run(pool, act, event, admitted=True, affinity=affinity)
         await gw.activations.save(act)
 
     gw.spawn(background())
