@@ -204,8 +204,8 @@ class TaskBoard:
 
     def evict(self, learner_id: str) -> None:
         """`learner_id` is known to be gone (the platform killed its instance): drop its lease now, so that its task
-        is taken over at once (idle learners are woken) rather than when the lease runs out. A holder that were
-        still alive would only lose the task: its gradient is then not stored."""
+        is taken over at once (idle learners are woken) rather than when the lease runs out. Were the holder still
+        alive, it would only lose the task: its gradient would not be stored."""
         self.leave(learner_id)
 
     def wait(self, timeout_s: float) -> None:
