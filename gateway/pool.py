@@ -178,8 +178,9 @@ class FunctionPool:
             return
         if live.expiry is not None:
             live.expiry.cancel()
-        if kill:
-            await asyncio.to_thread(self.backend.kill, live.handle)
+        if kill:  # best effort: the stop below ends it anyway, and a call's answer must not turn into a 500
+            with contextlib.suppress(BackendError):
+                await asyncio.to_thread(self.backend.kill, live.handle)
         self._spawn(self._stop(live.handle))
         self._gauges()
         if replace and not self._closed:

@@ -221,7 +221,11 @@ class DockerBackend:
             except NotFound:
                 return
             except APIError as exc:
-                if exc.status_code != 409:  # 409: not running any more
+                # Not running any more is no failure: docker answers 409, podman 500 ("container state improper").
+                if exc.status_code == 409:
+                    return
+                now = self._get_unless_gone(handle.container_id or handle.id)
+                if now is not None and now.status == "running":
                     raise
 
     def discover(self) -> list[InstanceHandle]:
