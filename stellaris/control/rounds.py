@@ -113,7 +113,10 @@ class _RoundCalls:
             self.last_failure = exc
             if holder is not None and self.r.functions.gone(exc):
                 with contextlib.suppress(redis.RedisError):  # then its lease runs out, as it would without this
-                    self.r.job.board.evict(holder) if role == "learner" else self.r.job.policies.evict(holder)
+                    if role == "learner":
+                        self.r.job.board.evict(holder)
+                    else:
+                        self.r.job.policies.evict(holder)
             return True
         raise exc
 
