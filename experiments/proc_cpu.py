@@ -31,9 +31,8 @@ def _cmdline(pid: int) -> str:
         return ""
 
 
-def tree_cpu_by_kind(root: int, kind: Callable[[str], str]) -> dict[str, float]:
-    """CPU seconds of `root` and every live descendant, summed by `kind` of each one's command line (a reaped
-    child's CPU counts with its parent); empty when `root` is gone."""
+def _tree(root: int) -> dict[int, float]:
+    """CPU seconds of `root` and of every live descendant, by pid; empty when `root` is gone."""
     children: dict[int, list[int]] = {}
     cpu: dict[int, float] = {}
     for entry in PROC.iterdir():
@@ -44,12 +43,26 @@ def tree_cpu_by_kind(root: int, kind: Callable[[str], str]) -> dict[str, float]:
             pid = int(entry.name)
             children.setdefault(stat[0], []).append(pid)
             cpu[pid] = stat[1]
-    totals: dict[str, float] = {}
+    tree: dict[int, float] = {}
     todo = [root]
     while todo:
         pid = todo.pop()
         if pid in cpu:
-            name = kind(_cmdline(pid))
-            totals[name] = totals.get(name, 0.0) + cpu[pid]
+            tree[pid] = cpu[pid]
         todo += children.get(pid, [])
+    return tree
+
+
+def tree_cpu_by_kind(root: int, kind: Callable[[str], str]) -> dict[str, float]:
+    """CPU seconds of `root` and every live descendant, summed by `kind` of each one's command line (a reaped
+    child's CPU counts with its parent); empty when `root` is gone."""
+    totals: dict[str, float] = {}
+    for pid, cpu in _tree(root).items():
+        name = kind(_cmdline(pid))
+        totals[name] = totals.get(name, 0.0) + cpu
     return totals
+
+
+def descendants_running(root: int, marker: str) -> list[int]:
+    """The live descendants of `root` whose command line contains `marker`."""
+    return [pid for pid in _tree(root) if pid != root and marker in _cmdline(pid)]

@@ -75,17 +75,28 @@ class _RoundCalls:
     parameter invocation applying gradients as they land. An invocation whose instance died is replaced (the
     replacement takes over the dead one's task; a parameter replacement resumes from the cache). Each invocation
     gets its own holder id (its learner lease, or the update lease's owner), so that what a dead one held is freed
-    as soon as the platform says its instance is gone, not when the lease runs out."""
+    as soon as the platform says its instance is gone, not when the lease runs out.
+
+    A replacement learner often waits for a cold start while the survivors finish the round's tasks. Once the
+    parameter invocation is done (every task applied or dead-lettered), the round waits neither for such
+    replacements nor for adopted ones still starting: they are carried into the next round, which adopts them as
+    learners of its own."""
 
     def __init__(self, rounds: Rounds, round_k: int, stats: RoundStats) -> None:
         self.r, self.round_k, self.stats = rounds, round_k, stats
         self.learners: set[Future[Call]] = set()
         self.parameter: Future[Call] | None = None
         self.holders: dict[Future[Call], str] = {}
+        self.replacements: set[Future[Call]] = set()  # learners started in place of failed ones
+        self.adopted: set[Future[Call]] = set()  # learners carried over from the previous round
+        self.closed = False  # the round's last step is enqueued
         self.last_failure: BaseException | None = None  # named when the job gives up (e.g. no node can place it)
 
     def start(self) -> None:
-        for _ in range(self.r.invocations):
+        self.holders |= self.r.carried
+        self.adopted, self.r.carried = set(self.r.carried), {}
+        self.learners |= self.adopted
+        for _ in range(self.r.invocations - len(self.adopted)):
             self._learner()
         self._parameter()
         self.stats.max_in_flight = max(self.stats.max_in_flight, len(self.learners))
@@ -98,8 +109,10 @@ class _RoundCalls:
         self.holders[fut] = holder
         return fut
 
-    def _learner(self) -> None:
-        self.learners.add(self._submit("learner"))
+    def _learner(self) -> Future[Call]:
+        fut = self._submit("learner")
+        self.learners.add(fut)
+        return fut
 
     def _parameter(self) -> None:
         self.parameter = self._submit("parameter")
@@ -125,9 +138,13 @@ class _RoundCalls:
             self.learners.discard(fut)
             if self._failed(fut, "learner"):
                 self.stats.learner_restarts += 1
+                self.replacements.add(self._learner())
+                continue
+            self.stats.add(fut.result(), "learner")
+            # An adopted learner leaves when its own (previous) round is done, possibly before this round's tasks
+            # were enqueued or while a sync round is between steps: one of this round's takes its place.
+            if fut in self.adopted and not (self.closed and self.r.job.board.outstanding() == 0):
                 self._learner()
-            else:
-                self.stats.add(fut.result(), "learner")
         if self.parameter is not None and self.parameter.done():
             fut, self.parameter = self.parameter, None
             if self._failed(fut, "parameter"):
@@ -154,6 +171,10 @@ class _RoundCalls:
                 continue
             calls = self.learners | ({self.parameter} if self.parameter else set())
             if not calls:
+                return
+            if self.parameter is None and self.learners <= self.replacements | self.adopted:
+                # The parameter invocation is done, so is the round's work: carry replacements still starting.
+                self.r.carried = {fut: self.holders.pop(fut) for fut in self.learners}
                 return
             wait(calls, return_when=FIRST_COMPLETED)
 
@@ -182,6 +203,8 @@ class Rounds:
         self.actor_pool = ThreadPoolExecutor(max_workers=max(1, actors), thread_name_prefix="act")
         # Invocations' holder ids: unique in the job, also across a resume by another control plane.
         self.holder_prefix, self.serial = uuid.uuid4().hex[:8], itertools.count(1)
+        # Replacement learners still running when their round was done, with their holder ids: the next round's.
+        self.carried: dict[Future[Call], str] = {}
 
     def begin(self, round_k: int, stats: RoundStats) -> None:
         """Before the round's batches are collected (a profile may start invocations here; this one starts none)."""
@@ -194,6 +217,7 @@ class Rounds:
         for i, step in enumerate(steps):
             last = i == len(steps) - 1
             self.job.board.enqueue(step, close_round=round_k if last else None, timeout_s=self.enqueue_timeout_s)
+            calls.closed = last
             if i == 0:
                 calls.start()
             calls.supervise(until_drained=not last)

@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from experiments.proc_cpu import tree_cpu_by_kind
+from experiments.proc_cpu import descendants_running, tree_cpu_by_kind
 
 # Burns 0.3 s of CPU time (not wall time: the machine may be busy), then touches argv[1] and, with argv[2] "stay",
 # sleeps on.
@@ -49,3 +49,18 @@ def test_a_gone_process_counts_nothing() -> None:
     proc = subprocess.Popen(["true"])
     proc.wait()
     assert tree_cpu_by_kind(proc.pid, lambda _: "any") == {}
+
+
+def test_descendants_running_finds_a_grandchild_by_its_command_line_and_never_the_root() -> None:
+    marker = "stellaris-descendant-marker"
+    proc = subprocess.Popen(["bash", "-c", f"( exec -a {marker} sleep 60 ) & wait"])
+    try:
+        deadline = time.monotonic() + 30
+        while not (found := descendants_running(proc.pid, marker)):
+            assert time.monotonic() < deadline, "the grandchild never showed"
+            time.sleep(0.02)
+        assert len(found) == 1 and found[0] != proc.pid
+        assert descendants_running(proc.pid, "no-such-marker") == []
+    finally:
+        subprocess.run(["pkill", "-f", marker], check=False)
+        proc.wait(timeout=30)
