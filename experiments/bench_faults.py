@@ -102,7 +102,7 @@ def rows_of(pairs: list[tuple[Run, Run]], role: str, kill_every: int) -> list[Ro
     restarts = [b.restarts for _, b in pairs]
     rows = [
         Row(
-            f"job with a {role} kill every {kill_every} rounds (rounds 2..N)",
+            f"job with {'an' if role == 'actor' else 'a'} {role} kill every {kill_every} rounds (rounds 2..N)",
             f"{statistics.median(sum(b.round_s) for _, b in pairs):.1f} s",
             f"{statistics.median(sum(a.round_s) for a, _ in pairs):.1f} s without kills",
             job.median,

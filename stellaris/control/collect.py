@@ -5,7 +5,9 @@ batches are the round's. Round 1 is every actor's first batch, in actor order, a
 trigger says (README, "Reproducing a run"); batches landed beyond that are carried, already claimed, into round 2.
 
 Event-driven: a claim blocks on the stream until a batch lands; conditions that no landing changes (a period, a
-predicate, a version) are looked at again at least every `ACTOR_CHECK_S`, when dead serverful actors are looked for.
+predicate, a version) are looked at again at least every `ACTOR_CHECK_S`. Dead serverful actors are looked for (a
+non-blocking wait on each process) before every claim: at once when collection starts, and at least every
+`ACTOR_CHECK_S` while it waits.
 """
 
 from __future__ import annotations
@@ -72,6 +74,9 @@ class LearnerGate:
         batches, t.carried = t.carried, []
         last_landing = time.monotonic()
         while True:
+            # Every look, not only after a claim that came back empty: an actor that died while the learners worked
+            # would otherwise be found only once the others' batches are in and a claim has waited in vain.
+            rs.actor_restarts += t.deployment.restart_dead_actors()
             # The version costs a round trip: read it per look only where a condition needs it.
             facts = self.facts(t.round, batches, t.job.policies.version() or 0 if self.trigger.needs_version else -1)
             # Round 1 is every actor's first batch whatever the trigger (a serverful actor waits after its first
@@ -96,8 +101,6 @@ class LearnerGate:
             rs.redis_round_trips += sum(int(b.info.get("redis_round_trips", 0)) for _, b in got)
             if got:
                 last_landing = time.monotonic()
-            else:
-                rs.actor_restarts += t.deployment.restart_dead_actors()
         if t.round == 1:  # the same seed, the same round 1 (README, "Reproducing a run")
             batches, t.carried = first_of_each(batches)
         facts = replace(facts, version=t.job.policies.version() or 0) if facts.version < 0 else facts
