@@ -1,12 +1,14 @@
 """`python -m experiments.bench_faults`: what a killed function instance costs a job, side by side in one run.
 
-`stellaris train` (fast preset, 2 learners, 2 serverful actors) runs without kills (A) and with them (B), alternated
-A B A B A B. In B, once every `--kill-every` rounds an instance of `--role` is killed with SIGKILL at a random
-moment of the next round (uniform over the rounds' measured length, so a kill may land in collection as well as in
-learning). Reports, with the median and min–max over the pairs: the job's round seconds (rounds 2..N summed) each
-side and their ratio, and the cost of one kill, (B − A) / kills, against an unhurt round's median.
+`stellaris train` (fast preset, `--learners` learners (2), 2 serverful actors) runs without kills (A) and with them
+(B), alternated A B A B A B. In B, once every `--kill-every` rounds a busy instance of `--role` is killed with
+SIGKILL at a random moment of the next round (uniform over the rounds' measured length, so a kill may land in
+collection as well as in learning). Reports, with the median and min–max over the pairs: the job's round seconds
+(rounds 2..N summed) each side and their ratio, and the cost of one kill, (B − A) / kills, against an unhurt
+round's median.
 
-    python -m experiments.bench_faults [--rounds 31] [--kill-every 5] [--pairs 3] [--role learner] [--json F]
+    python -m experiments.bench_faults [--rounds 31] [--kill-every 5] [--pairs 3] [--role learner] [--learners 2]
+        [--standby 0] [--json F]
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from rich.console import Console
 from rich.table import Table
 
 from experiments.bench import Row, Spread
-from experiments.proc_cpu import descendants_running
+from experiments.proc_cpu import busy, descendants_running
 from experiments.summary import read_info
 
 MARKERS = {"learner": "handlers.learner:", "parameter": "handlers.parameter:", "actor": "functions.actor_loop"}
@@ -47,7 +49,8 @@ class Run:
 
 
 def _kill_one(root: int, marker: str, rng: random.Random, killed: list[int]) -> None:
-    victims = descendants_running(root, marker)
+    candidates = descendants_running(root, marker)
+    victims = busy(candidates) or candidates  # a busy instance, not an idle warm spare, where one is busy
     if victims:
         victim = rng.choice(victims)
         try:
@@ -57,12 +60,34 @@ def _kill_one(root: int, marker: str, rng: random.Random, killed: list[int]) -> 
             pass
 
 
-def run_job(env: str, rounds: int, seed: int, tmp: Path, *, role: str, kill_every: int | None) -> Run:
-    """One `stellaris train` job; with `kill_every`, a `role` instance killed once every that many rounds (never in
-    round 1, while the job starts), at a random moment of the round after the one just logged."""
+def run_job(
+    env: str,
+    rounds: int,
+    seed: int,
+    tmp: Path,
+    *,
+    role: str,
+    kill_every: int | None,
+    learners: int = 2,
+    standby: int = 0,
+) -> Run:
+    """One `stellaris train` job (`standby` warm spares); with `kill_every`, a busy `role` instance killed once every
+    that many rounds (never in round 1, while the job starts), at a random moment of the round after the one just
+    logged."""
     out = tmp / f"run-{seed}-{'kills' if kill_every else 'none'}"
     cmd = [sys.executable, "-m", "stellaris.cli", "train", "--env", env, "--preset", "fast", "--rounds", str(rounds)]
-    cmd += ["--seed", str(seed), "--learners", "2", "--actors", "2", "--out", str(out)]
+    cmd += [
+        "--seed",
+        str(seed),
+        "--learners",
+        str(learners),
+        "--actors",
+        "2",
+        "--standby",
+        str(standby),
+        "--out",
+        str(out),
+    ]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     rng = random.Random(seed)
     killed: list[int] = []
@@ -129,6 +154,8 @@ def main(
     kill_every: int = typer.Option(5, min=2, help="one kill in every this many rounds (side B)"),
     pairs: int = typer.Option(3, min=1, help="A/B pairs (A: no kills, B: kills)"),
     role: str = typer.Option("learner", help="whose instances are killed: learner, parameter or actor"),
+    standby: int = typer.Option(0, min=0, help="warm spare learner and parameter instances (both sides)"),
+    learners: int = typer.Option(2, min=1, help="the job's learners"),
     json_path: Path | None = typer.Option(None, "--json", help="also write the rows here, as a JSON list"),
 ) -> None:
     if role not in MARKERS:
@@ -138,8 +165,9 @@ def main(
     with tempfile.TemporaryDirectory(prefix="bench-faults-") as tmp:
         for i in range(pairs):
             seed = 1 + i
-            a = run_job(env, rounds, seed, Path(tmp), role=role, kill_every=None)
-            b = run_job(env, rounds, seed, Path(tmp), role=role, kill_every=kill_every)
+            sides = [run_job(env, rounds, seed, Path(tmp), role=role, kill_every=kills, learners=learners,
+                             standby=standby) for kills in (None, kill_every)]  # fmt: skip
+            a, b = sides
             console.print(
                 f"pair {i + 1}: A {sum(a.round_s):.1f} s, B {sum(b.round_s):.1f} s with {b.kills} kills "
                 f"({b.restarts} restarts seen)"

@@ -5,7 +5,8 @@ cutime/cstime."""
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 PROC = Path("/proc")
@@ -66,3 +67,12 @@ def tree_cpu_by_kind(root: int, kind: Callable[[str], str]) -> dict[str, float]:
 def descendants_running(root: int, marker: str) -> list[int]:
     """The live descendants of `root` whose command line contains `marker`."""
     return [pid for pid in _tree(root) if pid != root and marker in _cmdline(pid)]
+
+
+def busy(pids: Sequence[int], window_s: float = 0.05) -> list[int]:
+    """Those of `pids` that spent CPU time over the next `window_s` (a warm spare waiting for a call spends none);
+    gone ones are left out."""
+    before = {pid: _stat(str(pid)) for pid in pids}
+    time.sleep(window_s)  # the measuring window itself
+    after = {pid: _stat(str(pid)) for pid in pids}
+    return [pid for pid in pids if (b := before[pid]) is not None and (a := after[pid]) is not None and a[1] > b[1]]

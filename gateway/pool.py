@@ -61,6 +61,8 @@ class FunctionPool:
             live, cold, init_s = await self._take_instance(affinity)
             live.affinity = affinity or live.affinity
             wait_s = time.monotonic() - accepted - (init_s or 0.0)
+            if (calling := getattr(self.backend, "calling", None)) is not None:
+                calling(live.handle)  # the process backend pins an instance to cores at its first call
             try:
                 return await self._call(live, event, call_id, cold=cold, init_s=init_s, wait_s=wait_s)
             finally:
@@ -221,13 +223,8 @@ class FunctionPool:
         tasks = [self._spawn(self._warm_one(delay)) for _ in range(max(missing, 0))]
         if tasks and wait_s > 0:
             await asyncio.wait(tasks, timeout=wait_s)
-        return {
-            "function": self.spec.name,
-            "starting": max(missing, 0),
-            "start_in_s": delay,
-            "warm": len(self.instances),
-            "init_estimate_s": self.init_estimate_s,
-        }
+        return {"function": self.spec.name, "starting": max(missing, 0), "start_in_s": delay,
+                "warm": len(self.instances), "init_estimate_s": self.init_estimate_s}  # fmt: skip
 
     def adopt(self, handles: list[InstanceHandle]) -> list[InstanceHandle]:
         """Take over instances found again after a gateway restart: only this function's, started on this backend

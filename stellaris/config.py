@@ -83,6 +83,7 @@ class TrainConfig(StellarisKnobs, DistributionKnob, ElasticOptions, TriggerField
         ge=1, le=256,
         description="max concurrent learner functions: one per CPU core past the first, at most 2, unless given",
     )  # fmt: skip
+    standby: int = Field(default=0, ge=0, le=16, description="warm spare learner and parameter-function instances each")
     seed: int = Field(default=0, description="seed of envs, action sampling, minibatch order and network init")
     eval_every: int = Field(default=0, ge=0, le=1_000_000, description="rounds between evaluations, and the last")
     eval_episodes: int = Field(default=5, ge=1, le=10_000, description="deterministic episodes per evaluation")

@@ -5,7 +5,6 @@ gateway (PR_SET_PDEATHSIG), so none outlives it."""
 from __future__ import annotations
 
 import contextlib
-import itertools
 import os
 import resource
 import select
@@ -19,14 +18,12 @@ from pathlib import Path
 from cache.contract.runtime_http import READY_PREFIX, RUNTIME_MODULE, runtime_argv
 from cache.lifetime import die_with_parent, stop_process
 from gateway.backends.base import BackendError, InstanceHandle
+from gateway.backends.core_placement import CorePlacement
 from gateway.models import FunctionSpec
 
 
-def _preexec(cpus: list[int] | None, memory_bytes: int) -> Callable[[], None]:
+def _preexec(memory_bytes: int) -> Callable[[], None]:
     def setup() -> None:  # runs in the child between fork and exec
-        if cpus:
-            with contextlib.suppress(OSError, AttributeError):
-                os.sched_setaffinity(0, cpus)
         with contextlib.suppress(ValueError, OSError):
             resource.setrlimit(resource.RLIMIT_DATA, (memory_bytes, memory_bytes))
         die_with_parent()  # and a terminal's Ctrl-C reaches the gateway, which drains its instances
@@ -53,19 +50,22 @@ class ProcessBackend:
         self.extra_env = extra_env or {}
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
         self._lock = threading.Lock()
-        self._next_cpu = itertools.count()
-
-    def _cpus(self, spec: FunctionSpec) -> list[int] | None:
-        """Round-robin whole cores over the cores this gateway may use."""
         try:
-            available = sorted(os.sched_getaffinity(0))
-        except (AttributeError, OSError):
-            return None
-        want = max(1, int(spec.resources.cpus))
-        if want >= len(available):
-            return None
-        start = next(self._next_cpu)
-        return [available[(start + i) % len(available)] for i in range(want)]
+            self._placement: CorePlacement | None = CorePlacement(sorted(os.sched_getaffinity(0)))
+        except (AttributeError, OSError):  # no affinity on this OS: instances are not pinned
+            self._placement = None
+
+    def calling(self, handle: InstanceHandle) -> None:
+        """A call is about to run on the instance: at its first, pin every thread of it to the cores
+        gateway/backends/core_placement.py chooses."""
+        if self._placement is None:
+            return
+        with self._lock:
+            cores = self._placement.first_call(handle.id)
+        if cores is not None and handle.pid is not None:
+            with contextlib.suppress(OSError):  # gone meanwhile: its call fails on its own
+                for tid in os.listdir(f"/proc/{handle.pid}/task"):
+                    os.sched_setaffinity(int(tid), cores)
 
     def start(self, spec: FunctionSpec, *, instance_id: str) -> InstanceHandle:
         if not spec.target:
@@ -82,11 +82,13 @@ class ProcessBackend:
             env=env,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
-            preexec_fn=_preexec(self._cpus(spec), spec.resources.memory_bytes),  # PDEATHSIG has no Popen argument
+            preexec_fn=_preexec(spec.resources.memory_bytes),  # PDEATHSIG has no Popen argument
         )
         port = self._wait_ready(proc, spec)
         with self._lock:
             self._procs[instance_id] = proc
+            if self._placement is not None:
+                self._placement.add(instance_id, max(1, int(spec.resources.cpus)))
         return InstanceHandle(
             id=instance_id,
             function=spec.name,
@@ -119,6 +121,8 @@ class ProcessBackend:
     def stop(self, handle: InstanceHandle, *, timeout_s: float = 10.0) -> None:
         with self._lock:
             proc = self._procs.pop(handle.id, None)
+            if self._placement is not None:
+                self._placement.forget(handle.id)
         if proc is None:
             return
         stop_process(proc, timeout_s)

@@ -12,7 +12,8 @@ from gateway.models import ACTOR_PRICING, LEARNER_PRICING, Activation
 
 class Billing:
     """`actor_function`: the gateway name whose activations are the actors' cost; every other is the learners'
-    (learner and parameter functions). Costs carry over from a checkpoint's `state`."""
+    (learner and parameter functions); `spares`: warm spare instances of those, held like them. Costs carry over from
+    a checkpoint's `state`."""
 
     def __init__(
         self,
@@ -22,8 +23,10 @@ class Billing:
         learners: int,
         actor_function: str,
         state: dict[str, Any],
+        spares: int = 0,
     ) -> None:
         self.mode, self.actors, self.learners, self.actor_function = mode, actors, learners, actor_function
+        self.spares = spares
         self.cost_learner = float(state.get("cost_learner", state.get("cost", 0.0)))
         self.cost_actor = float(state.get("cost_actor", 0.0))
         self.actors_charged_until = self.serverful_charged_until = time.monotonic()
@@ -42,13 +45,13 @@ class Billing:
     def charge_held(self, *, serverful_actors: bool) -> None:
         """Serverful resources are charged for the whole wall-clock time they are held: serverful actors always
         (one core each); under serverful billing also every actor and the learner capacity plus the parameter
-        server, at the same per-resource-second prices the meter uses."""
+        server and their warm spares, at the same per-resource-second prices the meter uses."""
         now = time.monotonic()
         if serverful_actors or self.mode == "serverful":
             self.cost_actor += (now - self.actors_charged_until) * self.actors * ACTOR_PRICING.usd_per_second
         self.actors_charged_until = now
         if self.mode == "serverful":
-            slots = self.learners + 1
+            slots = self.learners + 1 + self.spares
             self.cost_learner += (now - self.serverful_charged_until) * slots * LEARNER_PRICING.usd_per_second
         self.serverful_charged_until = now
 

@@ -97,6 +97,7 @@ class LearnerGate:
             # Nothing landed: a claim whose reply died with Redis may hold batches no later claim returns.
             got = got or self.claims.orphaned(CLAIMER, known={bid for bid, _ in batches})
             batches += got
+            t.deployment.actors_landed({b.actor_id for _, b in got})
             t.reward_scalers |= {b.actor_id: b.info["reward_scaler"] for _, b in got if "reward_scaler" in b.info}
             rs.redis_round_trips += sum(int(b.info.get("redis_round_trips", 0)) for _, b in got)
             if got:

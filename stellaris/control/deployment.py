@@ -23,9 +23,13 @@ from cache.lifetime import die_with_parent
 from gateway.client import GatewayClient, GatewayError
 from gateway.models import ACTOR_PRICING, LEARNER_PRICING, BackendName, FunctionSpec, Resources
 from stellaris.config import TrainConfig
-from stellaris.control.rounds import Call, Role
+from stellaris.control.rounds import Call, Role, TrainingError
 
 PREWARM_WAIT_S = 120.0
+# A serverful actor that dies this many times in a row, landing no batch in between, ends the job: it crashes on
+# start (a broken env, a missing module), and restarting it again would only burn a core. From the environment.
+ACTOR_RESTARTS_ENV = "STELLARIS_ACTOR_MAX_RESTARTS"
+ACTOR_RESTARTS_DEFAULT = 5
 REDIS_WATCH_S = 1.0  # how often the control plane pings Redis, so that it sees a restart (and re-grants) at once
 ROLES: tuple[Role, ...] = ("actor", "learner", "parameter")
 
@@ -113,6 +117,8 @@ class Deployment:
         self.functions = GatewayFunctions(gateway, self.names)
         self.queue_bound, self.actor_run_ahead = queue_bound, actor_run_ahead
         self.actor_procs: list[subprocess.Popen[bytes]] = []
+        self.actor_deaths: dict[str, int] = {}  # by actor id: deaths since its last landed batch
+        self.max_actor_restarts = max_actor_restarts()
         self.stopping: list[subprocess.Popen[bytes]] = []  # scaled-down actors finishing the batch in hand
         self.job_url: str | None = None  # Redis as the job's own user, when Redis has ACLs
         self.regrant: Callable[[Any], None] = lambda conn: None
@@ -123,12 +129,16 @@ class Deployment:
     def spec(self, role: Role, env: dict[str, str], **limits: Any) -> FunctionSpec:
         return function_spec(self.names[role], role, self.placement[role], env, **limits)
 
-    def register_parameter(self, env: dict[str, str]) -> None:
-        self.register(self.spec("parameter", env, max_concurrency=1, max_instances=1, queue_max=4, min_warm=1))
+    def register_parameter(self, env: dict[str, str], *, spares: int = 0) -> None:
+        """One call at a time (the update lease allows one holder anyway), on one warm instance plus `spares` idle
+        ones: the call that replaces a killed instance's takes a spare instead of waiting for a cold start."""
+        warm = 1 + spares
+        self.register(self.spec("parameter", env, max_concurrency=1, max_instances=warm, queue_max=4, min_warm=warm))
 
-    def register_pool(self, role: Role, size: int, env: dict[str, str]) -> None:
-        """Up to `size` single-call instances of a handler: the capacity the control plane fills on demand."""
-        self.register(self.spec(role, env, max_concurrency=size, max_instances=size, queue_max=size))
+    def register_pool(self, role: Role, size: int, env: dict[str, str], *, spares: int = 0) -> None:
+        """Up to `size` single-call instances of a handler running at once: the capacity the control plane fills on
+        demand; `spares` more may be kept warm (`prewarm_learners`), so a replacement call finds one idle."""
+        self.register(self.spec(role, env, max_concurrency=size, max_instances=size + spares, queue_max=size))
 
     def register(self, spec: FunctionSpec) -> None:
         try:
@@ -210,13 +220,25 @@ class Deployment:
         return subprocess.Popen(cmd, env=env, preexec_fn=die_with_parent)
 
     def restart_dead_actors(self) -> int:
-        """Serverful actors that died are started again (same index, so the same seed stream)."""
+        """Serverful actors that died are started again (same index, so the same seed stream); one that died more
+        than `max_actor_restarts` times in a row without landing a batch ends the job (TrainingError)."""
         restarted = 0
         for i, proc in enumerate(self.actor_procs):
             if proc.poll() is not None:
+                self.actor_deaths[f"actor-{i}"] = deaths = self.actor_deaths.get(f"actor-{i}", 0) + 1
+                if deaths > self.max_actor_restarts:
+                    raise TrainingError(
+                        f"actor-{i} died {deaths} times in a row without landing a batch (last exit code "
+                        f"{proc.returncode}; its error is above); {ACTOR_RESTARTS_ENV}={self.max_actor_restarts}"
+                    )
                 self.actor_procs[i] = self._actor_proc(i)
                 restarted += 1
         return restarted
+
+    def actors_landed(self, actor_ids: set[str]) -> None:
+        """Batches of these actors landed: their runs of deaths are over."""
+        for actor_id in actor_ids:
+            self.actor_deaths.pop(actor_id, None)
 
     def scale_actors(self, count: int) -> tuple[int, int]:
         """Serverful actors up or down to `count`; returns (started, stopped). Extra ones start with the next actor
@@ -252,3 +274,16 @@ class Deployment:
         self.closed.set()
         self.watch_client.close()
         self.stop_actors()
+
+
+def max_actor_restarts() -> int:
+    raw = os.environ.get(ACTOR_RESTARTS_ENV, "").strip()
+    if not raw:
+        return ACTOR_RESTARTS_DEFAULT
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if not 1 <= value <= 1000:
+        raise TrainingError(f"{ACTOR_RESTARTS_ENV} must be a whole number from 1 to 1000, got {raw!r}")
+    return value

@@ -57,8 +57,9 @@ class Trainer:
         )  # fmt: skip
         self.names = self.deployment.names
         self.billing = Billing(
-            cfg.billing, actors=cfg.actors, learners=cfg.learners, actor_function=self.names["actor"], state=self.state
-        )
+            cfg.billing, actors=cfg.actors, learners=cfg.learners, actor_function=self.names["actor"], state=self.state,
+            spares=2 * cfg.standby,  # a learner and a parameter-function instance each
+        )  # fmt: skip
         self.rounds = rounds_for(cfg)(
             self.job, self.deployment.functions, mode=cfg.mode, learners=cfg.learners, actors=cfg.actor_capacity
         )
@@ -89,7 +90,7 @@ class Trainer:
             "STELLARIS_JOB_TRAJECTORY_MAXLEN": str(self.cfg.queue_bound),
         }
         env |= self.deployment.job_credentials()
-        self.deployment.register_parameter(env)
+        self.deployment.register_parameter(env, spares=self.cfg.standby)
         self._restore()
         init = self.deployment.functions.invoke(
             "parameter", {"job": self.job_id, "init": self.cfg.job_request(self.job_id)}
@@ -106,9 +107,9 @@ class Trainer:
             "STELLARIS_JOB_GRADIENT_MAXLEN": str(max(256, 2 * per_round)),
             "STELLARIS_JOB_TASK_MAXLEN": str(max(4096, 2 * per_round)),
         }
-        self.deployment.register_pool("learner", self.cfg.learner_capacity, env)
+        self.deployment.register_pool("learner", self.cfg.learner_capacity, env, spares=self.cfg.standby)
         # Learners warm before round 1, so that round is like the others (δ_max is calibrated in it).
-        self.deployment.prewarm_learners(self.cfg.learners, wait=True)
+        self.deployment.prewarm_learners(self.cfg.learners + self.cfg.standby, wait=True)
         if self.cfg.actor_kind == "serverless":
             self.deployment.register_pool("actor", self.cfg.actor_capacity, env)
         else:
@@ -155,7 +156,7 @@ class Trainer:
         rs = RoundStats()
         self.rounds.begin(self.round, rs)
         # Learner instances warm by the time this round's batch is in, from the measured collection time.
-        self.deployment.prewarm_learners(self.cfg.learners, by_s=self.collect_estimate_s)
+        self.deployment.prewarm_learners(self.cfg.learners + self.cfg.standby, by_s=self.collect_estimate_s)
         batches, actor_time = self._collect(rs)
         self.collect_estimate_s = 0.5 * self.collect_estimate_s + 0.5 * actor_time
         ids = [bid for bid, _ in batches]

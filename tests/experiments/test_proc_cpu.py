@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from experiments.proc_cpu import descendants_running, tree_cpu_by_kind
+from experiments.proc_cpu import busy, descendants_running, tree_cpu_by_kind
 
 # Burns 0.3 s of CPU time (not wall time: the machine may be busy), then touches argv[1] and, with argv[2] "stay",
 # sleeps on.
@@ -64,3 +64,26 @@ def test_descendants_running_finds_a_grandchild_by_its_command_line_and_never_th
     finally:
         subprocess.run(["pkill", "-f", marker], check=False)
         proc.wait(timeout=30)
+
+
+def test_busy_tells_a_process_burning_cpu_from_one_waiting() -> None:
+    spinner = subprocess.Popen([sys.executable, "-c", "while True:\n    pass"])
+    sleeper = subprocess.Popen(["sleep", "60"])
+    try:
+        deadline = time.monotonic() + 30
+        while not _asleep_in_sleep(sleeper.pid):  # past its exec and start-up, which spend CPU
+            assert time.monotonic() < deadline, "sleep never went to sleep"
+            time.sleep(0.01)
+        # A 0.3 s window: the spinner gets CPU in it even with both cores taken by other work.
+        assert busy([spinner.pid, sleeper.pid], window_s=0.3) == [spinner.pid]
+        sleeper.kill()
+        sleeper.wait()
+        assert busy([sleeper.pid], window_s=0.01) == []  # gone: left out
+    finally:
+        spinner.kill()
+        spinner.wait()
+
+
+def _asleep_in_sleep(pid: int) -> bool:
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat.split(" (", 1)[1].startswith("sleep)") and stat.rsplit(")", 1)[1].split()[0] == "S"
