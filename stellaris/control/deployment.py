@@ -26,8 +26,9 @@ from stellaris.config import TrainConfig
 from stellaris.control.rounds import Call, Role, TrainingError
 
 PREWARM_WAIT_S = 120.0
-# A serverful actor that dies this many times in a row, landing no batch in between, ends the job: it crashes on
-# start (a broken env, a missing module), and restarting it again would only burn a core. From the environment.
+# A serverful actor is restarted at most this many times in a row with no batch of its landing in between; its next
+# death ends the job: it crashes on start (a broken env, a missing module), and restarting it again would only burn
+# a core. From the environment.
 ACTOR_RESTARTS_ENV = "STELLARIS_ACTOR_MAX_RESTARTS"
 ACTOR_RESTARTS_DEFAULT = 5
 REDIS_WATCH_S = 1.0  # how often the control plane pings Redis, so that it sees a restart (and re-grants) at once
