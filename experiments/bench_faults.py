@@ -76,18 +76,8 @@ def run_job(
     logged."""
     out = tmp / f"run-{seed}-{'kills' if kill_every else 'none'}"
     cmd = [sys.executable, "-m", "stellaris.cli", "train", "--env", env, "--preset", "fast", "--rounds", str(rounds)]
-    cmd += [
-        "--seed",
-        str(seed),
-        "--learners",
-        str(learners),
-        "--actors",
-        "2",
-        "--standby",
-        str(standby),
-        "--out",
-        str(out),
-    ]
+    cmd += ["--seed", str(seed), "--learners", str(learners), "--actors", "2", "--standby", str(standby)]
+    cmd += ["--out", str(out)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     rng = random.Random(seed)
     killed: list[int] = []
@@ -165,9 +155,10 @@ def main(
     with tempfile.TemporaryDirectory(prefix="bench-faults-") as tmp:
         for i in range(pairs):
             seed = 1 + i
-            sides = [run_job(env, rounds, seed, Path(tmp), role=role, kill_every=kills, learners=learners,
-                             standby=standby) for kills in (None, kill_every)]  # fmt: skip
-            a, b = sides
+            a, b = (
+                run_job(env, rounds, seed, Path(tmp), role=role, kill_every=kills, learners=learners, standby=standby)
+                for kills in (None, kill_every)
+            )
             console.print(
                 f"pair {i + 1}: A {sum(a.round_s):.1f} s, B {sum(b.round_s):.1f} s with {b.kills} kills "
                 f"({b.restarts} restarts seen)"
