@@ -81,4 +81,10 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from cache.lifetime import quick_exit
+
+    try:
+        main()
+    except SystemExit as stopped:  # SIGTERM or SIGINT: the batch in hand has landed
+        quick_exit(int(stopped.code or 0))
+    quick_exit(0)

@@ -25,4 +25,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    from cache.lifetime import quick_exit
+
     main()
+    quick_exit(0)

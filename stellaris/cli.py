@@ -205,5 +205,20 @@ def plot(
         raise typer.Exit(2) from exc
 
 
+def main() -> None:
+    """The `stellaris` command: the app, then a quick exit (`cache.lifetime.quick_exit`), so that a finished job
+    does not wait on the interpreter's teardown. An error that escapes the app leaves the usual way."""
+    from cache.lifetime import quick_exit
+
+    code = 0
+    try:
+        app()  # click's standalone mode ends in SystemExit
+    except SystemExit as done:
+        if isinstance(done.code, str):
+            typer.echo(done.code, err=True)
+        code = done.code if isinstance(done.code, int) else int(done.code is not None)
+    quick_exit(code)
+
+
 if __name__ == "__main__":
-    app()
+    main()

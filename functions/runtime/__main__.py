@@ -1,7 +1,6 @@
 """`python -m functions.runtime`: see functions/runtime/cli.py."""
 
-import sys
-
+from cache.lifetime import quick_exit
 from functions.runtime.cli import main
 
-sys.exit(main())
+quick_exit(main())

@@ -138,7 +138,7 @@ class Deployment:
 
     def register_pool(self, role: Role, size: int, env: dict[str, str], *, spares: int = 0) -> None:
         """Up to `size` single-call instances of a handler running at once: the capacity the control plane fills on
-        demand; `spares` more may be kept warm (`prewarm_learners`), so a replacement call finds one idle."""
+        demand; `spares` more may be kept warm (`prewarm`), so a replacement call finds one idle."""
         self.register(self.spec(role, env, max_concurrency=size, max_instances=size + spares, queue_max=size))
 
     def register(self, spec: FunctionSpec) -> None:
@@ -149,9 +149,9 @@ class Deployment:
                 raise
             self.gateway.register(spec, replace=True)
 
-    def prewarm_learners(self, count: int, *, by_s: float | None = None, wait: bool = False) -> None:
-        """Learner instances warm by `by_s` from now, or (`wait`) before this returns."""
-        self.gateway.prewarm(self.names["learner"], count, by_s=by_s, wait_s=PREWARM_WAIT_S if wait else 0.0)
+    def prewarm(self, role: Role, count: int, *, by_s: float | None = None, wait: bool = False) -> None:
+        """`count` instances of a role's function warm by `by_s` from now, or (`wait`) before this returns."""
+        self.gateway.prewarm(self.names[role], count, by_s=by_s, wait_s=PREWARM_WAIT_S if wait else 0.0)
 
     def delete_functions(self) -> None:
         for name in self.names.values():

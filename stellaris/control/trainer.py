@@ -108,15 +108,18 @@ class Trainer:
             "STELLARIS_JOB_TASK_MAXLEN": str(max(4096, 2 * per_round)),
         }
         self.deployment.register_pool("learner", self.cfg.learner_capacity, env, spares=self.cfg.standby)
-        # Learners warm before round 1, so that round is like the others (δ_max is calibrated in it).
-        self.deployment.prewarm_learners(self.cfg.learners + self.cfg.standby, wait=True)
+        # Actors start while the learners warm: their starts overlap (each is mostly imports) and round 1's batch is
+        # sampled with version 0 either way.
         if self.cfg.actor_kind == "serverless":
             self.deployment.register_pool("actor", self.cfg.actor_capacity, env)
+            self.deployment.prewarm("actor", self.cfg.actors)
         else:
             self.deployment.start_actors(self.cfg.actors)
             self.billing.actors_started()
             if self.cfg.eval_every:  # evaluations are actor-function calls: one instance for them
                 self.deployment.register_pool("actor", 1, env)
+        # Learners warm before round 1, so that round is like the others (δ_max is calibrated in it).
+        self.deployment.prewarm("learner", self.cfg.learners + self.cfg.standby, wait=True)
 
     def _restore(self) -> None:
         """On resume, put the checkpoint into this epoch's fresh namespace: the policy at its version, optimizer state,
@@ -156,7 +159,7 @@ class Trainer:
         rs = RoundStats()
         self.rounds.begin(self.round, rs)
         # Learner instances warm by the time this round's batch is in, from the measured collection time.
-        self.deployment.prewarm_learners(self.cfg.learners + self.cfg.standby, by_s=self.collect_estimate_s)
+        self.deployment.prewarm("learner", self.cfg.learners + self.cfg.standby, by_s=self.collect_estimate_s)
         batches, actor_time = self._collect(rs)
         self.collect_estimate_s = 0.5 * self.collect_estimate_s + 0.5 * actor_time
         ids = [bid for bid, _ in batches]

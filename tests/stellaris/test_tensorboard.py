@@ -55,3 +55,23 @@ def test_a_run_leaves_curve_png_and_plot_groups_seeds(run_dir: Path, tmp_path: P
     missing = tmp_path / "nope"
     bad = subprocess.run([*plot[:4], str(missing)], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and str(missing) in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
+
+
+def test_a_resumed_board_replaces_the_rounds_after_the_checkpoint(tmp_path: Path) -> None:
+    """A dead run wrote rounds 1-3 but checkpointed after round 2; the resumed run writes from round 3 again: each
+    round appears once, round 3 with the resumed run's value."""
+    from stellaris.control.tensorboard import RoundBoard
+
+    path = tmp_path / "tensorboard"
+    dead = RoundBoard(path)
+    for k in (1, 2, 3):
+        dead.write({"round_id": k, "train_reward_mean": 10.0 * k})
+    dead.close()
+    resumed = RoundBoard(path)
+    for k in (3, 4):
+        resumed.write({"round_id": k, "train_reward_mean": 100.0 * k})
+    resumed.close()
+    acc = EventAccumulator(str(path))
+    acc.Reload()
+    events = acc.Scalars("return/mean")
+    assert [(e.step, e.value) for e in events] == [(1, 10.0), (2, 20.0), (3, 300.0), (4, 400.0)]
