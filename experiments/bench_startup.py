@@ -17,19 +17,16 @@ Reports the median and min–max over the pairs of each phase, and the ratio A/B
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict
 from pathlib import Path
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
-from experiments.bench import Row, Spread
+from experiments.bench import Row, Spread, render, write_json
 
 PHASES = ("setup", "first round", "finish", "exit", "total")
 
@@ -96,12 +93,9 @@ def main(
                 into.append(timed_job(checkout, env, rounds, 1, Path(tmp) / f"{side}{i}"))
                 console.print(f"pair {i + 1} {side}: " + ", ".join(f"{k} {v:.2f} s" for k, v in into[-1].items()))
     rows = rows_of(ours, base, baseline)
-    table = Table("benchmark", "ours", "baseline", "ratio", "note")
-    for r in rows:
-        table.add_row(r.benchmark, r.ours, r.baseline, f"{r.ratio:.2f}", r.note)
-    console.print(table)
+    render(rows, console)
     if json_path is not None:
-        json_path.write_text(json.dumps([asdict(r) for r in rows], indent=2))
+        write_json(rows, json_path)
 
 
 if __name__ == "__main__":
