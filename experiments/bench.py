@@ -76,7 +76,13 @@ class Pair:
 
     info: list[dict[str, float]]
     plain: list[plain_ppo.RoundResult]
-    ours_cpu_by_kind: dict[str, float] | None = None  # CPU s of the run's processes over rounds 2..N, by `process_kind`
+    ours_cpu_by_kind: dict[str, float] | None = None  # CPU s of the run's processes over `cpu_rows`, by `process_kind`
+
+    @property
+    def cpu_rows(self) -> list[dict[str, float]]:
+        """The rows the CPU readings span, round 1's to round N-1's: once round N's row is written, the job stops its
+        processes at once, and a reaped one's CPU would count with its parent's kind."""
+        return self.info[:-1]
 
     @property
     def ours_cpu_s(self) -> float | None:
@@ -213,10 +219,11 @@ def round_trips_row(pairs: list[Pair]) -> Row | None:
 
 
 def cpu_per_step(pair: Pair) -> tuple[float, float] | None:
-    """(ours, plain) CPU seconds per env step over rounds 2..N, every process of the run counted; None unless read."""
+    """(ours, plain) CPU seconds per env step over steady rounds (ours 2..N-1, `Pair.cpu_rows`; plain 2..N), every
+    process of the run counted; None unless read."""
     if pair.ours_cpu_s is None:
         return None
-    ours_steps = pair.info[-1]["env_steps"] - pair.info[0]["env_steps"]
+    ours_steps = pair.cpu_rows[-1]["env_steps"] - pair.cpu_rows[0]["env_steps"]
     plain_cpu = sum(r.cpu_seconds for r in pair.plain[1:])
     plain_steps = sum(r.env_steps for r in pair.plain[1:])
     if ours_steps <= 0 or plain_steps <= 0 or plain_cpu <= 0:
@@ -233,7 +240,7 @@ def cpu_row(pairs: list[Pair]) -> Row | None:
     ours = [c[0] for c in per_pair if c is not None]
     plain = [c[1] for c in per_pair if c is not None]
     ratio = Spread.of([o / b for o, b in zip(ours, plain, strict=True)])
-    wall = sum(sum(r["duration"] for r in p.info[1:]) for p in pairs)
+    wall = sum(sum(r["duration"] for r in p.cpu_rows[1:]) for p in pairs)
     cores = sum(p.ours_cpu_s or 0.0 for p in pairs) / wall
     return Row(
         "CPU per env step, all processes of the run (steady rounds)",
@@ -266,7 +273,7 @@ def cpu_by_process_row(pairs: list[Pair]) -> Row | None:
     where the CPU that the end-to-end ratio needs back goes. None when a pair lacks the readings."""
     if not pairs or any(p.ours_cpu_by_kind is None for p in pairs):
         return None
-    steps = sum(p.info[-1]["env_steps"] - p.info[0]["env_steps"] for p in pairs)
+    steps = sum(p.cpu_rows[-1]["env_steps"] - p.cpu_rows[0]["env_steps"] for p in pairs)
     plain_steps = sum(r.env_steps for p in pairs for r in p.plain[1:])
     collect = sum(r.collect_cpu_seconds for p in pairs for r in p.plain[1:]) / plain_steps
     update = sum(r.cpu_seconds - r.collect_cpu_seconds for p in pairs for r in p.plain[1:]) / plain_steps
@@ -361,13 +368,13 @@ def run_ours(
     env: str, rounds: int, seed: int, tmp: Path, train_args: Sequence[str] = ()
 ) -> tuple[list[dict[str, float]], dict[str, float] | None]:
     """One `stellaris train` run of the fast preset (and `train_args`) in its own process: its info.csv rows, and the
-    CPU seconds its processes spent between round 1's row and round N's, by `process_kind` (None if either was
-    missed)."""
+    CPU seconds its processes spent between round 1's row and round N-1's (`Pair.cpu_rows`), by `process_kind` (None
+    if either was missed)."""
     run = tmp / f"run-{seed}"
     cmd = [sys.executable, "-m", "stellaris.cli", "train", "--env", env, "--preset", "fast"]
     cmd += ["--rounds", str(rounds), "--seed", str(seed), "--out", str(run), *train_args]
     log = tmp / f"log-{seed}.txt"
-    first: dict[str, float] | None = None  # the run's CPU seconds as round 1's row lands, then as round N's does
+    first: dict[str, float] | None = None  # the run's CPU seconds as round 1's row lands, then as round N-1's does
     last: dict[str, float] | None = None
     with log.open("w") as f:
         proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env={**os.environ})
@@ -375,7 +382,7 @@ def run_ours(
             written = rows_written(run / "info.csv")
             if first is None and written >= 1:
                 first = tree_cpu_by_kind(proc.pid, process_kind)
-            if last is None and written >= rounds:
+            if last is None and written >= rounds - 1:
                 last = tree_cpu_by_kind(proc.pid, process_kind)
             time.sleep(POLL_S)
     if proc.returncode != 0:

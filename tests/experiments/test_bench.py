@@ -158,9 +158,10 @@ def test_round_trips_row_is_skipped_without_the_columns() -> None:
 
 
 def _cpu_pair(ours_cpu_s: float | None, plain_cpu_s: float) -> Pair:
-    """3 rounds of 1,000 steps a side, 2 s each for ours; the plain loop's round 1 (start-up) costs 100 CPU s."""
+    """3 rounds of 1,000 steps a side, 2 s each for ours, whose CPU is read over rounds 1..3 of 4; the plain loop's
+    round 1 (start-up) costs 100 CPU s."""
     plain = [RoundResult(100.0, STEPS, [], 100.0)] + [RoundResult(1.0, STEPS, [], plain_cpu_s) for _ in range(2)]
-    return Pair(_info(3, 2.0, 1.0), plain, None if ours_cpu_s is None else {"learners": ours_cpu_s})
+    return Pair(_info(4, 2.0, 1.0), plain, None if ours_cpu_s is None else {"learners": ours_cpu_s})
 
 
 def test_cpu_per_env_step_is_the_median_per_pair_ratio_over_steady_rounds() -> None:
@@ -201,7 +202,7 @@ def test_cpu_by_process_is_pooled_per_env_step_against_the_plain_loops_collectio
         {"actors": 2.0, "learners": 3.0, "parameter": 1.0, "redis": 0.5, "gateway": 0.1, "control plane": 0.4},
         {"actors": 4.0, "learners": 5.0, "parameter": 1.0, "redis": 0.5, "gateway": 0.1, "control plane": 0.2},
     ]
-    pairs = [Pair(_info(3, 2.0, 1.0), plain, k) for k in kinds]
+    pairs = [Pair(_info(4, 2.0, 1.0), plain, k) for k in kinds]  # CPU read over rounds 1..3: 2,000 steps
     assert [p.ours_cpu_s for p in pairs] == [pytest.approx(7.0), pytest.approx(10.8)]
     row = cpu_by_process_row(pairs)
     assert row is not None
