@@ -40,7 +40,7 @@ def stop_process(proc: subprocess.Popen[Any], timeout_s: float) -> None:
 
 def quick_exit(code: int, *, join_s: float = 5.0) -> NoReturn:
     """End a process whose work is done without the interpreter's teardown: with torch imported, that teardown
-    (module and C++ finalisers) took 0.7-1.1 s here, paid by every instance, actor and job that stops. What a normal
+    (module and C++ finalisers) took 0.8-1.2 s here, paid by every instance, actor and job that stops. What a normal
     exit does before it still happens: other (non-daemon) threads are waited for, up to `join_s` (one still running
     then: the normal exit, which waits as long as it takes), atexit handlers run (an embedded Redis is stopped), and
     logs and stdio are flushed."""
