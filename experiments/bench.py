@@ -260,6 +260,7 @@ PROCESS_KINDS = (
     ("handlers.actor:", "actors"),
     ("functions.actor_loop", "actors"),
     ("-m gateway", "gateway"),
+    ("functions.runtime.zygote", "gateway"),  # the process backend's fork server
 )
 PLATFORM_KINDS = ("redis", "gateway", "control plane")  # what the plain loop has no counterpart for
 

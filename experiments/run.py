@@ -32,8 +32,11 @@ console = Console(stderr=True)
 def _deployment(stack: ExitStack, redis_url: str | None, gateway_url: str | None, token: str | None) -> Deployment:
     """The given deployment, or an embedded Redis and a local gateway shared by every run of the suite."""
     from stellaris.control.platform import Platform
+    from stellaris.control.trainer import threads_env
 
-    platform = stack.enter_context(Platform(redis_url=redis_url, gateway_url=gateway_url, gateway_token=token))
+    platform = stack.enter_context(
+        Platform(redis_url=redis_url, gateway_url=gateway_url, gateway_token=token, instance_env=threads_env())
+    )
     assert platform.cache is not None and platform.gateway_url is not None
     return Deployment(platform.cache.url, platform.gateway_url, platform.gateway_token)
 

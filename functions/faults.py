@@ -29,8 +29,11 @@ class FailPoints:
             os.kill(os.getpid(), signal.SIGKILL)
 
 
-_points = FailPoints(os.environ.get(_ENV))
+_points: FailPoints | None = None
 
 
 def fault_point(point: str) -> None:
+    global _points
+    if _points is None:  # read at the first point, not at import: a forked instance's env is set after its imports
+        _points = FailPoints(os.environ.get(_ENV))
     _points.hit(point)

@@ -54,7 +54,9 @@ class Gateway:
             self.redis, self.keys, ttl_s=self.settings.activation_ttl_s, max_records=self.settings.activation_max
         )
         self.http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=None))
-        self._backends.setdefault("process", ProcessBackend(redis_url=self.cache.url))
+        process = ProcessBackend(redis_url=self.cache.url, fork_servers=self.settings.fork_servers)
+        if self._backends.setdefault("process", process) is process and self.settings.backend == "process":
+            process.start_soon(self.settings.fork_server_env)  # the default backend: ready for its first instance
         for spec in await self.registry.all():
             self._new_pool(spec)
         await self.adopt_survivors()
@@ -90,9 +92,10 @@ class Gateway:
         # cluster stops); containers and a given Ray cluster's actors stay up to be found again.
         ephemeral = {"process", *(["ray"] if self.settings.ray_address is None else [])}
         await asyncio.gather(*(p.close(stop_instances=p.backend.name in ephemeral) for p in self.pools.values()))
-        ray_backend = self._backends.get("ray")
-        if ray_backend is not None and hasattr(ray_backend, "close"):
-            await asyncio.to_thread(ray_backend.close)
+        for name in ("process", "ray"):
+            backend = self._backends.get(name)
+            if backend is not None and hasattr(backend, "close"):
+                await asyncio.to_thread(backend.close)
         await self.http.close()
         await self.redis.aclose()
         if self.cache is not None:

@@ -78,6 +78,19 @@ class GatewaySettings(BaseSettings):
     stop_timeout_s: float = Field(
         default=10.0, gt=0, le=3600, description="an instance's drain on stop (SIGTERM), then it is killed"
     )
+    fork_servers: int = Field(
+        default=2,
+        ge=0,
+        le=16,
+        description="process backend: instances are forked from servers that have the runtime and handlers imported "
+        "(one per load-time environment a registration asks for, e.g. OMP_NUM_THREADS), at most this many; 0: "
+        "every instance starts a fresh interpreter",
+    )
+    fork_server_env: dict[str, str] = Field(
+        default_factory=dict,
+        description="the registrations' load-time env of the fork server started with the gateway (default backend "
+        "process), so that their first instance need not wait for one",
+    )
     spec_refresh_s: float = Field(default=2.0, ge=0, description="how stale a worker's copy of a spec may get")
     # Docker backend: host-Python mode runs the project's own interpreter from read-only bind mounts (bare images).
     docker_python: str | None = Field(default=None, description="interpreter path inside the container")

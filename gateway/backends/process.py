@@ -1,10 +1,13 @@
-"""Process backend (the embedded default): each instance is a real subprocess running the function runtime on a
-loopback port, with CPU affinity and a data-segment memory limit where the OS allows. Instances die with the
-gateway (PR_SET_PDEATHSIG), so none outlives it."""
+"""Process backend (the embedded default): each instance is a real process running the function runtime on a
+loopback port, with CPU affinity and a data-segment memory limit where the OS allows. Instances are forked from a
+fork server that has the runtime and the handlers imported (gateway/backends/zygote.py), or started as a fresh
+`python -m functions.runtime` where their environment needs a fresh interpreter or `fork_server` is off. Instances
+die with the gateway (PR_SET_PDEATHSIG), so none outlives it."""
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import resource
 import select
@@ -16,10 +19,15 @@ from collections.abc import Callable
 from pathlib import Path
 
 from cache.contract.runtime_http import READY_PREFIX, RUNTIME_MODULE, runtime_argv
+from cache.contract.zygote import SpawnRequest
 from cache.lifetime import die_with_parent, stop_process
 from gateway.backends.base import BackendError, InstanceHandle
 from gateway.backends.core_placement import CorePlacement
+from gateway.backends.zygote import ForkedProcess, ForkServerError, ForkServers
 from gateway.models import FunctionSpec
+
+log = logging.getLogger("stellaris.gateway")
+Process = subprocess.Popen[bytes] | ForkedProcess
 
 
 def _preexec(memory_bytes: int) -> Callable[[], None]:
@@ -42,13 +50,17 @@ class ProcessBackend:
         redis_url: str | None = None,
         startup_timeout_s: float = 60.0,
         extra_env: dict[str, str] | None = None,
+        fork_servers: int = 2,
     ) -> None:
         self.python = python
         self.cwd = str(cwd) if cwd else None
         self.redis_url = redis_url
         self.startup_timeout_s = startup_timeout_s
         self.extra_env = extra_env or {}
-        self._procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.forks: ForkServers | None = None
+        if fork_servers > 0:
+            self.forks = ForkServers(python, self.cwd, self._env({}), startup_timeout_s, fork_servers)
+        self._procs: dict[str, Process] = {}
         self._lock = threading.Lock()
         try:
             self._placement: CorePlacement | None = CorePlacement(sorted(os.sched_getaffinity(0)))
@@ -72,11 +84,9 @@ class ProcessBackend:
             raise BackendError(f"function {spec.name!r} has no target for the process backend")
         argv = runtime_argv(spec.target, port=0, concurrency=spec.concurrency_per_instance, timeout_s=spec.timeout_s)
         cmd = [self.python, "-m", RUNTIME_MODULE, *argv]
-        env = {**os.environ, **self.extra_env, **spec.env, "STELLARIS_INSTANCE_ID": instance_id}
-        if self.redis_url and "REDIS_URL" not in spec.env:  # a spec's own env wins, as on the docker backend
-            env["REDIS_URL"] = self.redis_url
+        env = self._env({**spec.env, "STELLARIS_INSTANCE_ID": instance_id})
         started = time.monotonic()
-        proc = subprocess.Popen(
+        proc = self._fork(cmd, env, spec) or subprocess.Popen(
             cmd,
             cwd=self.cwd,
             env=env,
@@ -99,7 +109,40 @@ class ProcessBackend:
             spec_digest=spec.digest(),
         )
 
-    def _wait_ready(self, proc: subprocess.Popen[bytes], spec: FunctionSpec) -> int:
+    def _env(self, own: dict[str, str]) -> dict[str, str]:
+        env = {**os.environ, **self.extra_env, **own}
+        if self.redis_url and "REDIS_URL" not in own:  # a spec's own env wins, as on the docker backend
+            env["REDIS_URL"] = self.redis_url
+        return env
+
+    def _fork(self, cmd: list[str], env: dict[str, str], spec: FunctionSpec) -> ForkedProcess | None:
+        """The instance forked from the fork server for its environment; None where it must start the usual way
+        (fork servers are off, all `fork_servers` serve other environments, or its server cannot start)."""
+        server = self.forks.for_env(spec.env) if self.forks is not None else None
+        if server is None or server.failed:
+            return None
+        request = SpawnRequest(
+            argv=cmd[3:], env=env, cwd=self.cwd, memory_bytes=spec.resources.memory_bytes, title=" ".join(cmd)
+        )
+        try:
+            return server.spawn(request)
+        except ForkServerError as exc:
+            log.warning("starting an instance of %r without the fork server: %s", spec.name, exc)
+            return None
+
+    def start_soon(self, env: dict[str, str] | None = None) -> None:
+        """Start the fork server for registrations that set `env` in the background, ready for their first
+        instance (no-op without fork servers)."""
+        server = self.forks.for_env(env or {}) if self.forks is not None else None
+        if server is not None:
+            server.start_soon()
+
+    def close(self) -> None:
+        """Stop the fork server (instances are stopped by their pools first; any left die with it)."""
+        if self.forks is not None:
+            self.forks.close()
+
+    def _wait_ready(self, proc: Process, spec: FunctionSpec) -> int:
         """Block on the runtime's `READY <port>` line (an event, not a poll), bounded by startup_timeout_s."""
         assert proc.stdout is not None
         # poll(), not select(): select fails on descriptors numbered above 1,024, which a busy gateway reaches.

@@ -100,9 +100,9 @@ class SpawnThread:
     forked a child ends, so a child started from a short-lived worker thread (asyncio.to_thread) would die with it.
     `run(make)` calls `make` on this thread and returns its result (or raises its exception)."""
 
-    def __init__(self) -> None:
+    def __init__(self, name: str = "ray-cluster-spawner") -> None:
         self._jobs: queue.Queue[tuple[Callable[[], Any], queue.Queue[Any]] | None] = queue.Queue()
-        self._thread = threading.Thread(target=self._serve, name="ray-cluster-spawner", daemon=True)
+        self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
         self._thread.start()
 
     def _serve(self) -> None:

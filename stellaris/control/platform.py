@@ -3,6 +3,7 @@ docker functions, with `backend="docker"`, share the host's network to reach tha
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import subprocess
@@ -48,8 +49,12 @@ class Platform:
         gateway_token: str | None,
         backend: str = "process",
         ray_address: str | None = None,
+        instance_env: dict[str, str] | None = None,
     ) -> None:
         self.redis_url = redis_url
+        # The load-time env the job's functions will ask for (thread counts): a gateway of ours starts its fork
+        # server with it, ready before the first instance.
+        self.instance_env = instance_env or {}
         self.backend = backend
         self.ray_address = ray_address
         self.ray: LocalRayCluster | None = None  # the private local Ray of a ray job given no cluster
@@ -102,6 +107,7 @@ class Platform:
             "STELLARIS_GATEWAY_TOKEN": self.gateway_token,
             "STELLARIS_GATEWAY_NAMESPACE": self.namespace,
             "STELLARIS_LOG_LEVEL": os.environ.get("STELLARIS_LOG_LEVEL", "WARNING"),
+            "STELLARIS_GATEWAY_FORK_SERVER_ENV": json.dumps(self.instance_env),
         }
         if self.ray_address is not None:
             env["STELLARIS_GATEWAY_RAY_ADDRESS"] = self.ray_address

@@ -16,7 +16,7 @@ from stellaris.control.cache_watch import CacheWatch
 from stellaris.control.outputs import RunDir, fmt
 from stellaris.control.platform import Platform
 from stellaris.control.progress import clock, eta_s, sparkline
-from stellaris.control.trainer import Trainer
+from stellaris.control.trainer import Trainer, threads_env
 
 TOKEN_FILE = "gateway-token"  # the local gateway's bearer token, for scraping /metrics during the run (0600)
 
@@ -113,6 +113,7 @@ def run_training(cfg: TrainConfig, *, resume: bool = False) -> int:
             gateway_token=cfg.gateway_token,
             backend=cfg.backend,
             ray_address=cfg.ray_address,
+            instance_env=threads_env(cfg),
         ) as p:
             trainer = Trainer(cfg, p, run, state=state)
             watch = CacheWatch(p.cache.server if p.cache is not None else None).start()

@@ -31,7 +31,14 @@ from stellaris.control.report import RoundFacts, episode_returns, gradient_rows,
 from stellaris.control.rounds import RoundStats, TrainingError, round_tasks
 from stellaris.control.scaling import Scaler
 
-__all__ = ["Trainer", "TrainingError"]
+__all__ = ["Trainer", "TrainingError", "threads_env"]
+
+
+def threads_env(cfg: TrainConfig | None = None) -> dict[str, str]:
+    """The thread count every function instance of the job starts with (read when torch loads); without a config,
+    the default's."""
+    threads = cfg.torch_threads if cfg is not None else TrainConfig.model_fields["torch_threads"].default
+    return {"OMP_NUM_THREADS": str(threads)}
 
 
 class Trainer:
@@ -85,7 +92,7 @@ class Trainer:
     # -- setup ------------------------------------------------------------------------------------------------
     def setup(self) -> None:
         env = {
-            "OMP_NUM_THREADS": str(self.cfg.torch_threads),
+            **threads_env(self.cfg),
             "STELLARIS_LOG_LEVEL": os.environ.get("STELLARIS_LOG_LEVEL", "WARNING"),
             "STELLARIS_JOB_TRAJECTORY_MAXLEN": str(self.cfg.queue_bound),
         }

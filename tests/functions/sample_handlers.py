@@ -44,3 +44,22 @@ def wait_for_release(event: dict[str, Any], ctx: Context) -> dict[str, Any]:
     client.rpush(event["started_key"], ctx.call_id)
     released = client.blpop([event["release_key"]], timeout=float(event.get("timeout_s", 10)))
     return {"released": released is not None}
+
+
+def process(event: dict[str, Any], ctx: Context) -> dict[str, Any]:
+    """What the instance's process is: its pid and parent, working directory, data-segment limit and the env
+    variables the event names."""
+    import resource
+
+    return {
+        "pid": os.getpid(),
+        "ppid": os.getppid(),
+        "cwd": os.getcwd(),
+        "rlimit_data": resource.getrlimit(resource.RLIMIT_DATA)[0],
+        "env": {name: os.environ.get(name) for name in event.get("env", [])},
+        "torch_threads": __import__("torch").get_num_threads() if event.get("torch") else None,
+        # A draw from NumPy's and torch's global generators, unseeded by the process itself.
+        "draws": [float(__import__("numpy").random.random()), float(__import__("torch").rand(1))]
+        if event.get("draw")
+        else None,
+    }

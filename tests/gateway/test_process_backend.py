@@ -31,6 +31,7 @@ def test_an_instance_starts_with_descriptors_numbered_past_1024() -> None:
             assert answer["event"] == {"x": 1}
         finally:
             backend.stop(handle)
+            backend.close()
     finally:
         for fd in held:
             os.close(fd)

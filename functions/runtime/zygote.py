@@ -1,0 +1,201 @@
+"""`python -m functions.runtime.zygote`: the fork server the process backend starts instances from (protocol:
+cache/contract/zygote.py). A fresh instance spends about 1.5 s importing torch, NumPy, the envs and the handlers
+before it can serve; a fork of this process, which imported them once, served after 0.013-0.016 s here, its pages
+shared with the server until written to.
+
+The server runs no Python thread and never builds a model or steps an env, so no thread pool of torch's or
+OpenMP's exists to be lost by a fork (NumPy's OpenBLAS starts one worker at import and handles forks itself); it
+refuses to fork once CUDA is initialised in it. The child puts on the instance's
+environment, working directory, memory limit, stdout and command line, then runs the runtime's `main` as
+`python -m functions.runtime` would; it never returns into the server's loop.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import json
+import logging
+import os
+import resource
+import selectors
+import socket
+import sys
+import threading
+from typing import NoReturn
+
+from cache.contract.zygote import MAX_MESSAGE_BYTES, READY_PREFIX, ZYGOTE_FD_ENV, SpawnRequest
+from cache.lifetime import die_with_parent, quick_exit
+
+# What instances of the platform's own functions import: loaded once, here. torch imports its compiler front end
+# (torch._dynamo, about 1 s) when the first optimizer is built, in every parameter instance's first call. A handler
+# module not listed is imported by the server after its first instance is forked, so the next one finds it loaded.
+PRELOAD = ("functions.handlers.learner", "functions.handlers.parameter", "functions.handlers.actor", "torch._dynamo")
+log = logging.getLogger("stellaris.zygote")
+
+
+def _preload(module: str) -> None:
+    try:
+        importlib.import_module(module)
+    except Exception as exc:  # its instances will fail to load it themselves, with the error in their log
+        print(f"zygote: cannot preload {module}: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+
+
+def _cuda_initialised() -> bool:
+    torch = sys.modules.get("torch")
+    return bool(torch is not None and torch.cuda.is_initialized())
+
+
+def _become_instance(request: SpawnRequest, stdout_fd: int, inherited: set[int]) -> int:
+    """In the child: put on the instance's process state, then serve as `python -m functions.runtime` does."""
+    die_with_parent()  # the server's death (or its SIGKILL of us) ends us; and a session of our own
+    for fd in inherited:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    with contextlib.suppress(ValueError, OSError):
+        limit = int(request["memory_bytes"])
+        resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
+    os.dup2(stdout_fd, 1)
+    os.close(stdout_fd)
+    if request["cwd"]:
+        os.chdir(request["cwd"])
+    with contextlib.suppress(ImportError):  # else `ps` shows the server's command line instead
+        import setproctitle
+
+        setproctitle.setproctitle(request["title"])  # before the env changes: it moves the env out of argv's way
+    os.environ.clear()
+    os.environ.update(request["env"])
+    sys.argv = ["-m", *request["argv"]]
+    # A fresh interpreter's global generators start from fresh entropy; a fork's would repeat the server's (Python's
+    # own `random` reseeds itself at a fork).
+    if "numpy" in sys.modules:
+        sys.modules["numpy"].random.seed()
+    if "torch" in sys.modules:
+        sys.modules["torch"].seed()
+    from functions.runtime.cli import main
+
+    return main(request["argv"])
+
+
+def _exit_instance(code: int) -> NoReturn:
+    """End the forked instance as `python -m functions.runtime` ends; never back into the server's loop."""
+    try:
+        quick_exit(code)
+    except SystemExit:  # a thread outlived quick_exit's wait: a normal exit waits for it, however long
+        for t in threading.enumerate():
+            if t is not threading.current_thread() and not t.daemon:
+                t.join()
+    finally:
+        os._exit(code)
+
+
+class Server:
+    """The fork server's loop: requests on the control socket, and each child's exit through its pidfd."""
+
+    def __init__(self, control: socket.socket) -> None:
+        self.control = control
+        self.selector = selectors.DefaultSelector()
+        self.selector.register(control, selectors.EVENT_READ, None)
+        self.children: dict[int, tuple[int, socket.socket]] = {}  # pidfd -> (pid, status socket)
+
+    def serve(self) -> None:
+        while True:
+            for key, _ in self.selector.select():
+                if key.data is None:
+                    if not self._request():
+                        return
+                else:
+                    self._reap(key.fd)
+
+    def _request(self) -> bool:
+        """Serve one request; False once the control socket is closed (the backend is gone)."""
+        try:
+            msg, fds, _, _ = socket.recv_fds(self.control, MAX_MESSAGE_BYTES, 2)
+        except OSError:
+            return False
+        if not msg:
+            for fd in fds:
+                os.close(fd)
+            return False
+        if len(fds) != 2:
+            for fd in fds:
+                os.close(fd)
+            log.error("a spawn request came with %d descriptors, not 2: ignored", len(fds))
+            return True
+        status = socket.socket(fileno=fds[0])
+        stdout_fd = fds[1]
+        try:
+            request: SpawnRequest = json.loads(msg)
+            self._spawn(request, status, stdout_fd)
+        except Exception as exc:  # a bad request or a failed fork: that spawn fails, the server stays
+            with contextlib.suppress(OSError):
+                status.send(json.dumps({"error": f"{type(exc).__name__}: {exc}"}).encode())
+            status.close()
+        finally:
+            with contextlib.suppress(OSError):
+                os.close(stdout_fd)
+        return True
+
+    def _spawn(self, request: SpawnRequest, status: socket.socket, stdout_fd: int) -> None:
+        if _cuda_initialised():
+            raise RuntimeError("CUDA is initialised in the fork server; a forked instance could not use it")
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                # The server's descriptors: an instance holding them would keep the server's sockets open.
+                inherited = {self.control.fileno(), status.fileno(), self.selector.fileno(), *self.children}
+                inherited |= {s.fileno() for _, s in self.children.values()}
+                code = _become_instance(request, stdout_fd, inherited)
+            except SystemExit as exc:  # bad arguments: argparse has said why on stderr
+                code = exc.code if isinstance(exc.code, int) else 1
+            except BaseException:
+                logging.getLogger("stellaris.runtime").exception("forked instance failed to start")
+            finally:
+                _exit_instance(code)
+        pidfd = os.pidfd_open(pid)
+        self.children[pidfd] = (pid, status)
+        self.selector.register(pidfd, selectors.EVENT_READ, pid)
+        status.send(json.dumps({"pid": pid}).encode())
+        # The next instance of this handler finds its module loaded.
+        module = _handler_module(request["argv"])
+        if module and module not in sys.modules:
+            _preload(module)
+
+    def _reap(self, pidfd: int) -> None:
+        pid, status = self.children.pop(pidfd)
+        self.selector.unregister(pidfd)
+        os.close(pidfd)
+        _, wait_status = os.waitpid(pid, 0)
+        with contextlib.suppress(OSError):  # the backend stopped listening: nobody to tell
+            status.send(json.dumps({"exit": os.waitstatus_to_exitcode(wait_status)}).encode())
+        status.close()
+
+
+def _handler_module(argv: list[str]) -> str | None:
+    with contextlib.suppress(ValueError, IndexError):
+        return argv[argv.index("--handler") + 1].partition(":")[0] or None
+    return None
+
+
+def main() -> int:
+    raw = os.environ.pop(ZYGOTE_FD_ENV, "")
+    if not raw.isdigit():
+        print(f"zygote: ${ZYGOTE_FD_ENV} must name the control socket's descriptor, got {raw!r}", file=sys.stderr)
+        return 2
+    control = socket.socket(fileno=int(raw))
+    for module in PRELOAD:
+        _preload(module)
+    sys.stdout.write(f"{READY_PREFIX}{os.getpid()}\n")
+    sys.stdout.flush()
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # the backend reads no more of it (as the runtime does)
+    Server(control).serve()
+    return 0
+
+
+if __name__ == "__main__":
+    code = main()
+    sys.stdout.flush()
+    os._exit(code)  # its instances die with it (parent-death signal); nothing of the server's needs a teardown

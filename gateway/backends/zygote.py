@@ -1,0 +1,222 @@
+"""The process backend's side of the fork server (protocol: cache/contract/zygote.py): start it once, ask it for
+instances, and watch each one through the part of `Popen`'s interface the backend uses (`ForkedProcess`)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import select
+import signal
+import socket
+import subprocess
+import threading
+from collections.abc import Mapping
+from typing import IO
+
+from cache.contract.zygote import (
+    MAX_MESSAGE_BYTES,
+    READY_PREFIX,
+    ZYGOTE_FD_ENV,
+    ZYGOTE_MODULE,
+    SpawnRequest,
+    load_time_changes,
+)
+from cache.lifetime import die_with_parent, stop_process
+from gateway.backends.process_tree import SpawnThread
+
+log = logging.getLogger("stellaris.gateway")
+
+
+class ForkServerError(RuntimeError):
+    """The fork server could not give an instance (it is gone, or the fork failed): start one the usual way."""
+
+
+def _message(sock: socket.socket, timeout_s: float | None) -> dict[str, object] | None:
+    """The next message on a status socket; None when none came within `timeout_s`; {} when the server is gone."""
+    poller = select.poll()
+    poller.register(sock, select.POLLIN)
+    if not poller.poll(None if timeout_s is None else max(0, int(timeout_s * 1000))):
+        return None
+    try:
+        raw = sock.recv(MAX_MESSAGE_BYTES)
+    except OSError:
+        return {}
+    return json.loads(raw) if raw else {}
+
+
+class ForkedProcess:
+    """An instance the fork server forked. It is the server's child, not ours: its exit code comes over its status
+    socket, and a server that dies takes it along (parent-death signal), which reads as a SIGKILL."""
+
+    def __init__(self, pid: int, status: socket.socket, stdout: IO[bytes], args: str) -> None:
+        self.pid, self.stdout, self.args = pid, stdout, args
+        self.returncode: int | None = None
+        self._status = status
+        self._lock = threading.Lock()
+
+    def _collect(self, timeout_s: float | None) -> None:
+        with self._lock:
+            if self.returncode is not None:
+                return
+            msg = _message(self._status, timeout_s)
+            if msg is None:
+                return
+            code = msg.get("exit")
+            self.returncode = code if isinstance(code, int) else -signal.SIGKILL
+            self._status.close()
+
+    def poll(self) -> int | None:
+        self._collect(0)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        self._collect(timeout)
+        if self.returncode is None:
+            raise subprocess.TimeoutExpired(self.args, timeout or 0)
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        # Not yet reported gone: not yet reaped by the server either, so the pid is still this process's.
+        if self.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, sig)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+class ForkServer:
+    """One fork server, started at its first spawn (or `start_soon`) with `env`. Spawns are serialised."""
+
+    def __init__(self, python: str, cwd: str | None, env: Mapping[str, str], startup_timeout_s: float) -> None:
+        self.python, self.cwd, self.env, self.startup_timeout_s = python, cwd, dict(env), startup_timeout_s
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._control: socket.socket | None = None
+        self._lock = threading.Lock()
+        # The server dies with the thread that started it (PR_SET_PDEATHSIG): one that lives as long as we do.
+        self._spawner: SpawnThread | None = None
+        self.failed = False  # it could not start once: the backend stops asking
+
+    def start_soon(self) -> None:
+        """Start the server in the background, so that the first instance finds it ready (or nearly)."""
+
+        def start() -> None:
+            with self._lock, contextlib.suppress(ForkServerError):  # the first spawn says why
+                self._ready()
+
+        threading.Thread(target=start, name="fork-server-start", daemon=True).start()
+
+    def _ready(self) -> socket.socket:
+        """The control socket of a running server (under the lock): the one there is, else a new one's."""
+        if self.failed:
+            raise ForkServerError("the fork server could not start earlier")
+        if self._proc is not None and self._proc.poll() is None and self._control is not None:
+            return self._control
+        self._close()
+        return self._start()
+
+    def _start(self) -> socket.socket:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self._spawner = self._spawner or SpawnThread("fork-server-spawner")
+        with theirs:
+            proc: subprocess.Popen[bytes] = self._spawner.run(
+                lambda: subprocess.Popen(
+                    [self.python, "-m", ZYGOTE_MODULE],
+                    cwd=self.cwd,
+                    env={**self.env, ZYGOTE_FD_ENV: str(theirs.fileno())},
+                    pass_fds=(theirs.fileno(),),
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    preexec_fn=die_with_parent,
+                )
+            )
+        assert proc.stdout is not None
+        poller = select.poll()
+        poller.register(proc.stdout, select.POLLIN)
+        ready = poller.poll(self.startup_timeout_s * 1000)
+        line = proc.stdout.readline().decode(errors="replace").strip() if ready else ""
+        proc.stdout.close()  # the server points its stdout at stderr after this line
+        if not line.startswith(READY_PREFIX):
+            ours.close()
+            stop_process(proc, 1.0)
+            self.failed = True
+            raise ForkServerError(f"the fork server did not start ({line or 'no READY line'}); see stderr above")
+        self._proc, self._control = proc, ours
+        return ours
+
+    def spawn(self, request: SpawnRequest) -> ForkedProcess:
+        with self._lock:
+            control = self._ready()
+            ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            read_fd, write_fd = os.pipe()
+            try:
+                socket.send_fds(control, [json.dumps(request).encode()], [theirs.fileno(), write_fd])
+            except OSError as exc:
+                for fd in (read_fd,):
+                    os.close(fd)
+                ours.close()
+                raise ForkServerError(f"the fork server is gone: {exc}") from exc
+            finally:
+                theirs.close()
+                os.close(write_fd)
+            msg = _message(ours, self.startup_timeout_s)
+        pid = (msg or {}).get("pid")
+        if not isinstance(pid, int):
+            ours.close()
+            os.close(read_fd)
+            reason = (msg or {}).get("error") or ("no answer" if msg is None else "it is gone")
+            raise ForkServerError(f"the fork server did not fork: {reason}")
+        return ForkedProcess(pid, ours, os.fdopen(read_fd, "rb"), request["title"])
+
+    def _close(self) -> None:
+        if self._control is not None:
+            self._control.close()  # the server exits at this EOF, and its instances with it
+            self._control = None
+        if self._proc is not None:
+            stop_process(self._proc, 5.0)
+            self._proc = None
+
+    def close(self) -> None:
+        with self._lock:
+            self._close()
+            if self._spawner is not None:
+                self._spawner.close()
+                self._spawner = None
+
+
+class ForkServers:
+    """The backend's fork servers, one per load-time environment: the values a registration's env gives the
+    variables a fork would not honour (`load_time_changes`; OMP_NUM_THREADS=1, say) choose the server, which is
+    started with them. At most `limit` servers (each holds its imports, a few hundred MB shared with its
+    instances); an instance that would need one more starts as a fresh interpreter."""
+
+    def __init__(
+        self, python: str, cwd: str | None, base_env: Mapping[str, str], startup_timeout_s: float, limit: int
+    ) -> None:
+        self.python, self.cwd, self.base_env = python, cwd, dict(base_env)
+        self.startup_timeout_s, self.limit = startup_timeout_s, limit
+        self.servers: dict[tuple[tuple[str, str], ...], ForkServer] = {}
+        self._lock = threading.Lock()
+
+    def for_env(self, own: Mapping[str, str]) -> ForkServer | None:
+        """The server for instances whose registration sets `own`; None when `limit` servers serve others."""
+        # What the registration sets decides; the gateway's own environment is the server's (give or take what
+        # changed in it since the server started, as for any process started before the change).
+        flavour = tuple(sorted((k, own[k]) for k in load_time_changes({**self.base_env, **own}, self.base_env)))
+        with self._lock:
+            server = self.servers.get(flavour)
+            if server is None and len(self.servers) < self.limit:
+                env = {**self.base_env, **dict(flavour)}
+                server = self.servers[flavour] = ForkServer(self.python, self.cwd, env, self.startup_timeout_s)
+        return server
+
+    def close(self) -> None:
+        with self._lock:
+            servers, self.servers = list(self.servers.values()), {}
+        for server in servers:
+            server.close()

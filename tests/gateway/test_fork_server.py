@@ -1,0 +1,166 @@
+"""The process backend's fork server (gateway/backends/zygote.py, functions/runtime/zygote.py): instances forked
+from it are real instances of their own (env, working directory, memory limit, command line, exit codes), a kill -9
+of an instance or of the server itself is seen and survived, and an environment that only a fresh interpreter would
+honour gets a fork server started with it, up to a bound, then a fresh interpreter."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from cache.contract.zygote import load_time_changes
+from gateway.backends.base import InstanceHandle
+from gateway.backends.process import ProcessBackend
+from gateway.backends.process_tree import wait_gone
+from gateway.backends.zygote import ForkedProcess
+from gateway.models import FunctionSpec
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _spec(name: str = "proc", handler: str = "process", **extra: object) -> FunctionSpec:
+    return FunctionSpec.model_validate({"name": name, "target": f"tests.functions.sample_handlers:{handler}", **extra})
+
+
+def _call(handle: InstanceHandle, event: dict[str, object]) -> dict[str, object]:
+    response = httpx.post(f"{handle.url}/invoke", json=event, timeout=30)
+    assert response.status_code == 200, response.text
+    return response.json()  # type: ignore[no-any-return]
+
+
+@pytest.fixture
+def backend() -> Iterator[ProcessBackend]:
+    b = ProcessBackend(cwd=ROOT)
+    yield b
+    for proc in list(b._procs.values()):
+        proc.kill()
+    b.close()
+
+
+def _server_pid(b: ProcessBackend, flavour: tuple[tuple[str, str], ...] = ()) -> int:
+    assert b.forks is not None
+    proc = b.forks.servers[flavour]._proc
+    assert proc is not None
+    return proc.pid
+
+
+def test_a_forked_instance_has_its_own_env_limits_and_command_line(backend: ProcessBackend) -> None:
+    spec = _spec(env={"STELLARIS_DEVICE": "cpu"}, resources={"memory_bytes": 3 << 30})
+    first = backend.start(spec, instance_id="a-1")
+    second = backend.start(spec, instance_id="a-2")
+    draws = []
+    for handle in (first, second):
+        assert isinstance(backend._procs[handle.id], ForkedProcess)
+        got = _call(handle, {"env": ["STELLARIS_DEVICE", "STELLARIS_INSTANCE_ID", "REDIS_URL"], "draw": True})
+        draws.append(got["draws"])
+        assert got["pid"] == handle.pid
+        assert got["ppid"] == _server_pid(backend)  # forked by the server, not started by us
+        assert got["env"] == {"STELLARIS_DEVICE": "cpu", "STELLARIS_INSTANCE_ID": handle.id, "REDIS_URL": None}
+        assert got["cwd"] == str(ROOT)
+        assert got["rlimit_data"] == 3 << 30
+        cmdline = Path(f"/proc/{handle.pid}/cmdline").read_bytes().rstrip(b"\0").decode()
+        assert cmdline == f"{sys.executable} -m functions.runtime --handler tests.functions.sample_handlers:process " \
+            "--port 0 --concurrency 1 --timeout-s 60"  # fmt: skip
+    assert draws[0][0] != draws[1][0] and draws[0][1] != draws[1][1]  # not the server's generators, twice
+    # SIGTERM drains, and the exit code comes through the server.
+    proc = backend._procs["a-1"]
+    backend.stop(first)
+    assert proc.returncode == 0
+    assert backend.alive(second)
+
+
+def test_a_kill_9_of_an_instance_reads_as_sigkill(backend: ProcessBackend) -> None:
+    handle = backend.start(_spec(), instance_id="k-1")
+    proc = backend._procs[handle.id]
+    os.kill(handle.pid or 0, signal.SIGKILL)
+    assert proc.wait(timeout=10) == -signal.SIGKILL
+    assert not backend.alive(handle)
+    backend.stop(handle)  # idempotent on a dead one
+
+
+def test_a_kill_9_of_the_server_takes_its_instances_and_the_next_start_brings_a_new_one(
+    backend: ProcessBackend,
+) -> None:
+    handles = [backend.start(_spec(), instance_id=f"s-{i}") for i in range(2)]
+    server = _server_pid(backend)
+    os.kill(server, signal.SIGKILL)
+    assert not wait_gone({server, *(h.pid or 0 for h in handles)}, timeout_s=10)
+    for h in handles:
+        assert backend._procs[h.id].wait(timeout=10) == -signal.SIGKILL  # gone with it: reads as killed
+        assert not backend.alive(h)
+        backend.stop(h)
+    again = backend.start(_spec(), instance_id="s-2")
+    assert _server_pid(backend) != server
+    assert _call(again, {"env": []})["ppid"] == _server_pid(backend)
+
+
+def test_a_load_time_env_gets_a_fork_server_started_with_it(backend: ProcessBackend) -> None:
+    plain = backend.start(_spec(), instance_id="e-1")
+    one = backend.start(_spec("one", env={"OMP_NUM_THREADS": "1"}), instance_id="e-2")
+    other = backend.start(_spec("one-too", env={"OMP_NUM_THREADS": "1"}), instance_id="e-3")
+    got = {h.id: _call(h, {"env": ["OMP_NUM_THREADS"], "torch": True}) for h in (plain, one, other)}
+    server = _server_pid(backend, (("OMP_NUM_THREADS", "1"),))
+    assert server != _server_pid(backend)
+    assert got["e-1"]["ppid"] == _server_pid(backend)
+    assert got["e-2"]["ppid"] == got["e-3"]["ppid"] == server  # one server per load-time env, not per function
+    assert got["e-2"]["env"] == {"OMP_NUM_THREADS": "1"}
+    assert got["e-2"]["torch_threads"] == 1  # honoured: torch read it when the server loaded it
+    if os.environ.get("OMP_NUM_THREADS") is None and len(os.sched_getaffinity(0)) > 1:
+        assert got["e-1"]["torch_threads"] > 1  # the check above can fail: without the variable torch takes more
+
+
+def test_beyond_fork_servers_an_instance_starts_a_fresh_interpreter() -> None:
+    b = ProcessBackend(cwd=ROOT, fork_servers=1)
+    try:
+        plain = b.start(_spec(), instance_id="f-1")
+        fresh = b.start(_spec(env={"OMP_NUM_THREADS": "1"}), instance_id="f-2")
+        assert isinstance(b._procs[plain.id], ForkedProcess)
+        assert isinstance(b._procs[fresh.id], subprocess.Popen)
+        got = _call(fresh, {"env": ["OMP_NUM_THREADS"], "torch": True})
+        assert got["ppid"] == os.getpid() and got["torch_threads"] == 1
+    finally:
+        for proc in b._procs.values():
+            proc.kill()
+        b.close()
+
+
+def test_a_handler_that_cannot_load_fails_its_start_and_the_server_stays(backend: ProcessBackend) -> None:
+    with pytest.raises(Exception, match="exited with code 1"):
+        backend.start(FunctionSpec(name="bad", target="tests.functions.no_such_module:handle"), instance_id="b-1")
+    server = _server_pid(backend)
+    assert _call(backend.start(_spec(), instance_id="b-2"), {"env": []})["ppid"] == server
+
+
+def test_closing_the_backend_stops_the_server(backend: ProcessBackend) -> None:
+    handle = backend.start(_spec(), instance_id="c-1")
+    server = _server_pid(backend)
+    backend.stop(handle)
+    backend.close()
+    assert not wait_gone({server}, timeout_s=10)
+
+
+def test_load_time_changes_names_what_only_a_fresh_interpreter_would_honour() -> None:
+    base = {"PATH": "/bin", "OMP_NUM_THREADS": "2", "MUJOCO_GL": "egl"}
+    same = {**base, "STELLARIS_DEVICE": "cuda", "REDIS_URL": "redis://x:1", "CUDA_VISIBLE_DEVICES": "1"}
+    assert load_time_changes(same, base) == []
+    changed = {**same, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    del changed["MUJOCO_GL"]
+    assert load_time_changes(changed, base) == ["MKL_NUM_THREADS", "MUJOCO_GL", "OMP_NUM_THREADS"]
+
+
+def test_fork_server_off_starts_fresh_interpreters() -> None:
+    b = ProcessBackend(cwd=ROOT, fork_servers=0)
+    handle = b.start(_spec(), instance_id="o-1")
+    try:
+        assert isinstance(b._procs[handle.id], subprocess.Popen)
+        assert _call(handle, {"env": []})["ppid"] == os.getpid()
+    finally:
+        b.stop(handle)
+        b.close()
