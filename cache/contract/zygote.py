@@ -1,13 +1,15 @@
-"""The fork server's protocol: how the process backend (gateway/backends/zygote.py) asks the fork server
-(functions/runtime/zygote.py) for an instance. Both sides import these names; neither repeats one.
+"""The fork server's protocol: how its users (the process backend and the control plane's serverful actors, through
+gateway/backends/zygote.py) ask a fork server (functions/runtime/zygote.py) for a process. Both sides import these
+names; neither repeats one.
 
-The server is started once per backend with one end of a SOCK_SEQPACKET socketpair at fd `$STELLARIS_ZYGOTE_FD`. It
-imports the runtime and the handlers, prints `READY <pid>` on stdout, then serves requests one message each: a JSON
-`SpawnRequest` with two descriptors attached, a status socket (SOCK_SEQPACKET) and the write end of the instance's
-stdout pipe. It forks; the child becomes the instance (`python -m functions.runtime <argv>` in all but the fork) and
-the status socket gets `{"pid": N}`, or `{"error": "..."}` when it could not fork, then `{"exit": code}` once the
-instance has exited and been reaped (a signal's death as minus its number, as `Popen.returncode` has it). The
-server exits when the control socket closes, and its instances die with it (their parent-death signal).
+A server is started with one end of a SOCK_SEQPACKET socketpair at fd `$STELLARIS_ZYGOTE_FD`. It imports what it
+was told to (default: the runtime and the handlers), prints `READY <pid>` on stdout, then serves requests one
+message each: a JSON `SpawnRequest` with two descriptors attached, a status socket (SOCK_SEQPACKET) and the write
+end of the process's stdout pipe. It forks; the child becomes the process (`python -m <module> <argv>` in all but
+the fork) and the status socket gets `{"pid": N}`, or `{"error": "..."}` when it could not fork, then
+`{"exit": code}` once the process has exited and been reaped (a signal's death as minus its number, as
+`Popen.returncode` has it). The server exits when the control socket closes, and its processes die with it (their
+parent-death signal).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import TypedDict
 
 ZYGOTE_MODULE = "functions.runtime.zygote"
 ZYGOTE_FD_ENV = "STELLARIS_ZYGOTE_FD"
+ZYGOTE_PRELOAD_ENV = "STELLARIS_ZYGOTE_PRELOAD"  # the modules it imports as it starts, space-separated
 READY_PREFIX = "READY "
 MAX_MESSAGE_BYTES = 1 << 20  # a request (argv and the whole env) is far below this
 
@@ -29,10 +32,11 @@ FORKABLE_ENV = ("STELLARIS_*", "REDIS_URL", "REDIS_USER", "REDIS_PASSWORD", "CUD
 
 
 class SpawnRequest(TypedDict):
-    argv: list[str]  # the runtime's arguments (runtime_argv), without the interpreter and module
+    module: str  # what the child runs, as `python -m <module> <argv>` would
+    argv: list[str]  # its arguments
     env: dict[str, str]  # the instance's whole environment
     cwd: str | None
-    memory_bytes: int  # RLIMIT_DATA of the instance
+    memory_bytes: int | None  # RLIMIT_DATA of the process (None: the server's)
     title: str  # its command line as `ps` and /proc/<pid>/cmdline show it
 
 

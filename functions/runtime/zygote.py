@@ -1,13 +1,15 @@
-"""`python -m functions.runtime.zygote`: the fork server the process backend starts instances from (protocol:
-cache/contract/zygote.py). A fresh instance spends about 1.5 s importing torch, NumPy, the envs and the handlers
-before it can serve; a fork of this process, which imported them once, served after 0.013-0.016 s here, its pages
-shared with the server until written to.
+"""`python -m functions.runtime.zygote`: a fork server (protocol: cache/contract/zygote.py). It imports the modules
+in $STELLARIS_ZYGOTE_PRELOAD (default: the function runtime's, PRELOAD), then forks a ready interpreter for each
+request, which runs `python -m <module> <args>` as a fresh one would. The process backend starts function
+instances from one, the control plane its serverful actors (`functions.actor_loop`). A fresh instance spends about
+1.5 s importing torch, NumPy, the envs and the handlers before it can serve; a fork of this process, which imported
+them once, served after 0.013-0.016 s here, its pages shared with the server until written to.
 
 The server runs no Python thread and never builds a model or steps an env, so no thread pool of torch's or
-OpenMP's exists to be lost by a fork (NumPy's OpenBLAS starts one worker at import and handles forks itself); it
-refuses to fork once CUDA is initialised in it. The child puts on the instance's
-environment, working directory, memory limit, stdout and command line, then runs the runtime's `main` as
-`python -m functions.runtime` would; it never returns into the server's loop.
+OpenMP's exists to be lost by a fork (NumPy's OpenBLAS starts one worker at import and handles forks itself). It
+refuses to fork once an import started a Python thread or CUDA is initialised in it. The child puts on the
+process's environment, working directory, memory limit, stdout and command line, then runs its module as
+`__main__`; it never returns into the server's loop.
 """
 
 from __future__ import annotations
@@ -18,27 +20,40 @@ import json
 import logging
 import os
 import resource
+import runpy
 import selectors
 import socket
 import sys
 import threading
 from typing import NoReturn
 
-from cache.contract.zygote import MAX_MESSAGE_BYTES, READY_PREFIX, ZYGOTE_FD_ENV, SpawnRequest
+from cache.contract.zygote import MAX_MESSAGE_BYTES, READY_PREFIX, ZYGOTE_FD_ENV, ZYGOTE_PRELOAD_ENV, SpawnRequest
 from cache.lifetime import die_with_parent, quick_exit
 
-# What instances of the platform's own functions import: loaded once, here. torch imports its compiler front end
-# (torch._dynamo, about 1 s) when the first optimizer is built, in every parameter instance's first call. A handler
-# module not listed is imported by the server after its first instance is forked, so the next one finds it loaded.
-PRELOAD = ("functions.handlers.learner", "functions.handlers.parameter", "functions.handlers.actor", "torch._dynamo")
+# Loaded as the server starts: what every function instance imports. The module a request runs and its handler
+# are loaded at the first request that names them, before that fork, so a server costs what one fresh instance
+# would, and no more, whatever handlers its gateway serves.
+PRELOAD = ("functions.runtime.cli",)
+# Loaded with a module: torch imports its compiler front end (torch._dynamo, about 1 s) when the first optimizer is
+# built, in every parameter instance's first call.
+COMPANIONS = {"functions.handlers.parameter": ("torch._dynamo",)}
 log = logging.getLogger("stellaris.zygote")
 
 
 def _preload(module: str) -> None:
+    if module in sys.modules:
+        return
     try:
         importlib.import_module(module)
-    except Exception as exc:  # its instances will fail to load it themselves, with the error in their log
+    except Exception as exc:  # the forked process fails to load it itself, with the error in its log
         print(f"zygote: cannot preload {module}: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+        return
+    for companion in COMPANIONS.get(module, ()):
+        _preload(companion)
+
+
+class Unforkable(RuntimeError):
+    """The server can fork no more: what it loaded runs a thread, or CUDA (its users start fresh interpreters)."""
 
 
 def _cuda_initialised() -> bool:
@@ -46,15 +61,17 @@ def _cuda_initialised() -> bool:
     return bool(torch is not None and torch.cuda.is_initialized())
 
 
-def _become_instance(request: SpawnRequest, stdout_fd: int, inherited: set[int]) -> int:
-    """In the child: put on the instance's process state, then serve as `python -m functions.runtime` does."""
+def _become_instance(request: SpawnRequest, stdout_fd: int, inherited: set[int], became: int) -> int:
+    """In the child: put on the instance's process state (then close `became`, which the server waits on), then
+    run its module as `python -m` runs one; its exit code."""
     die_with_parent()  # the server's death (or its SIGKILL of us) ends us; and a session of our own
     for fd in inherited:
         with contextlib.suppress(OSError):
             os.close(fd)
-    with contextlib.suppress(ValueError, OSError):
-        limit = int(request["memory_bytes"])
-        resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
+    limit = request["memory_bytes"]
+    if limit is not None:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_DATA, (int(limit), int(limit)))
     os.dup2(stdout_fd, 1)
     os.close(stdout_fd)
     if request["cwd"]:
@@ -65,20 +82,20 @@ def _become_instance(request: SpawnRequest, stdout_fd: int, inherited: set[int])
         setproctitle.setproctitle(request["title"])  # before the env changes: it moves the env out of argv's way
     os.environ.clear()
     os.environ.update(request["env"])
-    sys.argv = ["-m", *request["argv"]]
     # A fresh interpreter's global generators start from fresh entropy; a fork's would repeat the server's (Python's
     # own `random` reseeds itself at a fork).
     if "numpy" in sys.modules:
         sys.modules["numpy"].random.seed()
     if "torch" in sys.modules:
         sys.modules["torch"].seed()
-    from functions.runtime.cli import main
-
-    return main(request["argv"])
+    os.close(became)
+    sys.argv = [request["module"], *request["argv"]]  # run_module puts the module's path first, as `-m` does
+    runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
+    return 0  # a module that ends without exiting (those here call quick_exit themselves)
 
 
 def _exit_instance(code: int) -> NoReturn:
-    """End the forked instance as `python -m functions.runtime` ends; never back into the server's loop."""
+    """End the forked process as a `python -m` run ends; never back into the server's loop."""
     try:
         quick_exit(code)
     except SystemExit:  # a thread outlived quick_exit's wait: a normal exit waits for it, however long
@@ -128,8 +145,9 @@ class Server:
             request: SpawnRequest = json.loads(msg)
             self._spawn(request, status, stdout_fd)
         except Exception as exc:  # a bad request or a failed fork: that spawn fails, the server stays
+            reply = {"error": f"{type(exc).__name__}: {exc}", "unforkable": isinstance(exc, Unforkable)}
             with contextlib.suppress(OSError):
-                status.send(json.dumps({"error": f"{type(exc).__name__}: {exc}"}).encode())
+                status.send(json.dumps(reply).encode())
             status.close()
         finally:
             with contextlib.suppress(OSError):
@@ -137,32 +155,40 @@ class Server:
         return True
 
     def _spawn(self, request: SpawnRequest, status: socket.socket, stdout_fd: int) -> None:
+        for module in (request["module"], _handler_module(request["argv"])):
+            if module:
+                _preload(module)
+        if threading.active_count() > 1:
+            raise Unforkable("an import started a thread, which a fork would not carry over")
         if _cuda_initialised():
-            raise RuntimeError("CUDA is initialised in the fork server; a forked instance could not use it")
+            raise Unforkable("CUDA is initialised in the fork server; a forked process could not use it")
         sys.stdout.flush()
         sys.stderr.flush()
+        waiting, became = os.pipe()
         pid = os.fork()
         if pid == 0:
             code = 1
             try:
                 # The server's descriptors: an instance holding them would keep the server's sockets open.
                 inherited = {self.control.fileno(), status.fileno(), self.selector.fileno(), *self.children}
-                inherited |= {s.fileno() for _, s in self.children.values()}
-                code = _become_instance(request, stdout_fd, inherited)
+                inherited |= {s.fileno() for _, s in self.children.values()} | {waiting}
+                code = _become_instance(request, stdout_fd, inherited, became)
             except SystemExit as exc:  # bad arguments: argparse has said why on stderr
                 code = exc.code if isinstance(exc.code, int) else 1
             except BaseException:
                 logging.getLogger("stellaris.runtime").exception("forked instance failed to start")
             finally:
                 _exit_instance(code)
+        os.close(became)
+        # The pid goes out once the child has its title, env and descriptors (or died trying): whoever looks it up
+        # then sees the process it asked for, never this server's copy.
+        with contextlib.suppress(OSError):
+            os.read(waiting, 1)
+        os.close(waiting)
         pidfd = os.pidfd_open(pid)
         self.children[pidfd] = (pid, status)
         self.selector.register(pidfd, selectors.EVENT_READ, pid)
         status.send(json.dumps({"pid": pid}).encode())
-        # The next instance of this handler finds its module loaded.
-        module = _handler_module(request["argv"])
-        if module and module not in sys.modules:
-            _preload(module)
 
     def _reap(self, pidfd: int) -> None:
         pid, status = self.children.pop(pidfd)
@@ -186,7 +212,9 @@ def main() -> int:
         print(f"zygote: ${ZYGOTE_FD_ENV} must name the control socket's descriptor, got {raw!r}", file=sys.stderr)
         return 2
     control = socket.socket(fileno=int(raw))
-    for module in PRELOAD:
+    # From the env, not the command line: `ps` and /proc show every server as `python -m functions.runtime.zygote`,
+    # which no one looking for a module's processes by their command line mistakes for one of them.
+    for module in os.environ.pop(ZYGOTE_PRELOAD_ENV, "").split() or PRELOAD:
         _preload(module)
     sys.stdout.write(f"{READY_PREFIX}{os.getpid()}\n")
     sys.stdout.flush()

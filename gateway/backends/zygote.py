@@ -1,5 +1,6 @@
-"""The process backend's side of the fork server (protocol: cache/contract/zygote.py): start it once, ask it for
-instances, and watch each one through the part of `Popen`'s interface the backend uses (`ForkedProcess`)."""
+"""The client side of fork servers (protocol: cache/contract/zygote.py): start one, ask it for processes, and watch
+each through the part of `Popen`'s interface its users need (`ForkedProcess`). The process backend forks its
+instances from these, and the control plane its serverful actors."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import signal
 import socket
 import subprocess
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import IO
 
 from cache.contract.zygote import (
@@ -20,6 +21,7 @@ from cache.contract.zygote import (
     READY_PREFIX,
     ZYGOTE_FD_ENV,
     ZYGOTE_MODULE,
+    ZYGOTE_PRELOAD_ENV,
     SpawnRequest,
     load_time_changes,
 )
@@ -50,7 +52,7 @@ class ForkedProcess:
     """An instance the fork server forked. It is the server's child, not ours: its exit code comes over its status
     socket, and a server that dies takes it along (parent-death signal), which reads as a SIGKILL."""
 
-    def __init__(self, pid: int, status: socket.socket, stdout: IO[bytes], args: str) -> None:
+    def __init__(self, pid: int, status: socket.socket, stdout: IO[bytes] | None, args: str) -> None:
         self.pid, self.stdout, self.args = pid, stdout, args
         self.returncode: int | None = None
         self._status = status
@@ -93,14 +95,22 @@ class ForkedProcess:
 class ForkServer:
     """One fork server, started at its first spawn (or `start_soon`) with `env`. Spawns are serialised."""
 
-    def __init__(self, python: str, cwd: str | None, env: Mapping[str, str], startup_timeout_s: float) -> None:
+    def __init__(
+        self,
+        python: str,
+        cwd: str | None,
+        env: Mapping[str, str],
+        startup_timeout_s: float,
+        preload: Sequence[str] = (),
+    ) -> None:
         self.python, self.cwd, self.env, self.startup_timeout_s = python, cwd, dict(env), startup_timeout_s
+        self.preload = tuple(preload)  # the modules it imports (none given: the function runtime's)
         self._proc: subprocess.Popen[bytes] | None = None
         self._control: socket.socket | None = None
         self._lock = threading.Lock()
         # The server dies with the thread that started it (PR_SET_PDEATHSIG): one that lives as long as we do.
         self._spawner: SpawnThread | None = None
-        self.failed = False  # it could not start once: the backend stops asking
+        self.failed = False  # it could not start, or can fork no more (its users stop asking)
 
     def start_soon(self) -> None:
         """Start the server in the background, so that the first instance finds it ready (or nearly)."""
@@ -128,7 +138,7 @@ class ForkServer:
                 lambda: subprocess.Popen(
                     [self.python, "-m", ZYGOTE_MODULE],
                     cwd=self.cwd,
-                    env={**self.env, ZYGOTE_FD_ENV: str(theirs.fileno())},
+                    env={**self.env, ZYGOTE_FD_ENV: str(theirs.fileno()), ZYGOTE_PRELOAD_ENV: " ".join(self.preload)},
                     pass_fds=(theirs.fileno(),),
                     stdin=subprocess.DEVNULL,
                     stdout=subprocess.PIPE,
@@ -149,29 +159,35 @@ class ForkServer:
         self._proc, self._control = proc, ours
         return ours
 
-    def spawn(self, request: SpawnRequest) -> ForkedProcess:
+    def spawn(self, request: SpawnRequest, *, stdout: int | None = None) -> ForkedProcess:
+        """Fork a process for `request`; its stdout is `stdout` (a descriptor of ours, shared) or else a pipe
+        (`ForkedProcess.stdout`)."""
         with self._lock:
             control = self._ready()
             ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-            read_fd, write_fd = os.pipe()
+            read_fd, write_fd = os.pipe() if stdout is None else (None, stdout)
             try:
                 socket.send_fds(control, [json.dumps(request).encode()], [theirs.fileno(), write_fd])
             except OSError as exc:
-                for fd in (read_fd,):
-                    os.close(fd)
+                if read_fd is not None:
+                    os.close(read_fd)
                 ours.close()
                 raise ForkServerError(f"the fork server is gone: {exc}") from exc
             finally:
                 theirs.close()
-                os.close(write_fd)
+                if stdout is None:
+                    os.close(write_fd)
             msg = _message(ours, self.startup_timeout_s)
         pid = (msg or {}).get("pid")
         if not isinstance(pid, int):
             ours.close()
-            os.close(read_fd)
+            if read_fd is not None:
+                os.close(read_fd)
             reason = (msg or {}).get("error") or ("no answer" if msg is None else "it is gone")
+            self.failed = self.failed or bool((msg or {}).get("unforkable"))  # it never will: stop asking
             raise ForkServerError(f"the fork server did not fork: {reason}")
-        return ForkedProcess(pid, ours, os.fdopen(read_fd, "rb"), request["title"])
+        pipe = os.fdopen(read_fd, "rb") if read_fd is not None else None
+        return ForkedProcess(pid, ours, pipe, request["title"])
 
     def _close(self) -> None:
         if self._control is not None:
@@ -196,10 +212,16 @@ class ForkServers:
     instances); an instance that would need one more starts as a fresh interpreter."""
 
     def __init__(
-        self, python: str, cwd: str | None, base_env: Mapping[str, str], startup_timeout_s: float, limit: int
+        self,
+        python: str,
+        cwd: str | None,
+        base_env: Mapping[str, str],
+        startup_timeout_s: float,
+        limit: int,
+        preload: Sequence[str] = (),
     ) -> None:
         self.python, self.cwd, self.base_env = python, cwd, dict(base_env)
-        self.startup_timeout_s, self.limit = startup_timeout_s, limit
+        self.startup_timeout_s, self.limit, self.preload = startup_timeout_s, limit, tuple(preload)
         self.servers: dict[tuple[tuple[str, str], ...], ForkServer] = {}
         self._lock = threading.Lock()
 
@@ -212,7 +234,8 @@ class ForkServers:
             server = self.servers.get(flavour)
             if server is None and len(self.servers) < self.limit:
                 env = {**self.base_env, **dict(flavour)}
-                server = self.servers[flavour] = ForkServer(self.python, self.cwd, env, self.startup_timeout_s)
+                server = ForkServer(self.python, self.cwd, env, self.startup_timeout_s, self.preload)
+                self.servers[flavour] = server
         return server
 
     def close(self) -> None:

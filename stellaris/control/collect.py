@@ -76,7 +76,7 @@ class LearnerGate:
         while True:
             # Every look, not only after a claim that came back empty: an actor that died while the learners worked
             # would otherwise be found only once the others' batches are in and a claim has waited in vain.
-            rs.actor_restarts += t.deployment.restart_dead_actors()
+            rs.actor_restarts += t.deployment.actors.restart_dead()
             # The version costs a round trip: read it per look only where a condition needs it.
             facts = self.facts(t.round, batches, t.job.policies.version() or 0 if self.trigger.needs_version else -1)
             # Round 1 is every actor's first batch whatever the trigger (a serverful actor waits after its first
@@ -97,7 +97,7 @@ class LearnerGate:
             # Nothing landed: a claim whose reply died with Redis may hold batches no later claim returns.
             got = got or self.claims.orphaned(CLAIMER, known={bid for bid, _ in batches})
             batches += got
-            t.deployment.actors_landed({b.actor_id for _, b in got})
+            t.deployment.actors.landed({b.actor_id for _, b in got})
             t.reward_scalers |= {b.actor_id: b.info["reward_scaler"] for _, b in got if "reward_scaler" in b.info}
             rs.redis_round_trips += sum(int(b.info.get("redis_round_trips", 0)) for _, b in got)
             if got:

@@ -4,9 +4,6 @@ round protocol's way of calling them), the job's own Redis user, serverful actor
 from __future__ import annotations
 
 import contextlib
-import os
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -19,18 +16,13 @@ from cache import Cache, CacheError, JobCache, acl
 from cache.acl import JOB_ENV
 from cache.connection import REDIS_PASSWORD_ENV, REDIS_USER_ENV
 from cache.contract.runtime_http import DEVICE_ENV
-from cache.lifetime import die_with_parent
 from gateway.client import GatewayClient, GatewayError
 from gateway.models import ACTOR_PRICING, LEARNER_PRICING, BackendName, FunctionSpec, Resources
 from stellaris.config import TrainConfig
-from stellaris.control.rounds import Call, Role, TrainingError
+from stellaris.control.rounds import Call, Role
+from stellaris.control.serverful_actors import ServerfulActors
 
 PREWARM_WAIT_S = 120.0
-# A serverful actor is restarted at most this many times in a row with no batch of its landing in between; its next
-# death ends the job: it crashes on start (a broken env, a missing module), and restarting it again would only burn
-# a core. From the environment.
-ACTOR_RESTARTS_ENV = "STELLARIS_ACTOR_MAX_RESTARTS"
-ACTOR_RESTARTS_DEFAULT = 5
 REDIS_WATCH_S = 1.0  # how often the control plane pings Redis, so that it sees a restart (and re-grants) at once
 ROLES: tuple[Role, ...] = ("actor", "learner", "parameter")
 
@@ -117,10 +109,7 @@ class Deployment:
         self.names = function_names(self.job_id)
         self.functions = GatewayFunctions(gateway, self.names)
         self.queue_bound, self.actor_run_ahead = queue_bound, actor_run_ahead
-        self.actor_procs: list[subprocess.Popen[bytes]] = []
-        self.actor_deaths: dict[str, int] = {}  # by actor id: deaths since its last landed batch
-        self.max_actor_restarts = max_actor_restarts()
-        self.stopping: list[subprocess.Popen[bytes]] = []  # scaled-down actors finishing the batch in hand
+        self.actors = ServerfulActors(self.job_id, actor_run_ahead, self._actor_env)
         self.job_url: str | None = None  # Redis as the job's own user, when Redis has ACLs
         self.regrant: Callable[[Any], None] = lambda conn: None
         self.closed = threading.Event()
@@ -204,87 +193,20 @@ class Deployment:
             acl.revoke_job(self.cache.client, dead_job_id)
 
     # -- serverful actors -------------------------------------------------------------------------------------
-    def start_actors(self, count: int) -> None:
-        self.actor_procs = [self._actor_proc(i) for i in range(count)]
-
-    def _actor_proc(self, index: int) -> subprocess.Popen[bytes]:
-        env = {
-            **os.environ,
+    def _actor_env(self) -> dict[str, str]:
+        return {
             "REDIS_URL": self.job_url or self.cache.url,
             JOB_ENV: self.job_id,
-            "OMP_NUM_THREADS": "1",
             "STELLARIS_JOB_TRAJECTORY_MAXLEN": str(self.queue_bound),
             DEVICE_ENV: "cpu",
         }
-        cmd = [sys.executable, "-m", "functions.actor_loop", self.job_id, f"actor-{index}", str(index)]
-        cmd.append(str(self.actor_run_ahead))
-        return subprocess.Popen(cmd, env=env, preexec_fn=die_with_parent)
-
-    def restart_dead_actors(self) -> int:
-        """Serverful actors that died are started again (same index, so the same seed stream); one that died more
-        than `max_actor_restarts` times in a row without landing a batch ends the job (TrainingError)."""
-        restarted = 0
-        for i, proc in enumerate(self.actor_procs):
-            if proc.poll() is not None:
-                self.actor_deaths[f"actor-{i}"] = deaths = self.actor_deaths.get(f"actor-{i}", 0) + 1
-                if deaths > self.max_actor_restarts:
-                    raise TrainingError(
-                        f"actor-{i} died {deaths} times in a row without landing a batch (last exit code "
-                        f"{proc.returncode}; its error is above); {ACTOR_RESTARTS_ENV}={self.max_actor_restarts}"
-                    )
-                self.actor_procs[i] = self._actor_proc(i)
-                restarted += 1
-        return restarted
-
-    def actors_landed(self, actor_ids: set[str]) -> None:
-        """Batches of these actors landed: their runs of deaths are over."""
-        for actor_id in actor_ids:
-            self.actor_deaths.pop(actor_id, None)
-
-    def scale_actors(self, count: int) -> tuple[int, int]:
-        """Serverful actors up or down to `count`; returns (started, stopped). Extra ones start with the next actor
-        ids; surplus ones (the newest) get SIGTERM, which an actor obeys between batches, so the batch in hand still
-        lands and is consumed like any other."""
-        self.stopping = [proc for proc in self.stopping if proc.poll() is None]
-        started = max(0, count - len(self.actor_procs))
-        self.actor_procs += [self._actor_proc(len(self.actor_procs)) for _ in range(started)]
-        surplus = self.actor_procs[count:]
-        del self.actor_procs[count:]
-        for proc in surplus:
-            proc.terminate()
-        self.stopping += surplus
-        return started, len(surplus)
 
     def stop_actors(self) -> None:
-        self.actor_procs += self.stopping
-        self.stopping = []
-        if self.cache.server_died():  # no batch of theirs can land any more: do not wait for them to give up
-            for proc in self.actor_procs:
-                proc.kill()
-        for proc in self.actor_procs:
-            proc.terminate()
-        for proc in self.actor_procs:
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        self.actor_procs.clear()
+        # With Redis gone no batch of theirs can land any more: do not wait for them to give up.
+        self.actors.stop(at_once=self.cache.server_died())
 
     def close(self) -> None:
         self.closed.set()
         self.watch_client.close()
         self.stop_actors()
-
-
-def max_actor_restarts() -> int:
-    raw = os.environ.get(ACTOR_RESTARTS_ENV, "").strip()
-    if not raw:
-        return ACTOR_RESTARTS_DEFAULT
-    try:
-        value = int(raw)
-    except ValueError:
-        value = 0
-    if not 1 <= value <= 1000:
-        raise TrainingError(f"{ACTOR_RESTARTS_ENV} must be a whole number from 1 to 1000, got {raw!r}")
-    return value
+        self.actors.close()

@@ -81,7 +81,7 @@ class Scaler:
         learners = t.cfg.learners_at(t.round)
         if learners == t.rounds.learners:
             return
-        t.billing.charge_held(serverful_actors=bool(t.deployment.actor_procs))
+        t.billing.charge_held(serverful_actors=bool(t.deployment.actors.procs))
         t.billing.learners = learners
         t.rounds.set_learners(learners)
         t.cfg = t.cfg.model_copy(update={"learners": learners})
@@ -133,7 +133,7 @@ class Scaler:
         t = self.t
         t.billing.actors = target
         if serverful:
-            t.deployment.scale_actors(target)
+            t.deployment.actors.scale(target)
         elif target > t.cfg.actors:  # instances warm before the next round invokes them
             t.deployment.gateway.prewarm(t.names["actor"], target)
         t.cfg = t.cfg.model_copy(update={"actors": target})

@@ -91,6 +91,8 @@ class Trainer:
 
     # -- setup ------------------------------------------------------------------------------------------------
     def setup(self) -> None:
+        if self.cfg.actor_kind == "serverful":
+            self.deployment.actors.start_soon()  # its imports overlap the job's creation
         env = {
             **threads_env(self.cfg),
             "STELLARIS_LOG_LEVEL": os.environ.get("STELLARIS_LOG_LEVEL", "WARNING"),
@@ -121,7 +123,7 @@ class Trainer:
             self.deployment.register_pool("actor", self.cfg.actor_capacity, env)
             self.deployment.prewarm("actor", self.cfg.actors)
         else:
-            self.deployment.start_actors(self.cfg.actors)
+            self.deployment.actors.start(self.cfg.actors)
             self.billing.actors_started()
             if self.cfg.eval_every:  # evaluations are actor-function calls: one instance for them
                 self.deployment.register_pool("actor", 1, env)
@@ -208,7 +210,7 @@ class Trainer:
         self.run.gradients.write(gradient_rows(applied))
         evaluated = self._evaluate(rs)
         self._charge(rs.activations)
-        self.billing.charge_held(serverful_actors=bool(self.deployment.actor_procs))
+        self.billing.charge_held(serverful_actors=bool(self.deployment.actors.procs))
         facts = RoundFacts(
             round_k=self.round,
             duration_s=duration,

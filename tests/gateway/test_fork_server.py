@@ -138,6 +138,18 @@ def test_a_handler_that_cannot_load_fails_its_start_and_the_server_stays(backend
     assert _call(backend.start(_spec(), instance_id="b-2"), {"env": []})["ppid"] == server
 
 
+def test_a_handler_that_starts_a_thread_at_import_leaves_forking_to_fresh_interpreters(
+    backend: ProcessBackend,
+) -> None:
+    backend.start(_spec(), instance_id="t-0")  # the server is up and forks
+    spec = FunctionSpec(name="threaded", target="tests.functions.threaded_handler:handle")
+    for i in (1, 2):  # the server imported it, saw the thread and refused; it is not asked again
+        handle = backend.start(spec, instance_id=f"t-{i}")
+        assert isinstance(backend._procs[handle.id], subprocess.Popen)
+        assert _call(handle, {})["ppid"] == os.getpid()
+    assert backend.forks is not None and backend.forks.servers[()].failed
+
+
 def test_closing_the_backend_stops_the_server(backend: ProcessBackend) -> None:
     handle = backend.start(_spec(), instance_id="c-1")
     server = _server_pid(backend)
