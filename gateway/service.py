@@ -55,8 +55,8 @@ class Gateway:
         )
         self.http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=None))
         process = ProcessBackend(redis_url=self.cache.url, fork_servers=self.settings.fork_servers)
-        if self._backends.setdefault("process", process) is process and self.settings.backend == "process":
-            process.start_soon(self.settings.fork_server_env)  # the default backend: ready for its first instance
+        if self._backends.setdefault("process", process) is process and self.settings.fork_server_env is not None:
+            process.start_soon(self.settings.fork_server_env)  # ready for the first instance
         for spec in await self.registry.all():
             self._new_pool(spec)
         await self.adopt_survivors()

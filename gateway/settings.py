@@ -86,10 +86,10 @@ class GatewaySettings(BaseSettings):
         "(one per load-time environment a registration asks for, e.g. OMP_NUM_THREADS), at most this many; 0: "
         "every instance starts a fresh interpreter",
     )
-    fork_server_env: dict[str, str] = Field(
-        default_factory=dict,
-        description="the registrations' load-time env of the fork server started with the gateway (default backend "
-        "process), so that their first instance need not wait for one",
+    fork_server_env: dict[str, str] | None = Field(
+        default=None,
+        description="start a process-backend fork server with the gateway, for registrations that set these load-time "
+        "variables ({} for none), so that their first instance need not wait for one; None: at the first instance",
     )
     spec_refresh_s: float = Field(default=2.0, ge=0, description="how stale a worker's copy of a spec may get")
     # Docker backend: host-Python mode runs the project's own interpreter from read-only bind mounts (bare images).

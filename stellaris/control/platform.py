@@ -107,8 +107,9 @@ class Platform:
             "STELLARIS_GATEWAY_TOKEN": self.gateway_token,
             "STELLARIS_GATEWAY_NAMESPACE": self.namespace,
             "STELLARIS_LOG_LEVEL": os.environ.get("STELLARIS_LOG_LEVEL", "WARNING"),
-            "STELLARIS_GATEWAY_FORK_SERVER_ENV": json.dumps(self.instance_env),
         }
+        if self.backend == "process":
+            env["STELLARIS_GATEWAY_FORK_SERVER_ENV"] = json.dumps(self.instance_env)
         if self.ray_address is not None:
             env["STELLARIS_GATEWAY_RAY_ADDRESS"] = self.ray_address
         if self.backend == "docker":

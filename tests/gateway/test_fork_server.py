@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,17 +17,26 @@ import httpx
 import pytest
 
 from cache.contract.zygote import load_time_changes
+from cache.server import EmbeddedRedis
 from gateway.backends.base import InstanceHandle
 from gateway.backends.process import ProcessBackend
-from gateway.backends.process_tree import wait_gone
+from gateway.backends.process_tree import descendants, wait_gone
 from gateway.backends.zygote import ForkedProcess
 from gateway.models import FunctionSpec
+from tests.gateway.conftest import start_gateway, stop_gateway
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _spec(name: str = "proc", handler: str = "process", **extra: object) -> FunctionSpec:
     return FunctionSpec.model_validate({"name": name, "target": f"tests.functions.sample_handlers:{handler}", **extra})
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
 
 
 def _call(handle: InstanceHandle, event: dict[str, object]) -> dict[str, object]:
@@ -176,3 +186,21 @@ def test_fork_server_off_starts_fresh_interpreters() -> None:
     finally:
         b.stop(handle)
         b.close()
+
+
+def test_a_gateway_told_the_env_starts_that_fork_server_before_any_instance(redis_server: EmbeddedRedis) -> None:
+    gw = start_gateway(redis_server.url, STELLARIS_GATEWAY_FORK_SERVER_ENV='{"OMP_NUM_THREADS": "1"}')
+    try:
+        deadline = time.monotonic() + 60
+        servers: set[int] = set()
+        while not servers and time.monotonic() < deadline:  # started in the background as the gateway starts
+            servers = {p for p in descendants(gw.proc.pid) if b"functions.runtime.zygote" in _cmdline(p)}
+            time.sleep(0.05)  # a look at /proc, not an event: nothing to wait on
+        assert len(servers) == 1, "no fork server started with the gateway"
+        client = gw.client()
+        client.register(_spec("told", env={"OMP_NUM_THREADS": "1"}))
+        got = client.invoke("told", {"env": ["OMP_NUM_THREADS"], "torch": True})
+        assert got["ppid"] in servers and got["torch_threads"] == 1
+    finally:
+        stop_gateway(gw)
+    assert not wait_gone(servers, timeout_s=10)
