@@ -21,11 +21,13 @@ return tonumber(ARGV[4])
 
 # Publish and acknowledge as one step: the new version, the optimizer state, the aggregator's state, the removal of
 # the gradients that went into it, and its record in the applied log, all or nothing. Returns {the new version,
-# the work snapshot after it} (`cache.learner_registry.WorkSnapshot`): the publisher's next look comes with it.
+# the work snapshot after it (`cache.learner_registry.WorkSnapshot`), the gradients that landed after the one read
+# last}: the publisher's next look and read come with it.
 # KEYS: version, lock, new policy, optim, events, retired policy, gradients, gradients freed, aggregator, applied,
 #       learners (id -> held version), learner deadlines, tasks, tasks closed
 # ARGV: lease value, expected version, weights, optim, ttl ms, retired grace ms, applied maxlen, retired version,
-#       n ids, ids..., n aggregator pairs, field, value, ..., then the applied record's field/value pairs
+#       the id read last ('' to read none), how many to read at most, n ids, ids..., n aggregator pairs, field,
+#       value, ..., then the applied record's field/value pairs
 PUBLISH_ACK = (
     """
 if redis.call('GET', KEYS[2]) ~= ARGV[1] then return redis.error_reply('FENCE update lease not held') end
@@ -34,8 +36,8 @@ if cur == nil then return redis.error_reply('FENCE store not initialised') end
 if cur ~= tonumber(ARGV[2]) then
   return redis.error_reply('FENCE version is ' .. cur .. ', expected ' .. ARGV[2])
 end
-local n = tonumber(ARGV[9])
-for i = 10, 9 + n do
+local n = tonumber(ARGV[11])
+for i = 12, 11 + n do
   if #redis.call('XRANGE', KEYS[7], ARGV[i], ARGV[i]) == 0 then
     return redis.error_reply('FENCE gradient ' .. ARGV[i] .. ' is gone')
   end
@@ -54,7 +56,7 @@ if KEYS[6] ~= KEYS[3] then
 end
 redis.call('XADD', KEYS[5], 'MAXLEN', '~', 64, '*', 'v', new)
 redis.call('PEXPIRE', KEYS[5], ARGV[5])
-for i = 10, 9 + n do
+for i = 12, 11 + n do
   redis.call('XDEL', KEYS[7], ARGV[i])
   redis.call('LPUSH', KEYS[8], '1')
 end
@@ -62,7 +64,7 @@ if n > 0 then
   redis.call('LTRIM', KEYS[8], 0, 1023)
   redis.call('PEXPIRE', KEYS[8], ARGV[5])
 end
-local a = 10 + n
+local a = 12 + n
 local pairs_n = tonumber(ARGV[a])
 if pairs_n > 0 then
   redis.call('HSET', KEYS[9], unpack(ARGV, a + 1, a + 2 * pairs_n))
@@ -75,7 +77,11 @@ if r <= #ARGV then
 end
 """
     + snapshot_lua("KEYS[11]", "KEYS[12]", "KEYS[13]", "KEYS[14]", "KEYS[7]")
-    + "return {new, snapshot}"
+    + """
+local landed = {}
+if ARGV[9] ~= '' then landed = redis.call('XRANGE', KEYS[7], '(' .. ARGV[9], '+', 'COUNT', ARGV[10]) end
+return {new, snapshot, landed}
+"""
 )
 
 # KEYS: version, lock, optim. ARGV: lease value, the version the state belongs to, state, ttl ms.

@@ -14,6 +14,7 @@ import secrets
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import redis
 
@@ -21,7 +22,21 @@ from cache import policy_scripts as scripts
 from cache.errors import FencingError, LeaseUnavailable, VersionNotFound
 from cache.keys import JobKeys
 from cache.learner_registry import WorkSnapshot
-from cache.streams import MAX_BLOCK_S, blpop_timeout
+from cache.streams import MAX_BLOCK_S, Entry, blpop_timeout
+
+
+class Published(NamedTuple):
+    """What a publish returns: the new version, the work left right after it, and the gradients that landed after
+    the last one the publisher had read (when it asked)."""
+
+    version: int
+    work: WorkSnapshot
+    landed: list[Entry]
+
+
+def _entry(raw_id: bytes, flat: list[bytes]) -> Entry:
+    """A stream entry as a script's XRANGE returns it (its fields a flat list)."""
+    return Entry(raw_id.decode(), {flat[i]: flat[i + 1] for i in range(0, len(flat), 2)})
 
 
 @dataclass(frozen=True)
@@ -159,10 +174,9 @@ class PolicyStore:
         self, lease: UpdateLease, *, expected_version: int, weights: bytes, optimizer_state: bytes = b""
     ) -> int:
         """Store version `expected_version + 1` if `lease` still holds and nobody published in between."""
-        version, _ = self.publish_and_ack(
+        return self.publish_and_ack(
             lease, expected_version=expected_version, weights=weights, optimizer_state=optimizer_state
-        )
-        return version
+        ).version
 
     def save_optimizer(self, lease: UpdateLease, *, version: int, optimizer_state: bytes) -> None:
         """Store the optimizer state that goes with `version` (publishes may leave it out to save the copy); refused
@@ -191,21 +205,24 @@ class PolicyStore:
         aggregator: Mapping[str, float | int | str] | None = None,
         record: Mapping[str, bytes | str | int | float] | None = None,
         applied_maxlen: int = 100_000,
-    ) -> tuple[int, WorkSnapshot]:
+        read_after: str | None = None,
+        read_count: int = 256,
+    ) -> Published:
         """`publish`, and in the same atomic step delete the gradients that went into this version, store the
         aggregator's state and append `record` (plus the new version) to the applied log. A crash before it
         changes nothing; after it, nothing is left to apply twice. Refused (FencingError) unless the lease holds,
         the version is `expected_version` and every gradient is still there.
 
-        Returns the new version and the job's outstanding work right after the step (what
-        `LearnerRegistry.work_snapshot` would say then): the parameter function's next look costs no round trip."""
+        Returns the new version, the job's outstanding work right after the step (what
+        `LearnerRegistry.work_snapshot` would say then) and, with `read_after`, the gradients newer than that entry id
+        (at most `read_count`): the parameter function's next look and read cost no round trip."""
         k = self.keys
         new = expected_version + 1
         retired = new - self.keep_versions
         agg = [x for kv in (aggregator or {}).items() for x in kv]
         rec = [x for kv in (record or {}).items() for x in kv]
         try:
-            version, snapshot = self._publish_ack(
+            version, snapshot, landed = self._publish_ack(
                 keys=[
                     k.policy_version,
                     k.update_lock,
@@ -231,6 +248,8 @@ class PolicyStore:
                     self.retired_grace_ms,
                     applied_maxlen,
                     str(retired),
+                    read_after or "",
+                    read_count,
                     len(gradient_ids),
                     *gradient_ids,
                     len(agg) // 2,
@@ -242,7 +261,7 @@ class PolicyStore:
             if "FENCE" in str(exc):
                 raise FencingError(f"job {self.keys.job!r}: publish refused: {exc}") from exc
             raise
-        return int(version), WorkSnapshot.from_reply(snapshot)
+        return Published(int(version), WorkSnapshot.from_reply(snapshot), [_entry(i, f) for i, f in landed])
 
     # -- waiting ----------------------------------------------------------------------------------------------
     def wait_for_version(self, after: int, *, timeout_s: float) -> int | None:

@@ -17,7 +17,7 @@ from collections import deque
 from typing import Any, Literal
 
 from cache import CodecError, FencingError, GradientMeta, JobCache, LeaseUnavailable, RecordError
-from cache.contract import AggregatorState, AppliedGradient, AppliedRow, DecisionRow, ParameterResult
+from cache.contract import AggregatorState, DecisionRow, ParameterResult
 from cache.contract.triggers import ParameterTrigger
 from cache.learner_registry import WorkSnapshot
 from cache.policy_store import UpdateLease
@@ -36,7 +36,7 @@ from functions.algos.staleness import (
 from functions.context import Context
 from functions.faults import fault_point
 from functions.handlers import Stopwatch, job_id_of
-from functions.handlers.parameter_setup import fitted, initialise, keep_warm, kept, update, warm_model
+from functions.handlers.parameter_setup import applied_row, fitted, initialise, keep_warm, kept, update, warm_model
 from functions.jobspec import JobSpec
 from functions.serialize import optimizer_to_bytes, policy_to_bytes
 from functions.warm import spec_of
@@ -201,23 +201,14 @@ class _Server:
             kl_sum=self.state.kl_sum + sum(kls),
             kl_n=self.state.kl_n + len(kls),
         )
-        applied = AppliedRow(
-            version=model.version + 1,
-            decision=record.decision.value,
-            round=record.round_k,
-            threshold=record.threshold,
-            gradients=[
-                AppliedGradient(gid, m.task_id, m.round, m.base_version, delta)
-                for (gid, m), delta in zip(used, record.stalenesses, strict=False)
-            ],
-        )
+        applied = applied_row(model.version + 1, record, used)
         # The optimizer state (twice the weights for Adam) goes with every N-th publish and at the end of the
         # invocation, not with each: a replacement after a crash resumes with weights exact and moments up to N-1
         # updates old; a warm instance keeps its own in memory.
         self.unsaved += 1
         save = self.unsaved >= self.job.limits.optimizer_save_every
         fault_point("parameter:before_publish")
-        model.version, self.after_publish = self.job.policies.publish_and_ack(
+        published = self.job.policies.publish_and_ack(
             self.lease,
             expected_version=model.version,
             weights=policy_to_bytes(model.policy, version=model.version + 1),
@@ -226,12 +217,16 @@ class _Server:
             aggregator=after.to_fields(),
             record=applied.to_fields(),
             applied_maxlen=self.job.limits.applied_maxlen,
+            read_after=self.last_id,
+            read_count=READ_COUNT,
         )
+        model.version, self.after_publish = published.version, published.work
         fault_point("parameter:after_publish")
         self.unsaved = 0 if save else self.unsaved
         self.state = after
         for gid in ids:
             del self.queue[gid], self.entries[gid]
+        self.take(published.landed)  # what landed meanwhile came with the publish: no read of its own
         self.decisions.append(DecisionRow(record.decision.value, record.count, model.version))
 
 

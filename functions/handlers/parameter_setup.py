@@ -1,5 +1,6 @@
 """The parameter function's setup around its serving loop: creating a job (`init`), the warm policy and optimizer
-it resumes from, the update lease kept alive while it serves, and one aggregation's update of the model."""
+it resumes from, the update lease kept alive while it serves, and one aggregation's update of the model and its row
+in the applied log."""
 
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ from typing import Any
 import redis
 import torch
 
-from cache import GradientRecord, JobCache, RecordError
-from cache.contract import InitResult
+from cache import GradientMeta, GradientRecord, JobCache, RecordError
+from cache.contract import AppliedGradient, AppliedRow, InitResult
 from cache.packed import PACKED
 from cache.policy_store import UpdateLease
 from functions.algos.config import AlgoConfig
@@ -130,3 +131,17 @@ def kept(job: JobCache, lease: UpdateLease, lease_s: float) -> Iterator[threadin
         thread.join()
         with contextlib.suppress(redis.RedisError):
             job.policies.release(lease)
+
+
+def applied_row(version: int, record: DecisionRecord, used: list[tuple[str, GradientMeta]]) -> AppliedRow:
+    """The applied log's row for one aggregation: the version it made and each gradient that went into it."""
+    return AppliedRow(
+        version=version,
+        decision=record.decision.value,
+        round=record.round_k,
+        threshold=record.threshold,
+        gradients=[
+            AppliedGradient(gid, m.task_id, m.round, m.base_version, delta)
+            for (gid, m), delta in zip(used, record.stalenesses, strict=False)
+        ],
+    )

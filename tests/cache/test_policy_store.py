@@ -202,8 +202,29 @@ def test_publish_and_ack_returns_the_work_left_after_it_in_its_one_round_trip(jo
     time.sleep(0.01)  # let the dead learner's lease pass on the server's clock
     lease = job.policies.acquire("param")
     before = job.client.round_trips  # type: ignore[attr-defined]
-    version, work = job.policies.publish_and_ack(lease, expected_version=0, weights=b"w1", gradient_ids=used)
+    version, work, landed = job.policies.publish_and_ack(lease, expected_version=0, weights=b"w1", gradient_ids=used)
     assert job.client.round_trips - before == 1  # type: ignore[attr-defined]
-    assert (version, work) == (1, (3, [0], 2, 1))
+    assert (version, work, landed) == (1, (3, [0], 2, 1), [])  # none asked for
     assert (work.tasks, work.held, work.closed, work.gradients) == (3, [0], 2, 1)
     assert job.learners.work_snapshot() == work
+
+
+def test_publish_and_ack_brings_the_gradients_that_landed_after_the_last_one_read(job: JobCache) -> None:
+    """The publisher had read up to `seen`: the publish deletes the two it used and returns, in the same round trip,
+    the gradients newer than `seen` (at most `read_count`, oldest first), not the ones it used or had read."""
+    job.policies.initialise(b"w0")
+    used = [job.client.xadd(job.keys.grad, {"h": f"g{i}".encode()}).decode() for i in range(2)]
+    seen = job.client.xadd(job.keys.grad, {"h": b"g2"}).decode()  # read, not used
+    new = [job.client.xadd(job.keys.grad, {"h": f"g{i}".encode(), "x": b"1"}).decode() for i in (3, 4, 5)]
+    lease = job.policies.acquire("param")
+    before = job.client.round_trips  # type: ignore[attr-defined]
+    out = job.policies.publish_and_ack(
+        lease, expected_version=0, weights=b"w1", gradient_ids=used, read_after=seen, read_count=2
+    )
+    assert job.client.round_trips - before == 1  # type: ignore[attr-defined]
+    assert out.version == 1 and out.work.gradients == 4  # g2 and the three new ones are left
+    assert [(e.id, e.fields) for e in out.landed] == [
+        (new[0], {b"h": b"g3", b"x": b"1"}),
+        (new[1], {b"h": b"g4", b"x": b"1"}),
+    ]
+    assert [e.id for e in job.gradients.read(seen)] == new  # nothing deleted but the used ones
