@@ -1,7 +1,7 @@
 """Process backend (the embedded default): each instance is a real process running the function runtime on a
 loopback port, with CPU affinity and a data-segment memory limit where the OS allows. Instances are forked from a
-fork server that has the runtime and the handlers imported (gateway/backends/zygote.py), or started as a fresh
-`python -m functions.runtime` where their environment needs a fresh interpreter or `fork_server` is off. Instances
+fork server that has the runtime and their handler imported (gateway/backends/zygote.py), or started as a fresh
+`python -m functions.runtime` where no fork server serves their environment (`fork_servers`; 0: none). Instances
 die with the gateway (PR_SET_PDEATHSIG), so none outlives it."""
 
 from __future__ import annotations
