@@ -218,10 +218,9 @@ class ForkServers:
         base_env: Mapping[str, str],
         startup_timeout_s: float,
         limit: int,
-        preload: Sequence[str] = (),
     ) -> None:
         self.python, self.cwd, self.base_env = python, cwd, dict(base_env)
-        self.startup_timeout_s, self.limit, self.preload = startup_timeout_s, limit, tuple(preload)
+        self.startup_timeout_s, self.limit = startup_timeout_s, limit
         self.servers: dict[tuple[tuple[str, str], ...], ForkServer] = {}
         self._lock = threading.Lock()
 
@@ -234,7 +233,7 @@ class ForkServers:
             server = self.servers.get(flavour)
             if server is None and len(self.servers) < self.limit:
                 env = {**self.base_env, **dict(flavour)}
-                server = ForkServer(self.python, self.cwd, env, self.startup_timeout_s, self.preload)
+                server = ForkServer(self.python, self.cwd, env, self.startup_timeout_s)
                 self.servers[flavour] = server
         return server
 
