@@ -21,7 +21,6 @@ from typing import TypedDict
 ZYGOTE_MODULE = "functions.runtime.zygote"
 ZYGOTE_FD_ENV = "STELLARIS_ZYGOTE_FD"
 ZYGOTE_PRELOAD_ENV = "STELLARIS_ZYGOTE_PRELOAD"  # the modules it imports as it starts, space-separated
-READY_PREFIX = "READY "
 MAX_MESSAGE_BYTES = 1 << 20  # a request (argv and the whole env) is far below this
 
 # Variables a forked instance may change from the fork server's environment: those read when they are used, not

@@ -27,7 +27,8 @@ import sys
 import threading
 from typing import NoReturn
 
-from cache.contract.zygote import MAX_MESSAGE_BYTES, READY_PREFIX, ZYGOTE_FD_ENV, ZYGOTE_PRELOAD_ENV, SpawnRequest
+from cache.contract.runtime_http import READY_PREFIX
+from cache.contract.zygote import MAX_MESSAGE_BYTES, ZYGOTE_FD_ENV, ZYGOTE_PRELOAD_ENV, SpawnRequest
 from cache.lifetime import die_with_parent, quick_exit
 
 # Loaded as the server starts: what every function instance imports. The module a request runs and its handler

@@ -10,7 +10,6 @@ import contextlib
 import logging
 import os
 import resource
-import select
 import subprocess
 import sys
 import threading
@@ -23,7 +22,7 @@ from cache.contract.zygote import SpawnRequest
 from cache.lifetime import die_with_parent, stop_process
 from gateway.backends.base import BackendError, InstanceHandle
 from gateway.backends.core_placement import CorePlacement
-from gateway.backends.zygote import ForkedProcess, ForkServerError, ForkServers
+from gateway.backends.zygote import ForkedProcess, ForkServerError, ForkServers, first_line
 from gateway.models import FunctionSpec
 
 log = logging.getLogger("stellaris.gateway")
@@ -146,16 +145,12 @@ class ProcessBackend:
     def _wait_ready(self, proc: Process, spec: FunctionSpec) -> int:
         """Block on the runtime's `READY <port>` line (an event, not a poll), bounded by startup_timeout_s."""
         assert proc.stdout is not None
-        # poll(), not select(): select fails on descriptors numbered above 1,024, which a busy gateway reaches.
-        poller = select.poll()
-        poller.register(proc.stdout, select.POLLIN)
-        ready = poller.poll(self.startup_timeout_s * 1000)
-        line = proc.stdout.readline().decode(errors="replace").strip() if ready else ""
-        if line.startswith(READY_PREFIX):
+        line = first_line(proc.stdout, self.startup_timeout_s)
+        if line is not None and line.startswith(READY_PREFIX):
             return int(line.removeprefix(READY_PREFIX))
         proc.kill()
         code = proc.wait()
-        reason = f"exited with code {code}" if line or ready else f"not ready within {self.startup_timeout_s:.0f} s"
+        reason = f"exited with code {code}" if line is not None else f"not ready within {self.startup_timeout_s:.0f} s"
         raise BackendError(f"instance of {spec.name!r} ({spec.target}) {reason}; see the gateway's stderr")
 
     def alive(self, handle: InstanceHandle) -> bool:

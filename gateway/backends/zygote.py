@@ -16,9 +16,9 @@ import threading
 from collections.abc import Mapping, Sequence
 from typing import IO
 
+from cache.contract.runtime_http import READY_PREFIX
 from cache.contract.zygote import (
     MAX_MESSAGE_BYTES,
-    READY_PREFIX,
     ZYGOTE_FD_ENV,
     ZYGOTE_MODULE,
     ZYGOTE_PRELOAD_ENV,
@@ -29,6 +29,17 @@ from cache.lifetime import die_with_parent, stop_process
 from gateway.backends.process_tree import SpawnThread
 
 log = logging.getLogger("stellaris.gateway")
+
+
+def first_line(stream: IO[bytes], timeout_s: float) -> str | None:
+    """The first line a child writes on `stream` (stripped; "" when it closed it), or None when none came within
+    `timeout_s`. poll(), not select(): select fails on descriptors numbered above 1,024, which a busy gateway
+    reaches."""
+    poller = select.poll()
+    poller.register(stream, select.POLLIN)
+    if not poller.poll(timeout_s * 1000):
+        return None
+    return stream.readline().decode(errors="replace").strip()
 
 
 class ForkServerError(RuntimeError):
@@ -146,10 +157,7 @@ class ForkServer:
                 )
             )
         assert proc.stdout is not None
-        poller = select.poll()
-        poller.register(proc.stdout, select.POLLIN)
-        ready = poller.poll(self.startup_timeout_s * 1000)
-        line = proc.stdout.readline().decode(errors="replace").strip() if ready else ""
+        line = first_line(proc.stdout, self.startup_timeout_s) or ""
         proc.stdout.close()  # the server points its stdout at stderr after this line
         if not line.startswith(READY_PREFIX):
             ours.close()
