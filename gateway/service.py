@@ -54,7 +54,11 @@ class Gateway:
             self.redis, self.keys, ttl_s=self.settings.activation_ttl_s, max_records=self.settings.activation_max
         )
         self.http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=None))
-        process = ProcessBackend(redis_url=self.cache.url, fork_servers=self.settings.fork_servers)
+        process = ProcessBackend(
+            redis_url=self.cache.url,
+            fork_servers=self.settings.fork_servers,
+            fork_server_retry_s=self.settings.fork_server_retry_s,
+        )
         if self._backends.setdefault("process", process) is process and self.settings.fork_server_env is not None:
             process.start_soon(self.settings.fork_server_env)  # ready for the first instance
         for spec in await self.registry.all():

@@ -86,6 +86,13 @@ class GatewaySettings(BaseSettings):
         "(one per load-time environment a registration asks for, e.g. OMP_NUM_THREADS), at most this many; 0: "
         "every instance starts a fresh interpreter",
     )
+    fork_server_retry_s: float = Field(
+        default=10.0,
+        ge=0,
+        le=3600,
+        description="process backend: a fork server that failed to start is tried again after this long, doubled at "
+        "each failure in a row up to 32 times; its instances start as fresh interpreters meanwhile",
+    )
     fork_server_env: dict[str, str] | None = Field(
         default=None,
         description="start a process-backend fork server with the gateway, for registrations that set these load-time "

@@ -50,6 +50,7 @@ class ProcessBackend:
         startup_timeout_s: float = 60.0,
         extra_env: dict[str, str] | None = None,
         fork_servers: int = 2,
+        fork_server_retry_s: float = 10.0,
     ) -> None:
         self.python = python
         self.cwd = str(cwd) if cwd else None
@@ -58,7 +59,9 @@ class ProcessBackend:
         self.extra_env = extra_env or {}
         self.forks: ForkServers | None = None
         if fork_servers > 0:
-            self.forks = ForkServers(python, self.cwd, self._env({}), startup_timeout_s, fork_servers)
+            self.forks = ForkServers(
+                python, self.cwd, self._env({}), startup_timeout_s, fork_servers, retry_s=fork_server_retry_s
+            )
         self._procs: dict[str, Process] = {}
         self._lock = threading.Lock()
         try:

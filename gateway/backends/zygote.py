@@ -13,6 +13,7 @@ import signal
 import socket
 import subprocess
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from typing import IO
 
@@ -29,6 +30,10 @@ from cache.lifetime import die_with_parent, stop_process
 from gateway.backends.process_tree import SpawnThread
 
 log = logging.getLogger("stellaris.gateway")
+
+# After a failed start a server is not asked again for `retry_s`, doubled at each failed start in a row up to this
+# many times `retry_s`: a start that timed out under load is retried, one that cannot work costs little.
+RETRY_BACKOFF_CAP = 32
 
 
 def first_line(stream: IO[bytes], timeout_s: float) -> str | None:
@@ -104,7 +109,8 @@ class ForkedProcess:
 
 
 class ForkServer:
-    """One fork server, started at its first spawn (or `start_soon`) with `env`. Spawns are serialised."""
+    """One fork server, started at its first spawn (or `start_soon`) with `env`. Spawns are serialised. A start
+    that fails is retried after `retry_s` (doubled at each failure in a row, up to RETRY_BACKOFF_CAP times)."""
 
     def __init__(
         self,
@@ -113,15 +119,24 @@ class ForkServer:
         env: Mapping[str, str],
         startup_timeout_s: float,
         preload: Sequence[str] = (),
+        retry_s: float = 10.0,
     ) -> None:
         self.python, self.cwd, self.env, self.startup_timeout_s = python, cwd, dict(env), startup_timeout_s
         self.preload = tuple(preload)  # the modules it imports (none given: the function runtime's)
+        self.retry_s = retry_s
         self._proc: subprocess.Popen[bytes] | None = None
         self._control: socket.socket | None = None
         self._lock = threading.Lock()
         # The server dies with the thread that started it (PR_SET_PDEATHSIG): one that lives as long as we do.
         self._spawner: SpawnThread | None = None
-        self.failed = False  # it could not start, or can fork no more (its users stop asking)
+        self.unforkable = False  # an import started a thread or CUDA: it never will fork (its users stop asking)
+        self.failed_starts = 0  # in a row
+        self._retry_at = 0.0  # monotonic: no start is tried before
+
+    @property
+    def failed(self) -> bool:
+        """Not to be asked now: it can never fork, or its last start failed and the wait before a retry runs."""
+        return self.unforkable or time.monotonic() < self._retry_at
 
     def start_soon(self) -> None:
         """Start the server in the background, so that the first instance finds it ready (or nearly)."""
@@ -135,7 +150,8 @@ class ForkServer:
     def _ready(self) -> socket.socket:
         """The control socket of a running server (under the lock): the one there is, else a new one's."""
         if self.failed:
-            raise ForkServerError("the fork server could not start earlier")
+            why = "an import in it started a thread or CUDA" if self.unforkable else "it failed to start just before"
+            raise ForkServerError(f"the fork server is not asked: {why}")
         if self._proc is not None and self._proc.poll() is None and self._control is not None:
             return self._control
         self._close()
@@ -144,28 +160,38 @@ class ForkServer:
     def _start(self) -> socket.socket:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self._spawner = self._spawner or SpawnThread("fork-server-spawner")
-        with theirs:
-            proc: subprocess.Popen[bytes] = self._spawner.run(
-                lambda: subprocess.Popen(
-                    [self.python, "-m", ZYGOTE_MODULE],
-                    cwd=self.cwd,
-                    env={**self.env, ZYGOTE_FD_ENV: str(theirs.fileno()), ZYGOTE_PRELOAD_ENV: " ".join(self.preload)},
-                    pass_fds=(theirs.fileno(),),
-                    stdin=subprocess.DEVNULL,
-                    stdout=subprocess.PIPE,
-                    preexec_fn=die_with_parent,
+        env = {**self.env, ZYGOTE_FD_ENV: str(theirs.fileno()), ZYGOTE_PRELOAD_ENV: " ".join(self.preload)}
+        try:
+            with theirs:
+                proc: subprocess.Popen[bytes] = self._spawner.run(
+                    lambda: subprocess.Popen(
+                        [self.python, "-m", ZYGOTE_MODULE],
+                        cwd=self.cwd,
+                        env=env,
+                        pass_fds=(theirs.fileno(),),
+                        stdin=subprocess.DEVNULL,
+                        stdout=subprocess.PIPE,
+                        preexec_fn=die_with_parent,
+                    )
                 )
-            )
+        except OSError as exc:  # no such interpreter or working directory, out of processes
+            ours.close()
+            raise self._start_failed(f"{type(exc).__name__}: {exc}") from exc
         assert proc.stdout is not None
         line = first_line(proc.stdout, self.startup_timeout_s) or ""
         proc.stdout.close()  # the server points its stdout at stderr after this line
         if not line.startswith(READY_PREFIX):
             ours.close()
             stop_process(proc, 1.0)
-            self.failed = True
-            raise ForkServerError(f"the fork server did not start ({line or 'no READY line'}); see stderr above")
-        self._proc, self._control = proc, ours
+            raise self._start_failed(f"{line or 'no READY line'}; see stderr above")
+        self._proc, self._control, self.failed_starts = proc, ours, 0
         return ours
+
+    def _start_failed(self, why: str) -> ForkServerError:
+        wait_s = self.retry_s * min(2**self.failed_starts, RETRY_BACKOFF_CAP)
+        self.failed_starts += 1
+        self._retry_at = time.monotonic() + wait_s
+        return ForkServerError(f"the fork server did not start ({why}); tried again in {wait_s:.0f} s")
 
     def spawn(self, request: SpawnRequest, *, stdout: int | None = None) -> ForkedProcess:
         """Fork a process for `request`; its stdout is `stdout` (a descriptor of ours, shared) or else a pipe
@@ -192,7 +218,7 @@ class ForkServer:
             if read_fd is not None:
                 os.close(read_fd)
             reason = (msg or {}).get("error") or ("no answer" if msg is None else "it is gone")
-            self.failed = self.failed or bool((msg or {}).get("unforkable"))  # it never will: stop asking
+            self.unforkable = self.unforkable or bool((msg or {}).get("unforkable"))  # it never will: stop asking
             raise ForkServerError(f"the fork server did not fork: {reason}")
         pipe = os.fdopen(read_fd, "rb") if read_fd is not None else None
         return ForkedProcess(pid, ours, pipe, request["title"])
@@ -226,9 +252,10 @@ class ForkServers:
         base_env: Mapping[str, str],
         startup_timeout_s: float,
         limit: int,
+        retry_s: float = 10.0,
     ) -> None:
         self.python, self.cwd, self.base_env = python, cwd, dict(base_env)
-        self.startup_timeout_s, self.limit = startup_timeout_s, limit
+        self.startup_timeout_s, self.limit, self.retry_s = startup_timeout_s, limit, retry_s
         self.servers: dict[tuple[tuple[str, str], ...], ForkServer] = {}
         self._lock = threading.Lock()
 
@@ -241,7 +268,7 @@ class ForkServers:
             server = self.servers.get(flavour)
             if server is None and len(self.servers) < self.limit:
                 env = {**self.base_env, **dict(flavour)}
-                server = ForkServer(self.python, self.cwd, env, self.startup_timeout_s)
+                server = ForkServer(self.python, self.cwd, env, self.startup_timeout_s, retry_s=self.retry_s)
                 self.servers[flavour] = server
         return server
 

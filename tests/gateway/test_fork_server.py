@@ -160,6 +160,35 @@ def test_a_handler_that_starts_a_thread_at_import_leaves_forking_to_fresh_interp
     assert backend.forks is not None and backend.forks.servers[()].failed
 
 
+def test_a_server_that_failed_to_start_is_tried_again_after_its_wait() -> None:
+    b = ProcessBackend(cwd=ROOT, fork_server_retry_s=3600)
+    try:
+        assert b.forks is not None
+        server = b.forks.for_env({})
+        assert server is not None
+        server.python = "/nonexistent/python"  # the start fails (no such interpreter); instances start fresh
+        first = b.start(_spec(), instance_id="r-1")
+        assert isinstance(b._procs[first.id], subprocess.Popen)
+        assert server.failed and server.failed_starts == 1
+        server.python = sys.executable  # it would start now, but its wait (an hour) has not run out
+        second = b.start(_spec(), instance_id="r-2")
+        assert isinstance(b._procs[second.id], subprocess.Popen) and server.failed_starts == 1
+        server.retry_s = 0  # a wait of 0 after the next failure: the one after it is tried at once
+        server._retry_at = 0.0
+        server.python = "/bin/false"  # starts, but exits without its READY line
+        assert isinstance(b._procs[b.start(_spec(), instance_id="r-3").id], subprocess.Popen)
+        assert server.failed_starts == 2 and not server.failed
+        server.python = sys.executable
+        forked = b.start(_spec(), instance_id="r-4")
+        assert isinstance(b._procs[forked.id], ForkedProcess)
+        assert _call(forked, {"env": []})["ppid"] == _server_pid(b)
+        assert server.failed_starts == 0  # a start that worked ends the run of failures
+    finally:
+        for proc in list(b._procs.values()):
+            proc.kill()
+        b.close()
+
+
 def test_closing_the_backend_stops_the_server(backend: ProcessBackend) -> None:
     handle = backend.start(_spec(), instance_id="c-1")
     server = _server_pid(backend)
