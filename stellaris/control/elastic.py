@@ -37,6 +37,13 @@ class Signal:
     learners: int  # L: the learners that consumed them
 
 
+def backlog_gain_for(run_ahead: int, gain: float = 0.5) -> float:
+    """The backlog's gain for actors that may run `run_ahead` batches ahead: none at 0, where an actor waits for its
+    batch to be trained on before it collects the next, so the backlog is 0 whenever learning ends whatever the
+    actor count (a correction from it would always ask for 1 + gain times c / r)."""
+    return gain if run_ahead > 0 else 0.0
+
+
 def actors_per_learner(sig: Signal, *, backlog_gain: float = 0.5) -> float:
     """u = (c / r) · (1 + g·clip((B − b)/B, −1, 1)) / L: the actors one learner needs this round."""
     for name in ("consume_steps_s", "actor_steps_s", "batch_steps"):

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from cache import BatchMeta
-from stellaris.control.elastic import ActorController, Signal, actor_cost_per_round
+from stellaris.control.elastic import ActorController, Signal, actor_cost_per_round, backlog_gain_for
 
 if TYPE_CHECKING:
     from stellaris.control.trainer import Trainer
@@ -67,7 +67,11 @@ class Scaler:
         cfg = trainer.cfg
         self.controller = (
             ActorController(
-                min_actors=cfg.min_actors, max_actors=cfg.max_actors, window=cfg.elastic_window, lam=cfg.elastic_lambda
+                min_actors=cfg.min_actors,
+                max_actors=cfg.max_actors,
+                window=cfg.elastic_window,
+                lam=cfg.elastic_lambda,
+                backlog_gain=backlog_gain_for(cfg.actor_run_ahead),
             )
             if cfg.elastic_actors
             else None

@@ -9,7 +9,13 @@ import pytest
 
 from cache import BatchMeta
 from stellaris.config import ConfigError, load_config
-from stellaris.control.elastic import ActorController, Signal, actor_cost_per_round, actors_per_learner
+from stellaris.control.elastic import (
+    ActorController,
+    Signal,
+    actor_cost_per_round,
+    actors_per_learner,
+    backlog_gain_for,
+)
 from stellaris.control.scaling import BatchSequence, actor_steps_s, policy_lag
 from stellaris.elastic_options import parse_learner_schedule
 
@@ -29,6 +35,14 @@ def test_demand_per_learner_hand_computed() -> None:
     assert actors_per_learner(sig(b=3 * 2048.0)) == pytest.approx(0.5)
     # gain 0.2, nothing waiting: factor 1.2 -> 1.2; one learner: c/r = 1.2/1
     assert actors_per_learner(sig(b=0.0, learners=1), backlog_gain=0.2) == pytest.approx(2.4)
+
+
+def test_without_run_ahead_the_backlog_corrects_nothing() -> None:
+    # Run-ahead 0: an actor collects its next batch only once its last was trained on, so nothing waits when
+    # learning ends, at any actor count. Gain 0: c/r = 2 actors, 1.0 per learner of 2, not 1.5.
+    assert backlog_gain_for(0) == 0.0 and backlog_gain_for(1) == 0.5 and backlog_gain_for(4, gain=0.3) == 0.3
+    assert actors_per_learner(sig(b=0.0), backlog_gain=backlog_gain_for(0)) == pytest.approx(1.0)
+    assert actors_per_learner(sig(b=0.0), backlog_gain=backlog_gain_for(1)) == pytest.approx(1.5)
 
 
 @pytest.mark.parametrize("field", ["consume_steps_s", "actor_steps_s", "batch_steps"])
