@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from cache import BatchMeta
 from cache.claims import BatchClaims
@@ -39,10 +40,22 @@ ROUND_ONE = LearnerTrigger()  # a train batch of steps, with each actor's first 
 class LearnerGate:
     """One job's learner trigger and what it remembers between firings (when and at which version it fired)."""
 
-    def __init__(self, trigger: LearnerTrigger, trajectories: BoundedStream) -> None:
+    def __init__(
+        self, trigger: LearnerTrigger, trajectories: BoundedStream, saved: Mapping[str, Any] | None = None
+    ) -> None:
+        """`saved`: a checkpoint's `state()`, so a resumed run's `version_changed` and `period_s` conditions count
+        from the dead run's last firing (its downtime not included)."""
         self.trigger, self.claims = trigger, BatchClaims(trajectories)
-        self.fired_at: float | None = None
-        self.fired_version: int | None = None
+        saved = saved or {}
+        since = saved.get("since_fire_s")
+        self.fired_at: float | None = None if since is None else time.monotonic() - float(since)
+        version = saved.get("fired_version")
+        self.fired_version: int | None = None if version is None else int(version)
+
+    def state(self) -> dict[str, Any]:
+        """What a checkpoint keeps: the last firing's version and how long ago it was."""
+        since = None if self.fired_at is None else round(time.monotonic() - self.fired_at, 4)
+        return {"fired_version": self.fired_version, "since_fire_s": since}
 
     def facts(self, round_k: int, batches: list[Landed], version: int) -> LandedFacts:
         since = math.inf if self.fired_at is None else time.monotonic() - self.fired_at

@@ -6,13 +6,14 @@ the round's info.csv columns (ELASTIC_COLUMNS) say what changed and what it cost
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from cache import BatchMeta
 from stellaris.control.elastic import ActorController, Signal, actor_cost_per_round, backlog_gain_for
 
 if TYPE_CHECKING:
+    from stellaris.config import TrainConfig
     from stellaris.control.trainer import Trainer
 
 ELASTIC_COLUMNS = [
@@ -59,10 +60,19 @@ class BatchSequence:
         return gaps
 
 
-class Scaler:
-    """Per round: `begin_round` before anything else of the round, `end_round` when its info row is built."""
+def resumed_actors(cfg: TrainConfig, saved: Mapping[str, Any]) -> TrainConfig:
+    """On resume, the actor count elastic actors had reached (a checkpoint's `Scaler.state()`), within the bounds,
+    rather than the count the run was configured to start with."""
+    if not cfg.elastic_actors or saved.get("actors") is None:
+        return cfg
+    return cfg.model_copy(update={"actors": min(cfg.max_actors, max(cfg.min_actors, int(saved["actors"])))})
 
-    def __init__(self, trainer: Trainer) -> None:
+
+class Scaler:
+    """Per round: `begin_round` before anything else of the round, `end_round` when its info row is built. `saved`
+    (a checkpoint's `state()`) refills the controller's window, so a resumed run decides from its first round on."""
+
+    def __init__(self, trainer: Trainer, saved: Mapping[str, Any] | None = None) -> None:
         self.t = trainer
         cfg = trainer.cfg
         self.controller = (
@@ -76,7 +86,14 @@ class Scaler:
             if cfg.elastic_actors
             else None
         )
+        if self.controller is not None:
+            self.controller.demands.extend(float(u) for u in (saved or {}).get("demands") or [])
         self.sequence = BatchSequence()
+
+    def state(self) -> dict[str, Any]:
+        """What a checkpoint keeps: the actor count and the controller's window of demands."""
+        demands = [] if self.controller is None else list(self.controller.demands)
+        return {"actors": self.t.cfg.actors, "demands": demands}
 
     def begin_round(self) -> None:
         """The learner schedule's capacity for this round: the round protocol's learners and the pre-warm count

@@ -29,7 +29,7 @@ from stellaris.control.profiles import rounds_for
 from stellaris.control.replay_rounds import ReplayRounds
 from stellaris.control.report import RoundFacts, episode_returns, gradient_rows, info_row, take_applied, timeline_rows
 from stellaris.control.rounds import RoundStats, TrainingError, round_tasks
-from stellaris.control.scaling import Scaler
+from stellaris.control.scaling import Scaler, resumed_actors
 
 __all__ = ["Trainer", "TrainingError", "threads_env"]
 
@@ -44,10 +44,10 @@ def threads_env(cfg: TrainConfig | None = None) -> dict[str, str]:
 class Trainer:
     def __init__(self, cfg: TrainConfig, platform: Platform, run: RunDir, *, state: dict[str, Any] | None) -> None:
         assert platform.cache is not None and platform.gateway is not None
-        self.cfg = cfg
+        self.state = state or {}
+        self.cfg = cfg = resumed_actors(cfg, self.state.get("elastic") or {})
         self.run = run
         self.cache = platform.cache
-        self.state = state or {}
         # A resumed run is a new epoch of its job, in a namespace of its own: nothing the dead run left (tasks,
         # gradients, pending batches, leases, instances still working on them) can reach it.
         self.job_base = self.state.get("job_base") or self.state.get("job") or f"j{uuid.uuid4().hex[:10]}"
@@ -82,8 +82,9 @@ class Trainer:
         self.reward_scalers: dict[str, list[float]] = dict(self.state.get("reward_scalers") or {})
         self.carried: list[tuple[str, BatchMeta]] = []  # landed beyond a round's choice: the next round's first
         self.finished = False
-        self.elastic = Scaler(self)  # elastic actors and the learner schedule (README)
-        self.gate = LearnerGate(cfg.triggers.learner, self.job.trajectories.stream)  # README, triggers
+        self.elastic = Scaler(self, self.state.get("elastic"))  # elastic actors and the learner schedule (README)
+        gate_state = self.state.get("learner_trigger")
+        self.gate = LearnerGate(cfg.triggers.learner, self.job.trajectories.stream, gate_state)  # README, triggers
 
     @property
     def cost(self) -> float:
@@ -252,6 +253,8 @@ class Trainer:
             "elapsed_s": self.elapsed_s(),
             "aggregator": self.job.aggregator.get().to_fields(),
             "reward_scalers": self.reward_scalers,
+            "elastic": self.elastic.state(),
+            "learner_trigger": self.gate.state(),
         }
         self.run.checkpoint(state, policy, self.job.policies.optimizer_state())
         self.last_policy = policy

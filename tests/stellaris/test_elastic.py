@@ -16,7 +16,7 @@ from stellaris.control.elastic import (
     actors_per_learner,
     backlog_gain_for,
 )
-from stellaris.control.scaling import BatchSequence, actor_steps_s, policy_lag
+from stellaris.control.scaling import BatchSequence, actor_steps_s, policy_lag, resumed_actors
 from stellaris.elastic_options import parse_learner_schedule
 
 
@@ -208,3 +208,14 @@ def test_run_ahead_0_is_refused_where_actors_ship_gradients_naming_both_fields()
     assert load_config(None, {"env": "CartPole-v1", "rounds": 2}).actor_run_ahead == 0
     shipping = load_config(None, {"env": "CartPole-v1", "rounds": 2, "distribution": "gradients_at_actors"})
     assert shipping.actor_run_ahead == 1
+
+
+def test_a_resumed_run_starts_from_the_actor_count_it_had_reached() -> None:
+    elastic = {"env": "CartPole-v1", "rounds": 2, "elastic_actors": True, "min_actors": 1, "max_actors": 4}
+    cfg = load_config(None, elastic)
+    assert cfg.actors == 1
+    assert resumed_actors(cfg, {"actors": 3, "demands": [1.5]}).actors == 3
+    assert resumed_actors(cfg, {"actors": 9}).actors == 4  # within the bounds the resumed config sets
+    assert resumed_actors(cfg, {}).actors == 1  # a checkpoint from before elastic state was kept
+    fixed = load_config(None, {"env": "CartPole-v1", "rounds": 2, "actors": 2})
+    assert resumed_actors(fixed, {"actors": 3}).actors == 2  # only elastic actors move the count

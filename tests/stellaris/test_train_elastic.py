@@ -1,11 +1,13 @@
 """`stellaris train` with elastic actors and a learner schedule, end to end (real CLI process, embedded Redis, local
 gateway, serverful actor processes started and stopped): info.csv against the schedule, the bounds and the
-controller's own decisions."""
+controller's own decisions, and a resume that goes on from the count and the window the run had reached."""
 
 from __future__ import annotations
 
 import csv
+import json
 import math
+import sys
 from pathlib import Path
 
 import pytest
@@ -81,3 +83,18 @@ def test_actor_count_follows_a_learner_change_within_bounds(tmp_path: Path) -> N
     if wanted - settled > max(0.2 * settled, 0.5) and settled < MAX_ACTORS:
         assert int(ahead["actors"]) > settled, (settled, [r["actor_demand"] for r in rows])
         assert int(ahead["actors_prewarmed"]) > 0 and moved_early
+
+    # Resumed from its checkpoint, the run goes on with the actor count it had reached and the controller's window
+    # full: its first round already has a demand (an empty window would give NaN for WINDOW rounds).
+    state = json.loads((out / "state.json").read_text())
+    assert state["elastic"]["actors"] == int(rows[-1]["actors"])
+    assert len(state["elastic"]["demands"]) == WINDOW
+    assert state["learner_trigger"]["fired_version"] is not None
+    resumed = run_train([sys.executable, "-m", "stellaris.cli", "train", "--resume", str(out), "--rounds",
+                         str(ROUNDS + 1)])  # fmt: skip
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    with (out / "info.csv").open(newline="") as f:
+        first = list(csv.DictReader(f))[ROUNDS]
+    assert int(first["round_id"]) == ROUNDS + 1
+    assert int(first["num_actors"]) == int(rows[-1]["actors"])
+    assert first["actor_demand"] != "nan"

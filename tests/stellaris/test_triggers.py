@@ -1,13 +1,19 @@
-"""Trigger evaluation against hand-made facts (pure), and config validation naming the field."""
+"""Trigger evaluation against hand-made facts (pure), config validation naming the field, and the learner gate's
+checkpointed state."""
 
 from __future__ import annotations
 
+import json
 import math
+import time
+from dataclasses import replace
 
 import pytest
 
+from cache import JobCache
 from cache.contract.triggers import ParameterTrigger
 from stellaris.config import ConfigError, load_config
+from stellaris.control.collect import LearnerGate
 from stellaris.control.trigger_log import parameter_rows
 from stellaris.control.triggers import LandedFacts, LearnerTrigger
 
@@ -154,3 +160,20 @@ def test_a_batch_count_beyond_the_queue_bound_is_refused_naming_the_bound() -> N
         load_config(None, {**CARTPOLE, "triggers": two})  # 1 actor x the default run-ahead, 1
     cfg = load_config(None, {**CARTPOLE, "actor_run_ahead": 2, "triggers": two})
     assert cfg.triggers.learner.batches == 2 and cfg.queue_bound == 2
+
+
+def test_the_gate_s_last_firing_survives_a_checkpoint(job: JobCache) -> None:
+    trigger = LearnerTrigger(version_changed=True, period_s=30.0)
+    fresh = LearnerGate(trigger, job.trajectories.stream)
+    assert fresh.state() == {"fired_version": None, "since_fire_s": None}
+    fresh.fired_at, fresh.fired_version = time.monotonic() - 12.0, 7
+    saved = json.loads(json.dumps(fresh.state()))  # through state.json
+    assert saved["fired_version"] == 7 and 12.0 <= saved["since_fire_s"] < 13.0
+    resumed = LearnerGate(trigger, job.trajectories.stream, saved)
+    facts = resumed.facts(5, [], version=7)
+    # Still at version 7, 12 s after the firing: neither condition holds, as in the run that died.
+    assert facts.fired_version == 7 and 12.0 <= facts.since_fire_s < 14.0
+    held = resumed.trigger.held(facts, train_batch_size=64)
+    assert (held["version_changed"], held["period_s"]) == (False, False)
+    assert resumed.trigger.held(replace(facts, version=8), train_batch_size=64)["version_changed"]
+    assert math.isinf(LearnerGate(trigger, job.trajectories.stream, {}).facts(5, [], version=7).since_fire_s)
