@@ -91,6 +91,10 @@ def _become_instance(request: SpawnRequest, stdout_fd: int, inherited: set[int],
         sys.modules["torch"].seed()
     os.close(became)
     sys.argv = [request["module"], *request["argv"]]  # run_module puts the module's path first, as `-m` does
+    # The server imported the module (for its imports); run as `__main__` it is executed again, as `-m` would, and
+    # runpy warns about the copy already in sys.modules unless it goes first (what it imported stays loaded).
+    for name in (request["module"], f"{request['module']}.__main__"):
+        sys.modules.pop(name, None)
     runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
     return 0  # a module that ends without exiting (those here call quick_exit themselves)
 

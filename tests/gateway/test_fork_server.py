@@ -16,12 +16,12 @@ from pathlib import Path
 import httpx
 import pytest
 
-from cache.contract.zygote import load_time_changes
+from cache.contract.zygote import SpawnRequest, load_time_changes
 from cache.server import EmbeddedRedis
 from gateway.backends.base import InstanceHandle
 from gateway.backends.process import ProcessBackend
 from gateway.backends.process_tree import descendants, wait_gone
-from gateway.backends.zygote import ForkedProcess
+from gateway.backends.zygote import ForkedProcess, ForkServer
 from gateway.models import FunctionSpec
 from tests.gateway.conftest import start_gateway, stop_gateway
 
@@ -187,6 +187,21 @@ def test_a_server_that_failed_to_start_is_tried_again_after_its_wait() -> None:
         for proc in list(b._procs.values()):
             proc.kill()
         b.close()
+
+
+def test_a_module_the_server_imported_runs_as_main_without_a_warning(capfd: pytest.CaptureFixture[str]) -> None:
+    module = "tests.functions.main_module"
+    server = ForkServer(sys.executable, str(ROOT), dict(os.environ), 60.0, preload=(module,))
+    try:
+        request = SpawnRequest(
+            module=module, argv=["a", "b"], env=dict(os.environ), cwd=str(ROOT), memory_bytes=None, title=module
+        )
+        child = server.spawn(request)
+        assert child.stdout is not None
+        assert child.stdout.read().decode() == "main ['a', 'b']\n" and child.wait(timeout=30) == 0
+    finally:
+        server.close()
+    assert "RuntimeWarning" not in capfd.readouterr().err  # runpy's "found in sys.modules" warning
 
 
 def test_closing_the_backend_stops_the_server(backend: ProcessBackend) -> None:
