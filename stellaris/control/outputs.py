@@ -147,6 +147,12 @@ class RunDirError(ValueError):
 RUN_FILES = ("state.json", "info.csv", "config.yaml")  # any of them: the directory holds a run
 
 
+def read_state(run_dir: Path) -> dict[str, Any] | None:
+    """The run's checkpoint state (state.json), None without one."""
+    path = run_dir / "state.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
 class RunDir:
     """`resume=False` refuses a directory that holds a run already (its CSVs would get a second run's rows)."""
 
@@ -234,8 +240,7 @@ class RunDir:
             table.filter(wanted)
 
     def load_state(self) -> dict[str, Any] | None:
-        path = self.path / "state.json"
-        return json.loads(path.read_text()) if path.exists() else None
+        return read_state(self.path)
 
     def write_final_policy(self, policy: bytes) -> Path:
         """policy.safetensors: the weights (observation statistics included) and, in its metadata, what rebuilds the

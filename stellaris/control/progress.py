@@ -51,6 +51,26 @@ def eta_s(
     return min(left) if left else None
 
 
+def spent_budget(
+    *,
+    elapsed_s: float,
+    round_k: int,
+    env_steps: int,
+    rounds: int | None,
+    total_steps: int | None,
+    max_minutes: float | None,
+) -> str | None:
+    """The first budget the run has used up, named as its option and its value (`rounds: 40`); None while every
+    budget given has some left."""
+    if rounds is not None and round_k >= rounds:
+        return f"rounds: {rounds}"
+    if total_steps is not None and env_steps >= total_steps:
+        return f"total_steps: {total_steps}"
+    if max_minutes is not None and elapsed_s >= max_minutes * 60:
+        return f"max_minutes: {max_minutes:g}"
+    return None
+
+
 def clock(seconds: float | None) -> str:
     """h:mm:ss or m:ss; '-' for unknown."""
     if seconds is None or not math.isfinite(seconds):

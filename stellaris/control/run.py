@@ -13,9 +13,9 @@ from rich.table import Table
 from cache import RedisServerDied
 from stellaris.config import TrainConfig
 from stellaris.control.cache_watch import CacheWatch
-from stellaris.control.outputs import RunDir, fmt
+from stellaris.control.outputs import RunDir, fmt, read_state
 from stellaris.control.platform import Platform
-from stellaris.control.progress import clock, eta_s, sparkline
+from stellaris.control.progress import clock, eta_s, sparkline, spent_budget
 from stellaris.control.trainer import Trainer, threads_env
 
 TOKEN_FILE = "gateway-token"  # the local gateway's bearer token, for scraping /metrics during the run (0600)
@@ -83,8 +83,29 @@ def _raise_if_cache_died(platform: Platform, exc: Exception) -> None:
             raise died from exc
 
 
+def _nothing_to_resume(cfg: TrainConfig) -> str | None:
+    """What to say when the run to resume has spent its budget already (no platform is started for no round)."""
+    state = read_state(cfg.run_dir())
+    if state is None:
+        return None
+    done_rounds, steps = int(state.get("round", 0)), int(state.get("env_steps", 0))
+    spent = spent_budget(
+        elapsed_s=float(state.get("elapsed_s", 0.0)), round_k=done_rounds, env_steps=steps, rounds=cfg.rounds,
+        total_steps=cfg.total_steps, max_minutes=cfg.max_minutes,
+    )  # fmt: skip
+    if spent is None:
+        return None
+    return (
+        f"nothing to resume: {cfg.run_dir()} has done {done_rounds} rounds and {steps} env steps, which spends its "
+        f"budget ({spent}); give a larger --rounds, --total-steps or --max-minutes to train on"
+    )
+
+
 def run_training(cfg: TrainConfig, *, resume: bool = False) -> int:
     console = Console(stderr=True)
+    if resume and (done := _nothing_to_resume(cfg)) is not None:
+        console.print(done, highlight=False, soft_wrap=True)
+        return 0
     run = RunDir(cfg.run_dir(), resume=resume)  # RunDirError: a run there already, without --resume
     state = run.load_state() if resume else None
     if resume and state is None:

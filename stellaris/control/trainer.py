@@ -26,6 +26,7 @@ from stellaris.control.evaluation import Evaluator
 from stellaris.control.outputs import RunDir
 from stellaris.control.platform import Platform
 from stellaris.control.profiles import rounds_for
+from stellaris.control.progress import spent_budget
 from stellaris.control.replay_rounds import ReplayRounds
 from stellaris.control.report import RoundFacts, episode_returns, gradient_rows, info_row, take_applied, timeline_rows
 from stellaris.control.rounds import RoundStats, TrainingError, round_tasks
@@ -153,11 +154,10 @@ class Trainer:
 
     def done(self) -> bool:
         c = self.cfg
-        return (
-            (c.rounds is not None and self.round >= c.rounds)
-            or (c.total_steps is not None and self.env_steps >= c.total_steps)
-            or (c.max_minutes is not None and self.elapsed_s() >= c.max_minutes * 60)
-        )
+        return spent_budget(
+            elapsed_s=self.elapsed_s(), round_k=self.round, env_steps=self.env_steps, rounds=c.rounds,
+            total_steps=c.total_steps, max_minutes=c.max_minutes,
+        ) is not None  # fmt: skip
 
     def step(self) -> dict[str, Any]:
         """One round: collect a train batch, let learner invocations work through its tasks while the parameter

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from stellaris.control.progress import clock, eta_s, sparkline
+from stellaris.control.progress import clock, eta_s, sparkline, spent_budget
 
 
 def test_the_history_line_scales_between_the_least_and_greatest_of_the_last_rounds() -> None:
@@ -69,3 +69,12 @@ def test_a_run_prints_its_gateway_and_a_token_file_that_scrapes_metrics(tmp_path
     rounds = [ln for ln in lines if ln.startswith("round ")]
     assert len(rounds) == 3 and all(re.search(r" elapsed \d+:\d\d eta \d+:\d\d$", ln) for ln in rounds), rounds
     assert lines[-1].startswith("done: 3 rounds"), lines[-3:]
+
+
+def test_spent_budget_names_the_first_budget_used_up() -> None:
+    at = {"elapsed_s": 90.0, "round_k": 10, "env_steps": 20480}
+    assert spent_budget(**at, rounds=10, total_steps=None, max_minutes=None) == "rounds: 10"
+    assert spent_budget(**at, rounds=11, total_steps=20000, max_minutes=None) == "total_steps: 20000"
+    assert spent_budget(**at, rounds=None, total_steps=None, max_minutes=1.5) == "max_minutes: 1.5"
+    assert spent_budget(**at, rounds=11, total_steps=30000, max_minutes=2) is None
+    assert spent_budget(**at, rounds=None, total_steps=None, max_minutes=None) is None

@@ -198,6 +198,16 @@ def test_ctrl_c_stops_cleanly_and_resume_continues(tmp_path: Path) -> None:
     assert float(info[-1]["cost"]) > float(done[-1]["cost"])
     assert int(info[-1]["env_steps"]) > int(done[-1]["env_steps"])
 
+    # Resumed again with the same budget: nothing is started, and the message says what to raise.
+    state = (out / "state.json").read_bytes()
+    again = run_train([sys.executable, "-m", "stellaris.cli", "train", "--resume", str(out), "--rounds",
+                       str(len(done) + 2)])  # fmt: skip
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert f"nothing to resume: {out} has done {len(done) + 2} rounds" in again.stderr
+    assert f"(rounds: {len(done) + 2}); give a larger --rounds" in again.stderr
+    assert "run directory:" not in again.stderr  # no platform was started
+    assert (out / "state.json").read_bytes() == state and rows(out / "info.csv") == info
+
 
 @pytest.mark.parametrize(
     ("args", "message"),
