@@ -32,6 +32,7 @@ class Outcome:
     duration_s: float
     container_id: str | None = None  # the instance's container (docker backend)
     node: str | None = None  # the node it runs on (ray backend)
+    found_dead: int = 0  # idle instances found dead (and replaced) while the call looked for one
 
 
 @dataclass

@@ -37,3 +37,9 @@ class Metrics:
         self.warm_instances = Gauge("stellaris_warm_instances", "Instances up", ["function"], registry=r)
         self.queue_depth = Gauge("stellaris_queue_depth", "Calls waiting for a slot", ["function"], registry=r)
         self.cost_usd = Counter("stellaris_cost_usd", "Charged cost", ["function"], registry=r)
+        self.instance_deaths = Counter(
+            "stellaris_instance_deaths",
+            "Instances found dead: during a call, or idle when a call looked for one",
+            ["function", "found"],
+            registry=r,
+        )

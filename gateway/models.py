@@ -20,7 +20,7 @@ METER_HEADER = "X-Activation-Meter"
 AFFINITY_HEADER = "X-Affinity-Key"
 METER_FIELDS = {
     *("start", "end", "cold", "init_s", "wait_s", "duration_s"),
-    *("instance", "container_id", "image", "node", "resource_seconds", "cost_usd"),
+    *("instance", "container_id", "image", "node", "resource_seconds", "cost_usd", "found_dead"),
 }
 
 
@@ -157,5 +157,6 @@ class Activation(BaseModel):
     image: str | None = Field(default=None, description="the image of that container (the function's spec's)")
     node: str | None = Field(default=None, description="the node that ran it (ray backend: the Ray node's address)")
     cold: bool | None = None
+    found_dead: int = Field(default=0, description="idle instances found dead (and replaced) as this call looked")
     resource_seconds: float = 0.0
     cost_usd: float = 0.0

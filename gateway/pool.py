@@ -58,19 +58,20 @@ class FunctionPool:
         """Run one call: `admitted` when `admission.admit()` already took its place; `affinity`: reuse the instance
         that last served that key if it is idle (gateway/instances.py)."""
         async with self.admission.slot(admitted=admitted) as accepted:
-            live, cold, init_s = await self._take_instance(affinity)
+            dead: list[str] = []  # idle instances this call finds dead on its way
+            live, cold, init_s = await self._take_instance(affinity, dead)
             live.affinity = affinity or live.affinity
             wait_s = time.monotonic() - accepted - (init_s or 0.0)
             if (calling := getattr(self.backend, "calling", None)) is not None:
                 calling(live.handle)  # the process backend pins an instance to cores at its first call
             try:
-                return await self._call(live, event, call_id, cold=cold, init_s=init_s, wait_s=wait_s)
+                return await self._call(live, event, call_id, cold=cold, init_s=init_s, wait_s=wait_s, dead=len(dead))
             finally:
                 await self._give_back(live)
 
-    async def _take_instance(self, affinity: str | None) -> tuple[Live, bool, float | None]:
+    async def _take_instance(self, affinity: str | None, dead: list[str]) -> tuple[Live, bool, float | None]:
         while True:
-            live = await self._idle_instance(affinity)
+            live = await self._idle_instance(affinity, dead)
             if live is not None:
                 return live, False, None
             if len(self.instances) + self.starting < self.spec.max_instances:
@@ -80,12 +81,14 @@ class FunctionPool:
             async with self._changed:
                 await self._changed.wait()
 
-    async def _idle_instance(self, affinity: str | None) -> Live | None:
+    async def _idle_instance(self, affinity: str | None, dead: list[str]) -> Live | None:
         for live in reuse_order(self.instances.values(), affinity):
             if live.in_flight >= self.spec.concurrency_per_instance:
                 continue
             stale = live.in_flight == 0 and time.monotonic() - live.idle_since > PROBE_IDLE_AFTER_S
             if stale and not await asyncio.to_thread(self.backend.alive, live.handle):
+                dead.append(live.handle.id)
+                self.metrics.instance_deaths.labels(self.spec.name, "idle").inc()
                 await self._discard(live, replace=True)
                 continue
             if live.expiry is not None:
@@ -125,11 +128,12 @@ class FunctionPool:
         return live
 
     async def _call(
-        self, live: Live, event: dict[str, Any], call_id: str, *, cold: bool, init_s: float | None, wait_s: float
-    ) -> Outcome:
+        self, live: Live, event: dict[str, Any], call_id: str, *, cold: bool, init_s: float | None, wait_s: float,
+        dead: int,
+    ) -> Outcome:  # fmt: skip
         started = time.monotonic()
         handle = live.handle
-        outcome = Outcome(None, handle.id, cold, init_s, wait_s, 0.0, handle.container_id, handle.node)
+        outcome = Outcome(None, handle.id, cold, init_s, wait_s, 0.0, handle.container_id, handle.node, dead)
         timeout_s = self.spec.timeout_s + ANSWER_MARGIN_S
         try:
             answer = await post_event(
@@ -137,6 +141,7 @@ class FunctionPool:
             )
         except InstanceUnreachable as exc:
             outcome.duration_s = time.monotonic() - started
+            self.metrics.instance_deaths.labels(self.spec.name, "call").inc()
             await self._discard(live, replace=True, kill=True)  # gone before we say so: its leases may be freed
             error = {"type": "InstanceCrashed", "message": f"instance {live.handle.id} died: {exc}"}
             raise InvocationFailed(502, Status.ERROR, error, outcome) from exc

@@ -231,7 +231,7 @@ class Gateway:
             act.instance, act.cold, act.init_s, act.node = outcome.instance, outcome.cold, outcome.init_s, outcome.node
             if outcome.container_id is not None:
                 act.container_id, act.image = outcome.container_id, pool.spec.image
-            act.wait_s, act.duration_s = outcome.wait_s, outcome.duration_s
+            act.wait_s, act.duration_s, act.found_dead = outcome.wait_s, outcome.duration_s, outcome.found_dead
             act.resource_seconds, act.cost_usd = charge(outcome.duration_s, pool.spec.pricing)
             self.metrics.wait_seconds.labels(name).observe(outcome.wait_s)
             self.metrics.duration_seconds.labels(name).observe(outcome.duration_s)

@@ -80,8 +80,13 @@ class RoundStats:
         waited = min(timed.wait_s, handler)
         compute = min(timed.compute_s, handler - waited)
         self.cache_s += handler - waited - compute
+        # Idle instances of its function the gateway found dead (and replaced) as this call looked for one: a
+        # restart too, though no call failed.
+        found_dead = call.activation.found_dead if call.activation is not None else 0
         if role == "learner":
             self.learner_compute_s += compute
             self.learner_wait_s += waited
+            self.learner_restarts += found_dead
         else:
             self.parameter_compute_s += compute
+            self.parameter_restarts += found_dead

@@ -91,6 +91,7 @@ class _RoundCalls:
         self.adopted: set[Future[Call]] = set()  # learners carried over from the previous round
         self.closed = False  # the round's last step is enqueued
         self.last_failure: BaseException | None = None  # named when the job gives up (e.g. no node can place it)
+        self.failed_calls = 0  # replaced this round; past MAX_RESTARTS the job gives up
 
     def start(self) -> None:
         self.holders |= self.r.carried
@@ -138,6 +139,7 @@ class _RoundCalls:
             self.learners.discard(fut)
             if self._failed(fut, "learner"):
                 self.stats.learner_restarts += 1
+                self.failed_calls += 1
                 self.replacements.add(self._learner())
                 continue
             self.stats.add(fut.result(), "learner")
@@ -149,10 +151,11 @@ class _RoundCalls:
             fut, self.parameter = self.parameter, None
             if self._failed(fut, "parameter"):
                 self.stats.parameter_restarts += 1
+                self.failed_calls += 1
                 self._parameter()
             else:
                 self.stats.add(fut.result(), "parameter")
-        if self.stats.learner_restarts + self.stats.parameter_restarts > MAX_RESTARTS:
+        if self.failed_calls > MAX_RESTARTS:
             raise TrainingError(
                 f"more than {MAX_RESTARTS} function invocations failed in round {self.round_k}; the last: "
                 f"{self.last_failure}"

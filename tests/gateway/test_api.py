@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
 import uuid
 
 import httpx
@@ -13,6 +14,7 @@ import pytest
 from cache import Cache
 from gateway.client import GatewayClient, GatewayError
 from gateway.models import FunctionSpec
+from gateway.pool import PROBE_IDLE_AFTER_S
 from tests.gateway.conftest import RunningGateway, start_gateway, stop_gateway
 from tests.procs import pid_alive, wait_pid_gone
 
@@ -180,6 +182,24 @@ def test_killed_instance_fails_its_call_with_502_and_is_replaced(
     assert client.invoke(fname, {**event, "timeout_s": 1})["released"] is True  # a replacement serves
     assert victim not in pids(client, fname)
     cache_conn.client.delete(f"{key}:started", f"{key}:release")
+    assert f'stellaris_instance_deaths_total{{found="call",function="{fname}"}} 1.0' in client.metrics()
+
+
+def test_an_instance_killed_while_idle_is_replaced_and_counted_by_the_call_that_finds_it(
+    client: GatewayClient, fname: str
+) -> None:
+    client.register(spec(fname))
+    _, first = client.invoke_metered(fname, {})
+    assert first.found_dead == 0
+    [victim] = pids(client, fname)
+    os.kill(victim, signal.SIGKILL)
+    assert wait_pid_gone(victim, 30)
+    time.sleep(PROBE_IDLE_AFTER_S + 0.1)  # only an instance idle this long is probed before reuse (a time, no event)
+    _, meter = client.invoke_metered(fname, {})  # no call fails: the probe finds it dead first
+    assert meter.found_dead == 1 and meter.instance != first.instance and victim not in pids(client, fname)
+    assert f'stellaris_instance_deaths_total{{found="idle",function="{fname}"}} 1.0' in client.metrics()
+    _, meter = client.invoke_metered(fname, {})
+    assert meter.found_dead == 0  # counted once, by the call that found it
 
 
 def test_deleting_a_function_stops_the_instances_still_starting(
