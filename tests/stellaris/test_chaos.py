@@ -1,6 +1,7 @@
 """Chaos: `stellaris train` (real CLI, embedded Redis, local gateway, subprocess instances) while learner instances,
-parameter-function instances and actors are killed with SIGKILL at random moments. The job must finish every
-round, exit 0, leave no process behind, and apply every task of every round exactly once (gradients.csv)."""
+parameter-function instances, actors and the fork servers they come from are killed with SIGKILL at random moments.
+The job must finish every round, exit 0, leave no process behind, and apply every task of every round exactly once
+(gradients.csv)."""
 
 from __future__ import annotations
 
@@ -23,22 +24,25 @@ from tests.stellaris.test_train import ROOT, rows
 
 ROUNDS = 30
 TASKS_PER_ROUND = 4 * 16
-KILLS = {"learner": 20, "parameter": 3, "actor": 2}
+# A fork server's kill takes every process forked from it along: the gateway's (its learner and parameter-function
+# instances) or the control plane's (its serverful actors).
+KILLS = {"learner": 20, "parameter": 3, "actor": 2, "gateway fork server": 1, "actor fork server": 1}
 # Longer than the job may run (proc.wait below): a killed instance's task or update lease is freed only by the control
 # plane, once the gateway reports the instance gone, never by a lease running out.
 LEASE_S = 1200.0
 
 
+def _parent(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (FileNotFoundError, ProcessLookupError, IndexError, ValueError):
+        return None
+
+
 def _descendants(pid: int) -> list[int]:
     """Every process below `pid`, from the parent ids in /proc/*/stat (no psutil)."""
-    parent: dict[int, int] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    parent[int(entry)] = int(f.read().rsplit(")", 1)[1].split()[1])
-            except (FileNotFoundError, ProcessLookupError, IndexError, ValueError):
-                continue
+    parent = {int(e): pp for e in os.listdir("/proc") if e.isdigit() and (pp := _parent(int(e))) is not None}
     out, todo = [], [pid]
     while todo:
         kids = [p for p, pp in parent.items() if pp == todo[-1]]
@@ -56,7 +60,7 @@ def _cmdline(pid: int) -> str:
         return ""
 
 
-def _role(pid: int) -> str | None:
+def _role(pid: int, job: int) -> str | None:
     cmd = _cmdline(pid)
     if "functions.handlers.learner:handle" in cmd:
         return "learner"
@@ -64,6 +68,8 @@ def _role(pid: int) -> str | None:
         return "parameter"
     if "functions.actor_loop" in cmd:
         return "actor"
+    if "functions.runtime.zygote" in cmd:  # the actors' is the control plane's child, the other the gateway's
+        return "actor fork server" if _parent(pid) == job else "gateway fork server"
     return None
 
 
@@ -142,7 +148,7 @@ def test_training_survives_kill_9_of_learners_parameter_functions_and_actors(tmp
             time.sleep(rng.uniform(0.0, 0.3))  # the random moment itself: nothing to await
             pids = _descendants(proc.pid)
             seen.update(pids)
-            victims = [p for p in pids if _role(p) == plan[0]]
+            victims = [p for p in pids if _role(p, proc.pid) == plan[0]]
             if not victims:
                 continue
             victim = rng.choice(victims)
@@ -176,8 +182,9 @@ def test_training_survives_kill_9_of_learners_parameter_functions_and_actors(tmp
     assert all(per_round[r] == TASKS_PER_ROUND for r in range(1, ROUNDS + 1)), per_round
     versions = sorted({int(g["applied_version"]) for g in grads})
     assert versions == list(range(1, len(versions) + 1))  # one version per aggregation, none skipped or repeated
-    restarts = {k: sum(int(r[f"{k}_restarts"]) for r in info) for k in KILLS}
-    hit = [int(r["round_id"]) for r in info if any(int(r[f"{k}_restarts"]) for k in KILLS)]
+    roles = ("learner", "parameter", "actor")  # info.csv's restarts (a fork server's kill shows as its instances')
+    restarts = {k: sum(int(r[f"{k}_restarts"]) for r in info) for k in roles}
+    hit = [int(r["round_id"]) for r in info if any(int(r[f"{k}_restarts"]) for k in roles)]
     assert len(hit) >= 3, f"the kills were not spread over the job: restarts seen only in rounds {hit}"
     durations = sorted(float(r["duration"]) for r in info[1:])
     print(

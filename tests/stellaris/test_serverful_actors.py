@@ -1,6 +1,7 @@
 """Serverful actors forked from their own fork server (stellaris/control/serverful_actors.py), against a real job:
-they collect, a kill -9 of one is restarted as a fork of the same server, a scale-down's SIGTERM is obeyed with exit
-0, and closing stops the server. Without forks, each is a fresh interpreter, as before."""
+they collect, a kill -9 of one is restarted as a fork of the same server, a kill -9 of the server takes its actors
+along and a new server forks them again, a scale-down's SIGTERM is obeyed with exit 0, and closing stops the server.
+Without forks, each is a fresh interpreter, as before."""
 
 from __future__ import annotations
 
@@ -77,6 +78,25 @@ def test_forked_actors_collect_restart_scale_and_stop(cache_conn: Cache, job_id:
         actors.close()
         job.delete()
     assert not wait_gone({server, *(p.pid for p in (dead, reborn, surplus))}, timeout_s=10)
+
+
+def test_a_killed_fork_server_takes_its_actors_and_a_new_one_forks_them_again(cache_conn: Cache, job_id: str) -> None:
+    job = Driver(cache_conn, small_spec(job_id)).job
+    actors = ServerfulActors(job_id, 1, lambda: _env(cache_conn, job_id))
+    try:
+        actors.start(2)
+        assert actors.forks is not None and actors.forks._proc is not None
+        server, before = actors.forks._proc.pid, list(actors.procs)
+        os.kill(server, signal.SIGKILL)
+        assert [p.wait(timeout=10) for p in before] == [-signal.SIGKILL] * 2  # they die with it
+        assert actors.restart_dead() == 2 and actors.deaths == {"actor-0": 1, "actor-1": 1}
+        assert actors.forks._proc is not None and actors.forks._proc.pid != server  # a new server
+        assert all(isinstance(p, ForkedProcess) for p in actors.procs)
+        _publish_next(job)
+        assert _batches_from(job, {"actor-0", "actor-1"}) == {"actor-0", "actor-1"}  # and they collect again
+    finally:
+        actors.close()
+        job.delete()
 
 
 def test_without_forks_each_actor_is_a_fresh_interpreter(cache_conn: Cache, job_id: str) -> None:
