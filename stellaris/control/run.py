@@ -15,7 +15,7 @@ from stellaris.config import TrainConfig
 from stellaris.control.cache_watch import CacheWatch
 from stellaris.control.outputs import RunDir, fmt, read_state
 from stellaris.control.platform import Platform
-from stellaris.control.progress import clock, eta_s, sparkline, spent_budget
+from stellaris.control.progress import Standing, clock, sparkline
 from stellaris.control.trainer import Trainer, threads_env
 
 TOKEN_FILE = "gateway-token"  # the local gateway's bearer token, for scraping /metrics during the run (0600)
@@ -24,10 +24,7 @@ TOKEN_FILE = "gateway-token"  # the local gateway's bearer token, for scraping /
 def _times(trainer: Trainer) -> str:
     """elapsed and ETA against the run's budget (the first of rounds, steps and minutes to run out)."""
     cfg, elapsed = trainer.cfg, trainer.elapsed_s()
-    eta = eta_s(
-        elapsed_s=elapsed, round_k=trainer.round, env_steps=trainer.env_steps,
-        rounds=cfg.rounds, total_steps=cfg.total_steps, max_minutes=cfg.max_minutes,
-    )  # fmt: skip
+    eta = Standing.of(cfg, elapsed_s=elapsed, round_k=trainer.round, env_steps=trainer.env_steps).eta_s()
     return f"elapsed {clock(elapsed)} eta {clock(eta)}"
 
 
@@ -89,10 +86,7 @@ def _nothing_to_resume(cfg: TrainConfig) -> str | None:
     if state is None:
         return None
     done_rounds, steps = int(state.get("round", 0)), int(state.get("env_steps", 0))
-    spent = spent_budget(
-        elapsed_s=float(state.get("elapsed_s", 0.0)), round_k=done_rounds, env_steps=steps, rounds=cfg.rounds,
-        total_steps=cfg.total_steps, max_minutes=cfg.max_minutes,
-    )  # fmt: skip
+    spent = Standing.of(cfg, elapsed_s=float(state.get("elapsed_s", 0.0)), round_k=done_rounds, env_steps=steps).spent()
     if spent is None:
         return None
     return (

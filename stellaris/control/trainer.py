@@ -26,7 +26,7 @@ from stellaris.control.evaluation import Evaluator
 from stellaris.control.outputs import RunDir
 from stellaris.control.platform import Platform
 from stellaris.control.profiles import rounds_for
-from stellaris.control.progress import spent_budget
+from stellaris.control.progress import Standing
 from stellaris.control.replay_rounds import ReplayRounds
 from stellaris.control.report import RoundFacts, episode_returns, gradient_rows, info_row, take_applied, timeline_rows
 from stellaris.control.rounds import RoundStats, TrainingError, round_tasks
@@ -153,11 +153,8 @@ class Trainer:
         return self.elapsed_before + time.monotonic() - self.started
 
     def done(self) -> bool:
-        c = self.cfg
-        return spent_budget(
-            elapsed_s=self.elapsed_s(), round_k=self.round, env_steps=self.env_steps, rounds=c.rounds,
-            total_steps=c.total_steps, max_minutes=c.max_minutes,
-        ) is not None  # fmt: skip
+        standing = Standing.of(self.cfg, elapsed_s=self.elapsed_s(), round_k=self.round, env_steps=self.env_steps)
+        return standing.spent() is not None
 
     def step(self) -> dict[str, Any]:
         """One round: collect a train batch, let learner invocations work through its tasks while the parameter

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from stellaris.control.progress import clock, eta_s, sparkline, spent_budget
+from stellaris.control.progress import Standing, clock, sparkline
 
 
 def test_the_history_line_scales_between_the_least_and_greatest_of_the_last_rounds() -> None:
@@ -19,12 +19,12 @@ def test_the_history_line_scales_between_the_least_and_greatest_of_the_last_roun
 
 def test_the_eta_is_the_first_budget_to_run_out() -> None:
     # 10 rounds of 40 done in 100 s: 300 s to go by rounds; steps 5,000 of 10,000: 100 s to go; 3 minutes: 80 s.
-    common = {"elapsed_s": 100.0, "round_k": 10, "env_steps": 5_000}
-    assert eta_s(**common, rounds=40, total_steps=None, max_minutes=None) == 300.0
-    assert eta_s(**common, rounds=40, total_steps=10_000, max_minutes=None) == 100.0
-    assert eta_s(**common, rounds=40, total_steps=10_000, max_minutes=3.0) == 80.0
-    assert eta_s(elapsed_s=5.0, round_k=0, env_steps=0, rounds=40, total_steps=None, max_minutes=None) is None
-    assert eta_s(elapsed_s=500.0, round_k=0, env_steps=0, rounds=None, total_steps=None, max_minutes=5.0) == 0.0
+    at = (100.0, 10, 5_000)
+    assert Standing(*at, rounds=40, total_steps=None, max_minutes=None).eta_s() == 300.0
+    assert Standing(*at, rounds=40, total_steps=10_000, max_minutes=None).eta_s() == 100.0
+    assert Standing(*at, rounds=40, total_steps=10_000, max_minutes=3.0).eta_s() == 80.0
+    assert Standing(5.0, 0, 0, rounds=40, total_steps=None, max_minutes=None).eta_s() is None
+    assert Standing(500.0, 0, 0, rounds=None, total_steps=None, max_minutes=5.0).eta_s() == 0.0
 
 
 def test_the_clock() -> None:
@@ -71,10 +71,10 @@ def test_a_run_prints_its_gateway_and_a_token_file_that_scrapes_metrics(tmp_path
     assert lines[-1].startswith("done: 3 rounds"), lines[-3:]
 
 
-def test_spent_budget_names_the_first_budget_used_up() -> None:
-    at = {"elapsed_s": 90.0, "round_k": 10, "env_steps": 20480}
-    assert spent_budget(**at, rounds=10, total_steps=None, max_minutes=None) == "rounds: 10"
-    assert spent_budget(**at, rounds=11, total_steps=20000, max_minutes=None) == "total_steps: 20000"
-    assert spent_budget(**at, rounds=None, total_steps=None, max_minutes=1.5) == "max_minutes: 1.5"
-    assert spent_budget(**at, rounds=11, total_steps=30000, max_minutes=2) is None
-    assert spent_budget(**at, rounds=None, total_steps=None, max_minutes=None) is None
+def test_spent_names_the_first_budget_used_up() -> None:
+    at = (90.0, 10, 20480)
+    assert Standing(*at, rounds=10, total_steps=None, max_minutes=None).spent() == "rounds: 10"
+    assert Standing(*at, rounds=11, total_steps=20000, max_minutes=None).spent() == "total_steps: 20000"
+    assert Standing(*at, rounds=None, total_steps=None, max_minutes=1.5).spent() == "max_minutes: 1.5"
+    assert Standing(*at, rounds=11, total_steps=30000, max_minutes=2).spent() is None
+    assert Standing(*at, rounds=None, total_steps=None, max_minutes=None).spent() is None
