@@ -51,6 +51,10 @@ class ForkServerError(RuntimeError):
     """The fork server could not give an instance (it is gone, or the fork failed): start one the usual way."""
 
 
+class _ServerGone(Exception):
+    """The server's end of the control socket is closed: it died."""
+
+
 def _message(sock: socket.socket, timeout_s: float | None) -> dict[str, object] | None:
     """The next message on a status socket; None when none came within `timeout_s`; {} when the server is gone."""
     poller = select.poll()
@@ -195,29 +199,41 @@ class ForkServer:
 
     def spawn(self, request: SpawnRequest, *, stdout: int | None = None) -> ForkedProcess:
         """Fork a process for `request`; its stdout is `stdout` (a descriptor of ours, shared) or else a pipe
-        (`ForkedProcess.stdout`)."""
+        (`ForkedProcess.stdout`). A server found dead as it is asked (killed a moment ago, not yet reaped) is
+        replaced and asked again, once."""
         with self._lock:
-            control = self._ready()
-            ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-            read_fd, write_fd = os.pipe() if stdout is None else (None, stdout)
             try:
-                socket.send_fds(control, [json.dumps(request).encode()], [theirs.fileno(), write_fd])
-            except OSError as exc:
-                if read_fd is not None:
-                    os.close(read_fd)
-                ours.close()
-                raise ForkServerError(f"the fork server is gone: {exc}") from exc
-            finally:
-                theirs.close()
-                if stdout is None:
-                    os.close(write_fd)
+                return self._ask(self._ready(), request, stdout)
+            except _ServerGone:
+                self._close()
+            try:
+                return self._ask(self._ready(), request, stdout)
+            except _ServerGone as gone:
+                self._close()
+                raise ForkServerError(f"the fork server is gone: {gone}") from gone
+
+    def _ask(self, control: socket.socket, request: SpawnRequest, stdout: int | None) -> ForkedProcess:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        read_fd, write_fd = os.pipe() if stdout is None else (None, stdout)
+        try:
+            socket.send_fds(control, [json.dumps(request).encode()], [theirs.fileno(), write_fd])
             msg = _message(ours, self.startup_timeout_s)
+        except OSError as exc:
+            msg, gone = {}, str(exc)
+        else:
+            gone = "its socket closed"
+        finally:
+            theirs.close()
+            if stdout is None:
+                os.close(write_fd)
         pid = (msg or {}).get("pid")
         if not isinstance(pid, int):
             ours.close()
             if read_fd is not None:
                 os.close(read_fd)
-            reason = (msg or {}).get("error") or ("no answer" if msg is None else "it is gone")
+            if msg == {}:
+                raise _ServerGone(gone)
+            reason = (msg or {}).get("error") or "no answer"
             self.unforkable = self.unforkable or bool((msg or {}).get("unforkable"))  # it never will: stop asking
             raise ForkServerError(f"the fork server did not fork: {reason}")
         pipe = os.fdopen(read_fd, "rb") if read_fd is not None else None
