@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from gateway.backends.process_tree import descendants
 from tests.procs import pid_alive, wait_pid_gone
 from tests.stellaris.test_train import ROOT, rows
 
@@ -38,18 +39,6 @@ def _parent(pid: int) -> int | None:
             return int(f.read().rsplit(")", 1)[1].split()[1])
     except (FileNotFoundError, ProcessLookupError, IndexError, ValueError):
         return None
-
-
-def _descendants(pid: int) -> list[int]:
-    """Every process below `pid`, from the parent ids in /proc/*/stat (no psutil)."""
-    parent = {int(e): pp for e in os.listdir("/proc") if e.isdigit() and (pp := _parent(int(e))) is not None}
-    out, todo = [], [pid]
-    while todo:
-        kids = [p for p, pp in parent.items() if pp == todo[-1]]
-        todo.pop()
-        out += kids
-        todo += kids
-    return out
 
 
 def _cmdline(pid: int) -> str:
@@ -146,7 +135,7 @@ def test_training_survives_kill_9_of_learners_parameter_functions_and_actors(tmp
         output.await_round(1)
         while plan and proc.poll() is None:
             time.sleep(rng.uniform(0.0, 0.3))  # the random moment itself: nothing to await
-            pids = _descendants(proc.pid)
+            pids = sorted(descendants(proc.pid))
             seen.update(pids)
             victims = [p for p in pids if _role(p, proc.pid) == plan[0]]
             if not victims:
