@@ -5,6 +5,7 @@ first, wrapping around once every entry was replayed."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -48,3 +49,9 @@ class Fifo(ReplayPattern):
     def choose(self, entries: Sequence[ReplayEntry], n: int, rng: np.random.Generator) -> Sample:
         ids, self.cursors = fifo_choice(entries, n, self.cursors)
         return Sample(ids, (1.0,) * len(ids))
+
+    def state(self) -> dict[str, Any]:
+        return {"cursors": dict(self.cursors)}
+
+    def restore(self, saved: Mapping[str, Any]) -> None:
+        self.cursors = {str(actor): int(seq) for actor, seq in (saved.get("cursors") or {}).items()}

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
@@ -66,6 +66,13 @@ class ReplayPattern:
     def update_priorities(self, priorities: Mapping[str, float]) -> int:
         """Priority updates from learner outputs; only prioritized replay keeps them."""
         return 0
+
+    def state(self) -> dict[str, Any]:
+        """What a checkpoint keeps of the pattern's own memory beside the store (fifo: its cursors)."""
+        return {}
+
+    def restore(self, saved: Mapping[str, Any]) -> None:
+        """Take back a checkpoint's `state()`."""
 
 
 def replay_count(fresh: int, ratio: float, carry: float = 0.0) -> tuple[int, float]:

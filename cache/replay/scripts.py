@@ -29,6 +29,49 @@ local function touch(ttl)
 end
 """
 
+_INSERT = """
+local function insert(rid, actor, fields, seq, prio, cap, bmax, per, what)
+  local size = 0
+  for i = 1, #fields do size = size + #fields[i] end
+  if size > bmax then
+    return nil, 'TOOBIG ' .. what .. ' has ' .. size .. ' bytes, over replay_capacity_mb (' .. bmax .. ' bytes)'
+  end
+  local evicted = 0
+  if per > 0 then
+    local lo, hi = '[' .. actor .. '\\0', '[' .. actor .. '\\0\\255'
+    while redis.call('ZLEXCOUNT', KEYS[4], lo, hi) >= per do
+      local m = redis.call('ZRANGEBYLEX', KEYS[4], lo, hi, 'LIMIT', 0, 1)[1]
+      local gone = evict(string.match(m, '%z[0-9]+%z(.*)$'))  -- %z: Lua 5.1 patterns cannot hold a NUL
+      if gone == 0 then return nil, 'CORRUPT replay actor index member without an entry' end
+      evicted = evicted + gone
+    end
+  end
+  local bytes = tonumber(redis.call('HGET', KEYS[6], 'bytes') or 0)
+  while redis.call('ZCARD', KEYS[3]) >= cap or bytes + size > bmax do
+    local oldest = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
+    if not oldest or evict(oldest) == 0 then return nil, 'CORRUPT replay order without an entry' end
+    evicted = evicted + 1
+    bytes = tonumber(redis.call('HGET', KEYS[6], 'bytes') or 0)
+  end
+  if seq then
+    -- A restored entry keeps its arrival seq; later arrivals come after every restored one.
+    if seq > tonumber(redis.call('HGET', KEYS[6], 'seq') or 0) then redis.call('HSET', KEYS[6], 'seq', seq) end
+  else
+    seq = redis.call('HINCRBY', KEYS[6], 'seq', 1)
+  end
+  local sid = redis.call('XADD', KEYS[1], '*', unpack(fields))
+  redis.call('HSET', KEYS[2], rid, sid .. '|' .. size .. '|' .. seq .. '|' .. actor)
+  redis.call('ZADD', KEYS[3], seq, rid)
+  redis.call('ZADD', KEYS[4], 0, actor .. '\\0' .. string.format('%016d', seq) .. '\\0' .. rid)
+  if prio then redis.call('ZADD', KEYS[5], prio, rid) end
+  bytes = redis.call('HINCRBY', KEYS[6], 'bytes', size)
+  if bytes > tonumber(redis.call('HGET', KEYS[6], 'peak_bytes') or 0) then
+    redis.call('HSET', KEYS[6], 'peak_bytes', bytes)
+  end
+  return evicted, bytes
+end
+"""
+
 # KEYS 1-6 as above, 7 the job's trajectory stream. ARGV: stream id, replay id, actor, capacity, bytes max, per-actor
 # max (0: none), ttl ms, prioritized (1/0). Copies the landed batch (it must still be on the stream: before its ack)
 # and evicts, oldest first, the actor's entries over its per-actor bound and then any entry over the count or byte
@@ -36,49 +79,40 @@ end
 ADD = (
     _EVICT
     + _TOUCH
+    + _INSERT
     + """
-local rid, actor = ARGV[2], ARGV[3]
+local rid = ARGV[2]
 if redis.call('HEXISTS', KEYS[2], rid) == 1 then return {0, 0, tonumber(redis.call('HGET', KEYS[6], 'bytes') or 0)} end
 local src = redis.call('XRANGE', KEYS[7], ARGV[1], ARGV[1])
 if #src == 0 then return redis.error_reply('GONE trajectory batch ' .. ARGV[1] .. ' is not on the stream') end
-local fields = src[1][2]
-local size = 0
-for i = 1, #fields do size = size + #fields[i] end
-local cap, bmax, per = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
-if size > bmax then
-  return redis.error_reply('TOOBIG batch ' .. ARGV[1] .. ' has ' .. size ..
-    ' bytes, over replay_capacity_mb (' .. bmax .. ' bytes)')
-end
-local evicted = 0
-if per > 0 then
-  local lo, hi = '[' .. actor .. '\\0', '[' .. actor .. '\\0\\255'
-  while redis.call('ZLEXCOUNT', KEYS[4], lo, hi) >= per do
-    local m = redis.call('ZRANGEBYLEX', KEYS[4], lo, hi, 'LIMIT', 0, 1)[1]
-    local gone = evict(string.match(m, '%z[0-9]+%z(.*)$'))  -- %z: Lua 5.1 patterns cannot hold a NUL
-    if gone == 0 then return redis.error_reply('CORRUPT replay actor index member without an entry') end
-    evicted = evicted + gone
-  end
-end
-local bytes = tonumber(redis.call('HGET', KEYS[6], 'bytes') or 0)
-while redis.call('ZCARD', KEYS[3]) >= cap or bytes + size > bmax do
-  local oldest = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
-  if not oldest or evict(oldest) == 0 then return redis.error_reply('CORRUPT replay order without an entry') end
-  evicted = evicted + 1
-  bytes = tonumber(redis.call('HGET', KEYS[6], 'bytes') or 0)
-end
-local seq = redis.call('HINCRBY', KEYS[6], 'seq', 1)
-local sid = redis.call('XADD', KEYS[1], '*', unpack(fields))
-redis.call('HSET', KEYS[2], rid, sid .. '|' .. size .. '|' .. seq .. '|' .. actor)
-redis.call('ZADD', KEYS[3], seq, rid)
-redis.call('ZADD', KEYS[4], 0, actor .. '\\0' .. string.format('%016d', seq) .. '\\0' .. rid)
+local prio = nil
 if ARGV[8] == '1' then
   -- A new entry gets the highest priority seen, so it is sampled at least about as often as any other (PER).
-  redis.call('ZADD', KEYS[5], tonumber(redis.call('HGET', KEYS[6], 'max_priority') or 1), rid)
+  prio = tonumber(redis.call('HGET', KEYS[6], 'max_priority') or 1)
 end
-bytes = redis.call('HINCRBY', KEYS[6], 'bytes', size)
-if bytes > tonumber(redis.call('HGET', KEYS[6], 'peak_bytes') or 0) then
-  redis.call('HSET', KEYS[6], 'peak_bytes', bytes)
-end
+local evicted, bytes = insert(rid, ARGV[3], src[1][2], nil, prio, tonumber(ARGV[4]), tonumber(ARGV[5]),
+  tonumber(ARGV[6]), 'batch ' .. ARGV[1])
+if not evicted then return redis.error_reply(bytes) end
+touch(ARGV[7])
+return {1, evicted, bytes}
+"""
+)
+
+# KEYS 1-6 as above. ARGV: replay id, actor, seq, capacity, bytes max, per-actor max (0: none), ttl ms, priority
+# ('': none), then the batch's fields (flat). Puts back an entry a checkpoint kept, with its arrival seq, evicting as
+# ADD does. Returns {added (1/0), evicted, bytes after}.
+PUT = (
+    _EVICT
+    + _TOUCH
+    + _INSERT
+    + """
+local rid = ARGV[1]
+if redis.call('HEXISTS', KEYS[2], rid) == 1 then return {0, 0, tonumber(redis.call('HGET', KEYS[6], 'bytes') or 0)} end
+local fields = {}
+for i = 9, #ARGV do fields[#fields + 1] = ARGV[i] end
+local evicted, bytes = insert(rid, ARGV[2], fields, tonumber(ARGV[3]), tonumber(ARGV[8]), tonumber(ARGV[4]),
+  tonumber(ARGV[5]), tonumber(ARGV[6]), 'replayed batch ' .. rid)
+if not evicted then return redis.error_reply(bytes) end
 touch(ARGV[7])
 return {1, evicted, bytes}
 """

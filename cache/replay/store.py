@@ -19,6 +19,7 @@ from cache.replay.pattern import ReplayEntry
 
 REPLAY_PREFIX = "r"
 _PARTS = ("data", "index", "order", "actors", "priority", "state")
+_COUNTERS = ("seq", "evicted", "peak_bytes", "max_priority")  # of the state hash; "bytes" follows the entries
 
 
 def replay_id(batch_id: str) -> str:
@@ -78,6 +79,7 @@ class ReplayStore:
         self._add = client.register_script(scripts.ADD)
         self._update = client.register_script(scripts.UPDATE_PRIORITIES)
         self._read = client.register_script(scripts.READ)
+        self._put = client.register_script(scripts.PUT)
 
     def add(self, batch_id: str, actor: str) -> Added:
         """Copy the landed batch `batch_id` (still on the trajectory stream) into the store, evicting atomically."""
@@ -87,6 +89,31 @@ class ReplayStore:
         except redis.ResponseError as exc:
             raise CacheError(f"replay store: {exc}") from exc
         return Added(bool(out[0]), int(out[1]), int(out[2]))
+
+    def put(self, entry: ReplayEntry, fields: Mapping[bytes, bytes]) -> Added:
+        """Put back an entry a checkpoint kept, with its arrival seq and priority, evicting as `add` does."""
+        prio = "" if entry.priority is None else repr(float(entry.priority))
+        bounds = [self.capacity, self.bytes_max, self.per_actor or 0]
+        flat = [x for kv in fields.items() for x in kv]
+        try:
+            out = self._put(keys=self.k, args=[entry.rid, entry.actor, entry.seq, *bounds, self.ttl_ms, prio, *flat])
+        except redis.ResponseError as exc:
+            raise CacheError(f"replay store: {exc}") from exc
+        return Added(bool(out[0]), int(out[1]), int(out[2]))
+
+    def counters(self) -> dict[str, str]:
+        """The store's counters (arrival seq, evictions, peak bytes, highest priority): what a checkpoint keeps
+        beside the entries, for `set_counters` to put back."""
+        raw = self.client.hgetall(self.k[5])
+        return {_s(k): _s(v) for k, v in raw.items() if _s(k) in _COUNTERS}
+
+    def set_counters(self, counters: Mapping[str, str]) -> None:
+        unknown = set(counters) - set(_COUNTERS)
+        if unknown:
+            raise ValueError(f"replay store: unknown counters {sorted(unknown)}, expected some of {list(_COUNTERS)}")
+        if counters:
+            self.client.hset(self.k[5], mapping=dict(counters))
+            self.client.pexpire(self.k[5], self.ttl_ms)
 
     def read(self, rid: str) -> dict[bytes, bytes] | None:
         """A stored batch's stream fields, None once it was evicted."""

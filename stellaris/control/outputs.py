@@ -64,7 +64,7 @@ def stats(values: list[float]) -> tuple[float, float, float, float]:
     return float(a.max()), float(a.mean()), float(a.min()), float(a.std())
 
 
-def _rewrite(path: Path, columns: list[str], rows: list[dict[str, str]]) -> None:
+def rewrite_csv(path: Path, columns: list[str], rows: list[dict[str, str]]) -> None:
     """`path` as a CSV of `columns` holding `rows` (blank where a row lacks a column), replaced atomically."""
     text = io.StringIO()
     writer = csv.DictWriter(text, fieldnames=columns, restval="")
@@ -91,7 +91,7 @@ def _migrated(path: Path, columns: list[str]) -> list[str]:
             spill = max(spill, len(past))
     unnamed = [f"unnamed_{i + 1}" for i in range(spill)]
     merged = list(dict.fromkeys([*columns, *old, *unnamed]))
-    _rewrite(path, merged, rows)
+    rewrite_csv(path, merged, rows)
     return merged
 
 
@@ -116,7 +116,7 @@ class _Csv:
         with path.open(newline="") as f:
             rows = list(csv.DictReader(f))
         kept = [r for r in rows if keep(r)]
-        _rewrite(path, columns, kept)
+        rewrite_csv(path, columns, kept)
         self._append(path, columns)
         return len(rows) - len(kept)
 

@@ -5,7 +5,8 @@ importance weights travel on the round's tasks (`weigh`), one per batch, for the
 default, and every algorithm without replay settings) keeps today's rounds exactly: no replay key is written.
 
 Each round of a replaying run appends a row to `RUN/replay.csv`: fresh and replayed batches, the store's entries
-and payload bytes (now, peak, bound), evictions so far, and the replayed batches' mean importance weight.
+and payload bytes (now, peak, bound), evictions so far, and the replayed batches' mean importance weight. The store
+is checkpointed with the run (stellaris/control/replay_files.py), so a resumed run replays what the dead one held.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from typing import Any
 from cache import BatchMeta, JobCache, LearnerTask
 from cache.replay import ReplaySettings, make_pattern, replay_id
 from cache.replay.pattern import replay_count
+from stellaris.control.outputs import rewrite_csv
+from stellaris.control.replay_files import ReplayFiles
 
 REPLAY_COLUMNS = [
     "round",
@@ -43,6 +46,8 @@ class ReplayRounds:
         self.carry = 0.0  # the fraction of a replayed batch owed to the next round (`replay_count`)
         self.weights: dict[str, float] = {}  # replay id -> importance weight, of the last round's sample
         self.rows_path = out_dir / "replay.csv" if out_dir is not None and self.replays else None
+        self.files = ReplayFiles(out_dir) if out_dir is not None and self.replays else None
+        self.kept: list[str] = []  # replay ids the last checkpoint holds
 
     @property
     def replays(self) -> bool:
@@ -67,6 +72,33 @@ class ReplayRounds:
         if all(w == 1.0 for w in self.weights.values()):
             return list(tasks)
         return [replace(t, batch_weights=tuple(self.weights.get(b, 1.0) for b in t.batch_ids)) for t in tasks]
+
+    def checkpoint(self) -> dict[str, Any]:
+        """A checkpoint's replay section, after writing the batches no earlier checkpoint wrote; {} without replay."""
+        if self.files is None or self.pattern.store is None:
+            return {}
+        section = self.files.save(self.pattern.store) | {"pattern": self.pattern.state(), "carry": self.carry}
+        self.kept = [row[0] for row in section["entries"]]
+        return section
+
+    def checkpointed(self) -> None:
+        """The checkpoint's state.json is written: the files of batches it no longer holds go."""
+        if self.files is not None:
+            self.files.prune(self.kept)
+
+    def restore(self, section: Mapping[str, Any] | None, *, round_k: int) -> int:
+        """On resume from the checkpoint of round `round_k`: replay.csv loses the dead run's rows of later rounds,
+        and the store and the pattern get back what the checkpoint kept. Returns the entries put back."""
+        if self.rows_path is not None and self.rows_path.exists():
+            with self.rows_path.open(newline="") as f:
+                rows = list(csv.DictReader(f))
+            rewrite_csv(self.rows_path, REPLAY_COLUMNS, [r for r in rows if int(r["round"]) <= round_k])
+        if not section or self.files is None or self.pattern.store is None:
+            return 0
+        put = self.files.restore(self.pattern.store, section)
+        self.pattern.restore(section.get("pattern") or {})
+        self.carry = float(section.get("carry", 0.0))
+        return put
 
     def _record(self, round_k: int, fresh: int, ids: Sequence[str], weights: Sequence[float]) -> None:
         if self.rows_path is None or self.pattern.store is None:

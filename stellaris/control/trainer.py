@@ -110,6 +110,7 @@ class Trainer:
         spec = InitResult.from_dict(init.result).spec
         self.shape = RoundShape.of_spec(spec)
         self.replay = ReplayRounds(self.job, spec, seed=self.cfg.seed, out_dir=self.run.path)  # cache/replay
+        self.replay.restore(self.state.get("replay"), round_k=self.round)  # on resume: what the dead run's held
         self.run.write_config(self.cfg.model_dump(mode="json"), spec)
         # A round's gradients may all wait in the queue (the staleness rule can defer them to the round's flush),
         # so the gradient and task streams are sized for whole rounds, not the generic defaults.
@@ -252,8 +253,10 @@ class Trainer:
             "reward_scalers": self.reward_scalers,
             "elastic": self.elastic.state(),
             "learner_trigger": self.gate.state(),
+            "replay": self.replay.checkpoint(),  # writes the batches no earlier checkpoint wrote
         }
         self.run.checkpoint(state, policy, self.job.policies.optimizer_state())
+        self.replay.checkpointed()  # then the files of batches the new state.json no longer holds go
         self.last_policy = policy
 
     # -- teardown ---------------------------------------------------------------------------------------------

@@ -8,7 +8,7 @@ import threading
 import numpy as np
 import pytest
 
-from cache import CacheError, JobCache, TrajectoryBatch
+from cache import Cache, CacheError, JobCache, TrajectoryBatch
 from cache.records import TRAJECTORY_ARRAYS
 from cache.replay import ReplaySettings, ReplayStore, make_pattern, replay_id
 from cache.replay.fifo import fifo_choice
@@ -130,3 +130,40 @@ def test_full_batch_writes_no_replay_key(job: JobCache) -> None:
     bid = land(job)
     assert pattern.add([(bid, "a0")]) == 0 and pattern.sample(4, round_k=1).ids == ()
     assert list(job.client.scan_iter(match=job.keys.replay("*"))) == []
+
+
+def test_put_rebuilds_a_store_in_another_namespace_as_it_was(job: JobCache, cache_conn: Cache, job_id: str) -> None:
+    """What a checkpoint keeps (entries with seq and priority, their fields, the counters) put into a new job's
+    store gives the same entries, fields and counters; a later arrival continues after the restored seq and gets the
+    highest priority seen; a smaller bound evicts the oldest restored entries."""
+    s = store(job, capacity=3, prioritized=True)
+    ids = [land(job, actor=f"a{i % 2}", seed=i) for i in range(4)]
+    for i, bid in enumerate(ids):
+        s.add(bid, f"a{i % 2}")  # the fourth evicts the first
+    s.update_priorities({ids[1]: 7.5, ids[2]: 0.25})
+    held, counters = s.entries(), s.counters()
+    assert counters["seq"] == "4" and counters["evicted"] == "1" and float(counters["max_priority"]) == 7.5
+    other = JobCache(cache_conn.client, f"{job_id}-e1")
+    try:
+        t = store(other, capacity=3, prioritized=True)
+        for e in held:
+            assert t.put(e, s.read(e.rid) or {}).added
+        t.set_counters(counters)
+        assert t.entries() == held and t.state() == s.state() and t.check() == []
+        assert all(t.read(e.rid) == s.read(e.rid) for e in held)
+        assert not t.put(held[0], s.read(held[0].rid) or {}).added  # held already: nothing changes
+        bid = land(other, actor="a9", seed=9)
+        t.add(bid, "a9")
+        new = t.entries()[-1]
+        assert (new.rid, new.seq, new.priority) == (replay_id(bid), 5, 7.5)
+        small = JobCache(cache_conn.client, f"{job_id}-e2")
+        try:
+            u = store(small, capacity=2)
+            assert [u.put(e, s.read(e.rid) or {}).evicted for e in held] == [0, 0, 1]
+            assert [e.rid for e in u.entries()] == [e.rid for e in held[1:]] and u.check() == []
+        finally:
+            small.delete()
+    finally:
+        other.delete()
+    with pytest.raises(ValueError, match="unknown counters"):
+        s.set_counters({"bytes": "0"})  # bytes follow the entries: never set from outside
