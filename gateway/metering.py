@@ -39,7 +39,7 @@ class Metrics:
         self.cost_usd = Counter("stellaris_cost_usd", "Charged cost", ["function"], registry=r)
         self.instance_deaths = Counter(
             "stellaris_instance_deaths",
-            "Instances found dead: during a call, or idle when a call looked for one",
+            "Instances found dead: during a call (call), idle on a call's way (idle), or by the idle sweep (sweep)",
             ["function", "found"],
             registry=r,
         )

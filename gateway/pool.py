@@ -16,17 +16,16 @@ from gateway.admission import Admission
 from gateway.backends.base import Backend, BackendError, InstanceHandle
 from gateway.instances import Live, reuse_order
 from gateway.invocation import InstanceUnreachable, InvocationFailed, Outcome, post_event
+from gateway.liveness import IdleProbes
 from gateway.metering import Metrics
 from gateway.models import FunctionSpec, Status
 
-# An idle instance older than this is probed with backend.alive() before reuse: a crash while idle fails no call.
-PROBE_IDLE_AFTER_S = 1.0
 # The gateway waits this much longer than the function's timeout_s, so that the runtime's own 504 arrives first.
 ANSWER_MARGIN_S = 5.0
 _LATE_STOPS: set[asyncio.Task[None]] = set()
 
 
-class FunctionPool:
+class FunctionPool(IdleProbes):
     def __init__(
         self,
         spec: FunctionSpec,
@@ -50,6 +49,7 @@ class FunctionPool:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._closed = False
         self._stop_late_starts = True
+        self.swept_dead = 0  # found dead by probe_idle, not yet reported by a call
 
     # -- invocation -------------------------------------------------------------------------------------------
     async def invoke(
@@ -58,7 +58,8 @@ class FunctionPool:
         """Run one call: `admitted` when `admission.admit()` already took its place; `affinity`: reuse the instance
         that last served that key if it is idle (gateway/instances.py)."""
         async with self.admission.slot(admitted=admitted) as accepted:
-            dead: list[str] = []  # idle instances this call finds dead on its way
+            dead = ["swept"] * self.swept_dead  # idle instances found dead since the last call, and on its way
+            self.swept_dead = 0
             live, cold, init_s = await self._take_instance(affinity, dead)
             live.affinity = affinity or live.affinity
             wait_s = time.monotonic() - accepted - (init_s or 0.0)
@@ -85,12 +86,11 @@ class FunctionPool:
         for live in reuse_order(self.instances.values(), affinity):
             if live.in_flight >= self.spec.concurrency_per_instance:
                 continue
-            stale = live.in_flight == 0 and time.monotonic() - live.idle_since > PROBE_IDLE_AFTER_S
-            if stale and not await asyncio.to_thread(self.backend.alive, live.handle):
+            if self._stale(live) and await self._found_dead(live, "idle"):
                 dead.append(live.handle.id)
-                self.metrics.instance_deaths.labels(self.spec.name, "idle").inc()
-                await self._discard(live, replace=True)
                 continue
+            if live.in_flight >= self.spec.concurrency_per_instance or live.handle.id not in self.instances:
+                continue  # taken or discarded by another call while this one probed it
             if live.expiry is not None:
                 live.expiry.cancel()
                 live.expiry = None

@@ -66,6 +66,18 @@ class Gateway:
         await self.adopt_survivors()
         for pool in list(self.pools.values()):
             self.spawn(pool.ensure_min_warm())
+        if self.settings.idle_probe_s > 0:
+            self.spawn(self._sweep_idle(self.settings.idle_probe_s))
+
+    async def _sweep_idle(self, every_s: float) -> None:
+        """Idle instances that died are found and replaced between calls (gateway/liveness.py)."""
+        while True:
+            await asyncio.sleep(every_s)
+            for pool in list(self.pools.values()):
+                try:
+                    await pool.probe_idle()
+                except Exception:  # a backend's probe failing must not end the sweep; the next round tries again
+                    log.exception("probing the idle instances of %r failed", pool.spec.name)
 
     async def adopt_survivors(self) -> Survivors:
         """Each instance that outlived the last gateway run goes to its own function's pool (gateway/discovery.py),

@@ -99,6 +99,13 @@ class GatewaySettings(BaseSettings):
         "variables ({} for none), so that their first instance need not wait for one; None: at the first instance",
     )
     spec_refresh_s: float = Field(default=2.0, ge=0, description="how stale a worker's copy of a spec may get")
+    idle_probe_s: float = Field(
+        default=10.0,
+        ge=0,
+        le=3600,
+        description="every this many seconds, idle instances are probed and the dead ones replaced (min_warm kept "
+        "while no call comes); 0: only a call about to reuse one probes it",
+    )
     # Docker backend: host-Python mode runs the project's own interpreter from read-only bind mounts (bare images).
     docker_python: str | None = Field(default=None, description="interpreter path inside the container")
     docker_volumes: dict[str, str] = Field(default_factory=dict, description="host path -> container path (ro)")

@@ -13,8 +13,8 @@ import pytest
 
 from cache import Cache
 from gateway.client import GatewayClient, GatewayError
+from gateway.liveness import PROBE_IDLE_AFTER_S
 from gateway.models import FunctionSpec
-from gateway.pool import PROBE_IDLE_AFTER_S
 from tests.gateway.conftest import RunningGateway, start_gateway, stop_gateway
 from tests.procs import pid_alive, wait_pid_gone
 
@@ -185,21 +185,39 @@ def test_killed_instance_fails_its_call_with_502_and_is_replaced(
     assert f'stellaris_instance_deaths_total{{found="call",function="{fname}"}} 1.0' in client.metrics()
 
 
-def test_an_instance_killed_while_idle_is_replaced_and_counted_by_the_call_that_finds_it(
-    client: GatewayClient, fname: str
-) -> None:
-    client.register(spec(fname))
-    _, first = client.invoke_metered(fname, {})
-    assert first.found_dead == 0
-    [victim] = pids(client, fname)
-    os.kill(victim, signal.SIGKILL)
-    assert wait_pid_gone(victim, 30)
-    time.sleep(PROBE_IDLE_AFTER_S + 0.1)  # only an instance idle this long is probed before reuse (a time, no event)
-    _, meter = client.invoke_metered(fname, {})  # no call fails: the probe finds it dead first
-    assert meter.found_dead == 1 and meter.instance != first.instance and victim not in pids(client, fname)
-    assert f'stellaris_instance_deaths_total{{found="idle",function="{fname}"}} 1.0' in client.metrics()
-    _, meter = client.invoke_metered(fname, {})
-    assert meter.found_dead == 0  # counted once, by the call that found it
+@pytest.mark.parametrize("probe_s", ["0", "0.2"], ids=["by-the-next-call", "by-the-sweep"])
+def test_an_instance_killed_while_idle_is_replaced_and_counted_once(redis_server, fname: str, probe_s: str) -> None:
+    """Killed while idle. Without the sweep, the next call's probe finds it dead (`idle`) and a replacement serves
+    that call. With it, the sweep finds it and starts a replacement before any call comes (`sweep`: min_warm kept).
+    Either way no call fails, and the next call reports the death once, in found_dead."""
+    gw = start_gateway(redis_server.url, STELLARIS_GATEWAY_IDLE_PROBE_S=probe_s)
+    try:
+        with gw.client() as client:
+            client.register(spec(fname, min_warm=1))
+            _, first = client.invoke_metered(fname, {})
+            assert first.found_dead == 0
+            [victim] = pids(client, fname)
+            os.kill(victim, signal.SIGKILL)
+            assert wait_pid_gone(victim, 30)
+            found = "idle" if probe_s == "0" else "sweep"
+            if found == "idle":
+                time.sleep(PROBE_IDLE_AFTER_S + 0.1)  # only an instance idle this long is probed (a time, no event)
+            else:  # no call at all: the sweep's replacement shows in the pool's status (polled: no event to await)
+                deadline = time.monotonic() + 30
+                while not (pids(client, fname) and victim not in pids(client, fname)):
+                    assert time.monotonic() < deadline, "the sweep replaced no dead idle instance"
+                    time.sleep(0.05)
+                [replacement] = pids(client, fname)
+            _, meter = client.invoke_metered(fname, {})  # no call fails: the probe finds it dead first
+            assert meter.found_dead == 1 and meter.instance != first.instance and victim not in pids(client, fname)
+            if found == "sweep":
+                assert pids(client, fname) == [replacement]  # the call ran on the sweep's replacement, warm
+                assert meter.cold is False
+            assert f'stellaris_instance_deaths_total{{found="{found}",function="{fname}"}} 1.0' in client.metrics()
+            _, meter = client.invoke_metered(fname, {})
+            assert meter.found_dead == 0  # counted once
+    finally:
+        stop_gateway(gw)
 
 
 def test_deleting_a_function_stops_the_instances_still_starting(
