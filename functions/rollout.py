@@ -160,16 +160,11 @@ def _step_each(
     return info
 
 
-def _step_into(
-    envs: gym.vector.VectorEnv,
-    actions: np.ndarray,
-    obs: np.ndarray,
-    rewards: np.ndarray,
-    terms: np.ndarray,
-    truncs: np.ndarray,
-) -> dict[str, Any]:
-    """The vector env's own `step`, its arrays copied into the given rows."""
-    obs[...], rewards[...], terms[...], truncs[...], info = envs.step(actions)
+def _step_into(envs: gym.vector.VectorEnv, actions: np.ndarray, *rows: np.ndarray) -> dict[str, Any]:
+    """The vector env's own `step`, its observations, rewards, terminations and truncations copied into `rows`."""
+    *arrays, info = envs.step(actions)
+    for row, array in zip(rows, arrays, strict=True):
+        row[...] = array
     return dict(info)
 
 

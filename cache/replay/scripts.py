@@ -70,19 +70,30 @@ local function insert(rid, actor, fields, seq, prio, cap, bmax, per, what)
   end
   return evicted, bytes
 end
+
+local function held(rid)  -- the reply for an entry the store has already
+  if redis.call('HEXISTS', KEYS[2], rid) == 0 then return nil end
+  return {0, 0, tonumber(redis.call('HGET', KEYS[6], 'bytes') or 0)}
+end
+
+local function added(ttl, evicted, bytes)  -- insert's outcome as the reply
+  if not evicted then return redis.error_reply(bytes) end
+  touch(ttl)
+  return {1, evicted, bytes}
+end
 """
+
+_STORE = _EVICT + _TOUCH + _INSERT  # what ADD and PUT share
 
 # KEYS 1-6 as above, 7 the job's trajectory stream. ARGV: stream id, replay id, actor, capacity, bytes max, per-actor
 # max (0: none), ttl ms, prioritized (1/0). Copies the landed batch (it must still be on the stream: before its ack)
 # and evicts, oldest first, the actor's entries over its per-actor bound and then any entry over the count or byte
 # bound. Returns {added (1/0), evicted, bytes after}; a batch larger than the whole byte bound is an error.
 ADD = (
-    _EVICT
-    + _TOUCH
-    + _INSERT
+    _STORE
     + """
 local rid = ARGV[2]
-if redis.call('HEXISTS', KEYS[2], rid) == 1 then return {0, 0, tonumber(redis.call('HGET', KEYS[6], 'bytes') or 0)} end
+if held(rid) then return held(rid) end
 local src = redis.call('XRANGE', KEYS[7], ARGV[1], ARGV[1])
 if #src == 0 then return redis.error_reply('GONE trajectory batch ' .. ARGV[1] .. ' is not on the stream') end
 local prio = nil
@@ -90,11 +101,8 @@ if ARGV[8] == '1' then
   -- A new entry gets the highest priority seen, so it is sampled at least about as often as any other (PER).
   prio = tonumber(redis.call('HGET', KEYS[6], 'max_priority') or 1)
 end
-local evicted, bytes = insert(rid, ARGV[3], src[1][2], nil, prio, tonumber(ARGV[4]), tonumber(ARGV[5]),
-  tonumber(ARGV[6]), 'batch ' .. ARGV[1])
-if not evicted then return redis.error_reply(bytes) end
-touch(ARGV[7])
-return {1, evicted, bytes}
+return added(ARGV[7], insert(rid, ARGV[3], src[1][2], nil, prio, tonumber(ARGV[4]), tonumber(ARGV[5]),
+  tonumber(ARGV[6]), 'batch ' .. ARGV[1]))
 """
 )
 
@@ -102,19 +110,14 @@ return {1, evicted, bytes}
 # ('': none), then the batch's fields (flat). Puts back an entry a checkpoint kept, with its arrival seq, evicting as
 # ADD does. Returns {added (1/0), evicted, bytes after}.
 PUT = (
-    _EVICT
-    + _TOUCH
-    + _INSERT
+    _STORE
     + """
 local rid = ARGV[1]
-if redis.call('HEXISTS', KEYS[2], rid) == 1 then return {0, 0, tonumber(redis.call('HGET', KEYS[6], 'bytes') or 0)} end
+if held(rid) then return held(rid) end
 local fields = {}
 for i = 9, #ARGV do fields[#fields + 1] = ARGV[i] end
-local evicted, bytes = insert(rid, ARGV[2], fields, tonumber(ARGV[3]), tonumber(ARGV[8]), tonumber(ARGV[4]),
-  tonumber(ARGV[5]), tonumber(ARGV[6]), 'replayed batch ' .. rid)
-if not evicted then return redis.error_reply(bytes) end
-touch(ARGV[7])
-return {1, evicted, bytes}
+return added(ARGV[7], insert(rid, ARGV[2], fields, tonumber(ARGV[3]), tonumber(ARGV[8]), tonumber(ARGV[4]),
+  tonumber(ARGV[5]), tonumber(ARGV[6]), 'replayed batch ' .. rid))
 """
 )
 
