@@ -24,7 +24,7 @@ class IdleProbes:
     backend: Backend
     metrics: Metrics
     instances: dict[str, Live]
-    swept_dead: int  # found dead by the sweep, not yet reported by a call
+    swept: list[str]  # ids of instances the sweep found dead, not yet reported by a call
 
     async def _discard(self, live: Live, *, replace: bool, kill: bool = False) -> None: ...
 
@@ -41,11 +41,12 @@ class IdleProbes:
         await self._discard(live, replace=True)
         return True
 
-    async def probe_idle(self) -> int:
+    async def probe_idle(self) -> list[str]:
         """The sweep: every stale idle instance probed, the dead replaced before a call needs them; the pool's next
-        call reports them (`Outcome.found_dead`). Returns how many were dead."""
-        dead = 0
+        call reports them (`Outcome.found_dead`). Returns the ids of the dead."""
+        dead = []
         for live in [lv for lv in self.instances.values() if self._stale(lv)]:
-            dead += await self._found_dead(live, "sweep")
-        self.swept_dead += dead
+            if await self._found_dead(live, "sweep"):
+                dead.append(live.handle.id)
+        self.swept += dead
         return dead

@@ -49,7 +49,7 @@ class FunctionPool(IdleProbes):
         self._tasks: set[asyncio.Task[Any]] = set()
         self._closed = False
         self._stop_late_starts = True
-        self.swept_dead = 0  # found dead by probe_idle, not yet reported by a call
+        self.swept: list[str] = []  # found dead by probe_idle, not yet reported by a call
 
     # -- invocation -------------------------------------------------------------------------------------------
     async def invoke(
@@ -58,8 +58,7 @@ class FunctionPool(IdleProbes):
         """Run one call: `admitted` when `admission.admit()` already took its place; `affinity`: reuse the instance
         that last served that key if it is idle (gateway/instances.py)."""
         async with self.admission.slot(admitted=admitted) as accepted:
-            dead = ["swept"] * self.swept_dead  # idle instances found dead since the last call, and on its way
-            self.swept_dead = 0
+            dead, self.swept = self.swept, []  # idle instances found dead since the last call, and on its way
             live, cold, init_s = await self._take_instance(affinity, dead)
             live.affinity = affinity or live.affinity
             wait_s = time.monotonic() - accepted - (init_s or 0.0)
