@@ -11,7 +11,7 @@ import uvicorn
 
 from cache.contract.runtime_http import READY_PREFIX
 from gateway.app import create_app
-from gateway.protocol import timed_h11
+from gateway.protocol import timed_httptools
 from gateway.settings import GatewaySettings
 
 BACKLOG = 2048  # uvicorn's own default
@@ -41,7 +41,7 @@ def serve(settings: GatewaySettings, *, ready_line: bool = True, log_level: str 
 
     config = uvicorn.Config(
         app, log_level=log_level, access_log=False, timeout_graceful_shutdown=30, backlog=BACKLOG,
-        http=timed_h11(settings.header_timeout_s),
+        http=timed_httptools(settings.header_timeout_s),
     )  # fmt: skip
     server = uvicorn.Server(config)
     signal.signal(signal.SIGTERM, lambda *_: setattr(server, "should_exit", True))

@@ -336,3 +336,31 @@ def test_slow_request_heads_and_stalled_bodies_are_cut_off(redis_server, fname: 
             assert client.invoke(fname, {"ok": 1})["event"] == {"ok": 1}  # normal calls are unaffected
     finally:
         stop_gateway(gw)
+
+
+def test_a_pipelined_request_is_not_cut_off_by_the_head_deadline(redis_server, fname: str) -> None:
+    """Two requests in one write (HTTP/1.1 pipelining) and header_timeout_s 1: the second's head came with the first,
+    so the deadline for a next head is not armed while it runs (2 s); both answers arrive, in order."""
+    gw = start_gateway(redis_server.url, STELLARIS_GATEWAY_HEADER_TIMEOUT_S="1")
+    try:
+        with gw.client() as client:
+            client.register(spec(fname, "sleep", timeout_s=30))
+        sock = _raw(gw.url)
+
+        def request(seconds: float) -> bytes:
+            body = f'{{"seconds": {seconds}}}'.encode()
+            head = f"POST /function/{fname} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer test-token\r\n"
+            return (head + f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n").encode() + body
+
+        sock.sendall(request(0) + request(2))
+        answer = b""
+        while answer.count(b"HTTP/1.1 200") < 2 or not answer.rstrip().endswith(b"}"):
+            chunk = sock.recv(4096)
+            if not chunk:
+                break
+            answer += chunk
+        sock.close()
+        assert answer.count(b"HTTP/1.1 200") == 2, answer[-300:]
+        assert answer.index(b'{"slept_s": 0}') < answer.index(b'{"slept_s": 2}'), answer
+    finally:
+        stop_gateway(gw)
