@@ -45,7 +45,7 @@ INVOCATION_COLUMNS = [
 ]  # fmt: skip
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
+def atomic_write(path: Path, data: bytes) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_bytes(data)
     os.replace(tmp, path)
@@ -70,7 +70,7 @@ def rewrite_csv(path: Path, columns: list[str], rows: list[dict[str, str]]) -> N
     writer = csv.DictWriter(text, fieldnames=columns, restval="")
     writer.writeheader()
     writer.writerows(rows)
-    _atomic_write(path, text.getvalue().encode())
+    atomic_write(path, text.getvalue().encode())
 
 
 def _migrated(path: Path, columns: list[str]) -> list[str]:
@@ -182,7 +182,7 @@ class RunDir:
     def write_config(self, config: dict[str, Any], spec: dict[str, Any]) -> None:
         text = yaml.safe_dump({"config": config, "job_spec": spec}, sort_keys=False)
         self.wrote_config = self.wrote_config or not (self.path / "config.yaml").exists()
-        _atomic_write(self.path / "config.yaml", text.encode())
+        atomic_write(self.path / "config.yaml", text.encode())
 
     def record_invocations(self, acts: list[Activation]) -> None:
         self.invocations.write(
@@ -212,11 +212,11 @@ class RunDir:
         names them: a crash at any point leaves state.json naming a complete, matching set. Older sets go last."""
         tag = f"r{int(state['round']):06d}"
         files = {"policy_file": f"policy-{tag}.bin"}
-        _atomic_write(self.path / files["policy_file"], policy)
+        atomic_write(self.path / files["policy_file"], policy)
         if optimizer:
             files["optimizer_file"] = f"optimizer-{tag}.bin"
-            _atomic_write(self.path / files["optimizer_file"], optimizer)
-        _atomic_write(self.path / "state.json", json.dumps({**state, **files}, indent=2).encode())
+            atomic_write(self.path / files["optimizer_file"], optimizer)
+        atomic_write(self.path / "state.json", json.dumps({**state, **files}, indent=2).encode())
         for old in [*self.path.glob("policy-r*.bin"), *self.path.glob("optimizer-r*.bin")]:
             if old.name not in files.values():
                 old.unlink(missing_ok=True)

@@ -7,17 +7,16 @@ always names files that exist, and the disk holds at most the store's bound (`re
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from safetensors import SafetensorError, safe_open
-from safetensors.numpy import save_file
+from safetensors.numpy import save
 
 from cache.replay import ReplayEntry, ReplayStore
-from stellaris.control.outputs import RunDirError
+from stellaris.control.outputs import RunDirError, atomic_write
 
 FOLDER = "replay"
 SUFFIX = ".safetensors"
@@ -56,9 +55,7 @@ class ReplayFiles:
 
     def _write(self, rid: str, fields: Mapping[bytes, bytes]) -> None:
         arrays = {_name(k): np.frombuffer(v, dtype=np.uint8) for k, v in fields.items()}
-        tmp = self.path(rid).with_suffix(".tmp")
-        save_file(arrays, tmp, metadata={"fields": json.dumps([_name(k) for k in fields])})
-        os.replace(tmp, self.path(rid))
+        atomic_write(self.path(rid), save(arrays, metadata={"fields": json.dumps([_name(k) for k in fields])}))
 
     def prune(self, keep: Iterable[str]) -> int:
         """Remove the files of batches the written state.json no longer holds (and any half-written one)."""
