@@ -124,8 +124,8 @@ def main(env: str = "Hopper-v5", batches: int = 1, repeats: int = 12) -> None:
         r = measure(cache, env, batches, repeats)
     print(
         f"{r.env_id}: actor function {r.platform_steps_per_s:,.0f} env steps/s, bare gymnasium loop "
-        f"{r.bare_steps_per_s:,.0f} env steps/s, ratio {r.ratio:.2f}x "
-        f"(median of {len(r.pair_ratios)} A/B pairs, range {min(r.pair_ratios):.2f}–{max(r.pair_ratios):.2f}x); "
+        f"{r.bare_steps_per_s:,.0f} env steps/s, ratio {r.ratio:.3f}x "
+        f"(median of {len(r.pair_ratios)} A/B pairs, range {min(r.pair_ratios):.3f}–{max(r.pair_ratios):.3f}x); "
         f"by CPU time {r.cpu_ratio:.2f}x (range {min(r.cpu_pair_ratios):.2f}–{max(r.cpu_pair_ratios):.2f}x)"
     )
 

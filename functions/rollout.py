@@ -235,15 +235,13 @@ def collect(
             cut = np.flatnonzero(np.logical_and(truncs[t], np.logical_not(terms[t])))
             if cut.size:
                 final = np.stack([info["final_obs"][i] for i in cut]).astype(obs_buf.dtype)
-                with torch.no_grad():
-                    trunc_values[t, cut] = policy.value(torch.as_tensor(final)).numpy()
+                trunc_values[t, cut] = sample.value(torch.as_tensor(final)).numpy()
     assert actions is not None  # steps >= 1
     done = np.logical_or(terms, truncs)
     tracker.step(env_rewards, done)
     rewards = env_rewards if reward_scaler is None else reward_scaler(env_rewards, done)
     obs = obs_buf[steps].copy()
-    with torch.no_grad():
-        last_values = policy.value(torch.as_tensor(obs)).numpy().astype(np.float32)
+    last_values = sample.value(torch.as_tensor(obs)).numpy().astype(np.float32)
     arrays = {
         "observations": obs_buf[:steps],
         "actions": actions,

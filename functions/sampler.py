@@ -69,13 +69,23 @@ class Sampler:
                 self.gaussian = (std, std.log(), 2 * std**2)  # log σ as Normal takes it: the log of exp(log_std)
         self.log_sqrt_2pi = math.log(math.sqrt(2 * math.pi))
 
-    @torch.inference_mode()
-    def __call__(self, obs: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """``(action, log_prob, value)`` for a batch of observations, as ``act(obs)``."""
+    def _features(self, obs: Tensor) -> Tensor:
         features = _run(self.encode, obs)
         if self.normalizer is not None:
             mean, std, clip = self.normalizer
             features = torch.clamp((features - mean) / std, -clip, clip).to(features.dtype)
+        return features
+
+    @torch.inference_mode()
+    def value(self, obs: Tensor) -> Tensor:
+        """V(s), ``[B]``, as ``ActorCritic.value``: the module call costs about 6 ms once a rollout has left the
+        modules untouched for a batch, against 0.1 ms for these plain calls."""
+        return _run(self.critic, self._features(obs)).squeeze(-1)
+
+    @torch.inference_mode()
+    def __call__(self, obs: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """``(action, log_prob, value)`` for a batch of observations, as ``act(obs)``."""
+        features = self._features(obs)
         out = _run(self.actor, features)
         if self.gaussian is None:
             log_pmf = out - out.logsumexp(dim=-1, keepdim=True)

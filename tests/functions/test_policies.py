@@ -236,6 +236,8 @@ def test_sampler_equals_act_for_a_fixed_seed(
     with torch.no_grad():
         torch.testing.assert_close(log_prob, policy.distribution(obs).log_prob(action), atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(value, policy.value(obs))
+        # V alone (a rollout's last and truncated observations) is the module's, bit for bit
+        assert torch.equal(sample.value(obs), policy.value(obs)) and sample.value(obs).is_inference()
 
 
 def test_sampler_log_prob_by_hand_and_snapshot() -> None:

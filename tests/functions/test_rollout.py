@@ -159,6 +159,7 @@ def test_one_batched_policy_call_per_step(monkeypatch: pytest.MonkeyPatch) -> No
             batch_sizes.append(len(obs))
             return sample(obs)
 
+        call.value = sample.value  # type: ignore[attr-defined]  # V of the last and the truncated observations
         return call  # type: ignore[return-value]
 
     monkeypatch.setattr(policy, "sampler", counting_sampler)
