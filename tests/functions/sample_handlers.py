@@ -56,6 +56,7 @@ def process(event: dict[str, Any], ctx: Context) -> dict[str, Any]:
         "ppid": os.getppid(),
         "cwd": os.getcwd(),
         "rlimit_data": resource.getrlimit(resource.RLIMIT_DATA)[0],
+        "gc_frozen": __import__("gc").get_freeze_count(),  # objects no full collection of this process walks
         "env": {name: os.environ.get(name) for name in event.get("env", [])},
         "torch_threads": __import__("torch").get_num_threads() if event.get("torch") else None,
         # A draw from NumPy's and torch's global generators, unseeded by the process itself.

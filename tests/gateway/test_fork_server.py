@@ -75,6 +75,7 @@ def test_a_forked_instance_has_its_own_env_limits_and_command_line(backend: Proc
         assert got["env"] == {"STELLARIS_DEVICE": "cpu", "STELLARIS_INSTANCE_ID": handle.id, "REDIS_URL": None}
         assert got["cwd"] == str(ROOT)
         assert got["rlimit_data"] == 3 << 30
+        assert got["gc_frozen"] > 10_000  # what the server imported (torch's objects among them) is frozen
         cmdline = Path(f"/proc/{handle.pid}/cmdline").read_bytes().rstrip(b"\0").decode()
         assert cmdline == f"{sys.executable} -m functions.runtime --handler tests.functions.sample_handlers:process " \
             "--port 0 --concurrency 1 --timeout-s 60"  # fmt: skip
@@ -135,6 +136,7 @@ def test_beyond_fork_servers_an_instance_starts_a_fresh_interpreter() -> None:
         assert isinstance(b._procs[fresh.id], subprocess.Popen)
         got = _call(fresh, {"env": ["OMP_NUM_THREADS"], "torch": True})
         assert got["ppid"] == os.getpid() and got["torch_threads"] == 1
+        assert got["gc_frozen"] == 0  # nothing froze a fresh interpreter's imports
     finally:
         for proc in b._procs.values():
             proc.kill()
