@@ -12,6 +12,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
+from functions.networks import FlattenObs
 from functions.policies import ActorCritic
 
 
@@ -180,6 +181,15 @@ def _stepper(envs: gym.vector.VectorEnv) -> Stepper:
     return partial(_step_into, envs)
 
 
+def _stored_dtype(policy: ActorCritic, dtype: np.dtype) -> np.dtype:
+    """float64 observations (MuJoCo's) are kept as float32 where the policy's encoder casts them to float32 first
+    (`FlattenObs`): the sampler, the learners and the normaliser's moments all read them through it, so they see
+    the same values, and a batch has 37 % fewer bytes to write, push and read (Hopper). Others stay as they come."""
+    if isinstance(policy.encoder, FlattenObs) and dtype == np.float64:
+        return np.dtype(np.float32)
+    return dtype
+
+
 def collect(
     policy: ActorCritic,
     envs: gym.vector.VectorEnv,
@@ -208,7 +218,7 @@ def collect(
         raise ValueError(f"a rollout needs at least 1 step, got steps={steps}")
     n = envs.num_envs
     # Each step's observation; the envs write the next one in place, and the last is the next rollout's first.
-    obs_buf = np.empty((steps + 1, *obs.shape), dtype=obs.dtype)
+    obs_buf = np.empty((steps + 1, *obs.shape), dtype=_stored_dtype(policy, obs.dtype))
     obs_buf[0] = obs
     env_rewards = np.empty((steps, n), np.float64)
     terms = np.empty((steps, n), bool)

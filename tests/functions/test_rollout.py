@@ -80,8 +80,10 @@ def _reference_collect(
             strict=True,
         ):
             out[key].append(item)
+    # Observations as the MLP's encoder reads them: float64 (MuJoCo's) kept as float32, the rest as they come.
+    stored = np.float32 if obs.dtype == np.float64 else obs.dtype
     arrays = {
-        "observations": np.stack(out["obs"]),
+        "observations": np.stack(out["obs"]).astype(stored),
         "actions": np.stack(out["act"]),
         "rewards": np.stack(out["rew"]).astype(np.float32),
         "terminations": np.stack(out["term"]),
@@ -89,7 +91,7 @@ def _reference_collect(
         "behaviour_log_probs": np.stack(out["logp"]),
         "values": np.stack(out["val"]),
         "truncation_values": np.stack(out["tval"]),
-        "last_observations": obs,
+        "last_observations": obs.astype(stored),
         "last_values": policy.value(torch.as_tensor(obs)).detach().numpy(),
     }
     return arrays, obs
@@ -142,6 +144,7 @@ def test_collect_matches_the_step_by_step_reference(
         np.testing.assert_array_equal(fast_scaler[3], ref_scaler[3])
     if env_id == "Hopper-v5":
         batches = [r[0] for r in fast_results]
+        assert all(b["observations"].dtype == b["last_observations"].dtype == np.float32 for b in batches)
         assert any(b["truncations"].any() and b["truncation_values"].any() for b in batches)
         assert any(b["terminations"].any() for b in batches)
 
