@@ -24,6 +24,33 @@ def override_problems(request: dict[str, Any]) -> str | None:
         seen: dict[str, None] = {}
         for error in exc.errors():
             where = ".".join(["overrides", *(str(part) for part in error["loc"])])
-            seen[f"{where}: {error['msg'].removeprefix('Value error, ')}"] = None
+            hint = (
+                _unknown_field_hint(error["loc"], str(request.get("algo", "ppo")))
+                if error["type"] == "extra_forbidden"
+                else ""
+            )
+            seen[f"{where}: {error['msg'].removeprefix('Value error, ')}{hint}"] = None
         return "; ".join(seen)
     return None
+
+
+def _unknown_field_hint(loc: tuple[int | str, ...], algo: str) -> str:
+    """For a field no config has where it was written: the algorithms that have it there, and the near spellings
+    of fields that exist (e.g. ` (a setting of impact and appo; this job's --algo is ppo)`, ` (did you mean: lr?)`)."""
+    from difflib import get_close_matches
+
+    from functions.algos.config import CONFIGS, NetworkConfig, StellarisConfig
+
+    name, section = str(loc[-1]), str(loc[0]) if len(loc) == 2 else None
+    nested = {"stellaris": StellarisConfig, "network": NetworkConfig}
+    if section in nested:
+        owners, fields = [], list(nested[section].model_fields)
+    elif section is None and algo in CONFIGS:
+        owners = [a for a, config in CONFIGS.items() if a != algo and name in config.model_fields]
+        fields = [f for f in CONFIGS[algo].model_fields if f != "algo"]
+    else:
+        return ""
+    parts = [f"a setting of {' and '.join(owners)}; this job's --algo is {algo}"] if owners else []
+    if close := get_close_matches(name, fields, n=3):
+        parts.append(f"did you mean: {', '.join(close)}?")
+    return f" ({'; '.join(parts)})" if parts else ""

@@ -77,8 +77,20 @@ def test_a_malformed_set_is_named(given: str, message: str) -> None:
 @pytest.mark.parametrize(
     ("yaml_text", "sets", "message"),
     [
-        ("overrides: {lrr: 0.1}\n", None, "invalid configuration: overrides.lrr: Extra inputs are not permitted"),
-        ("", {"stellaris": {"dd": 1}}, "invalid configuration: overrides.stellaris.dd: Extra inputs are not permitted"),
+        ("overrides: {lrr: 0.1}\n", None, "overrides.lrr: Extra inputs are not permitted (did you mean: lr?)"),
+        ("", {"stellaris": {"dd": 1}}, "overrides.stellaris.dd: Extra inputs are not permitted (did you mean: d?)"),
+        (
+            "",
+            {"network": {"hiden": [8]}},
+            "overrides.network.hiden: Extra inputs are not permitted (did you mean: hidden?)",
+        ),
+        (
+            "",
+            {"replay_ratio": 0.5},
+            "overrides.replay_ratio: Extra inputs are not permitted (a setting of impact and appo; this job's --algo "
+            "is ppo)",
+        ),
+        ("", {"zzz": 1}, "invalid configuration: overrides.zzz: Extra inputs are not permitted"),
         ("", {"lr": -1}, "invalid configuration: overrides.lr: Input should be greater than 0"),
         (
             "overrides: {network: {hidden: [64, 0]}}\n",
@@ -95,6 +107,7 @@ def test_every_override_is_checked_up_front_and_named(
     with pytest.raises(ConfigError) as err:
         load_config(_yaml(tmp_path, yaml_text), {}, sets=sets)
     assert message in str(err.value) and "\n" not in str(err.value), err.value
+    assert "(" not in str(err.value) or "(" in message  # a hint only where a field or an algorithm is near
 
 
 def _closed_port() -> int:
