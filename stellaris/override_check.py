@@ -41,13 +41,13 @@ def _unknown_field_hint(loc: tuple[int | str, ...], algo: str) -> str:
 
     from functions.algos.config import CONFIGS, NetworkConfig, StellarisConfig
 
-    name, section = str(loc[-1]), str(loc[0]) if len(loc) == 2 else None
+    name = str(loc[-1])
     nested = {"stellaris": StellarisConfig, "network": NetworkConfig}
-    if section in nested:
-        owners, fields = [], list(nested[section].model_fields)
-    elif section is None and algo in CONFIGS:
+    if len(loc) == 1 and algo in CONFIGS:
         owners = [a for a, config in CONFIGS.items() if a != algo and name in config.model_fields]
         fields = [f for f in CONFIGS[algo].model_fields if f != "algo"]
+    elif len(loc) == 2 and loc[0] in nested:
+        owners, fields = [], list(nested[str(loc[0])].model_fields)
     else:
         return ""
     parts = [f"a setting of {' and '.join(owners)}; this job's --algo is {algo}"] if owners else []
