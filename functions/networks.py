@@ -18,8 +18,10 @@ _ACTIVATIONS: dict[str, type[nn.Module]] = {"tanh": nn.Tanh, "relu": nn.ReLU}
 class FlattenObs(nn.Module):
     """Vector observations as float32 ``[B, D]``."""
 
+    dtype = torch.float32  # what every reader of the observations sees: the sampler and the rollout's storage use it
+
     def forward(self, obs: Tensor) -> Tensor:
-        return obs.to(torch.float32).flatten(start_dim=1)
+        return obs.to(self.dtype).flatten(start_dim=1)
 
 
 class OneHotObs(nn.Module):

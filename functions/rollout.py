@@ -185,7 +185,8 @@ def _stored_dtype(policy: ActorCritic, dtype: np.dtype) -> np.dtype:
     """float64 observations (MuJoCo's) are kept as float32 where the policy's encoder casts them to float32 first
     (`FlattenObs`): the sampler, the learners and the normaliser's moments all read them through it, so they see
     the same values, and a batch has 37 % fewer bytes to write, push and read (Hopper). Others stay as they come."""
-    if isinstance(policy.encoder, FlattenObs) and dtype == np.float64:
+    encoder = policy.encoder
+    if isinstance(encoder, FlattenObs) and encoder.dtype == torch.float32 and dtype == np.float64:
         return np.dtype(np.float32)
     return dtype
 

@@ -29,7 +29,7 @@ def _plain_calls(module: nn.Module) -> list[Callable[[Tensor], Tensor]]:
     if isinstance(module, nn.ReLU):
         return [torch.relu]
     if isinstance(module, FlattenObs):
-        return [partial(Tensor.to, dtype=torch.float32), partial(Tensor.flatten, start_dim=1)]
+        return [partial(Tensor.to, dtype=module.dtype), partial(Tensor.flatten, start_dim=1)]
     return [module]
 
 
