@@ -96,7 +96,7 @@ class Cache:
             url = self.server.url
         elif not url.startswith(SCHEMES):
             accepted = f"{', '.join(SCHEMES[:-1])} or {SCHEMES[-1]}"
-            raise CacheError(f"REDIS_URL must start with {accepted}, got {_redact(url)!r}")
+            raise CacheError(f"REDIS_URL must start with {accepted}, got {redact_url(url)!r}")
         self.url = url
         self.cluster = is_cluster_url(url)
         # One retry policy for every client of this cache; it arms once the server has been reached, so a wrong URL
@@ -115,7 +115,7 @@ class Cache:
         except (redis.RedisError, redis.cluster.RedisClusterException, ValueError) as exc:
             self.close()
             kind = "Redis Cluster" if self.cluster else "Redis"
-            raise CacheError(f"cannot reach {kind} at {_redact(url)}: {exc}") from exc
+            raise CacheError(f"cannot reach {kind} at {redact_url(url)}: {exc}") from exc
         self.retry.armed = True
 
     def _client(self, url: str) -> RedisClient:
@@ -204,7 +204,7 @@ def _refuse_a_cluster_node(client: redis.Redis) -> None:
         raise ValueError("it is a Redis Cluster node: use a redis+cluster:// (or rediss+cluster://) URL")
 
 
-def _redact(url: str) -> str:
+def redact_url(url: str) -> str:
     """The URL without its password, for error messages."""
     if "@" not in url:
         return url

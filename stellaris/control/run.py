@@ -11,7 +11,9 @@ from rich.live import Live
 from rich.table import Table
 
 from cache import RedisServerDied
+from cache.connection import redact_url
 from stellaris.config import TrainConfig
+from stellaris.control.cache_loss import CacheLost, raise_if_lost, resumes_from_env
 from stellaris.control.cache_watch import CacheWatch
 from stellaris.control.outputs import RunDir, fmt, read_state
 from stellaris.control.platform import Platform
@@ -96,7 +98,34 @@ def _nothing_to_resume(cfg: TrainConfig) -> str | None:
 
 
 def run_training(cfg: TrainConfig, *, resume: bool = False) -> int:
+    """Train, resuming from the last checkpoint each time the cache loses the job's data (stellaris/control/
+    cache_loss.py), up to $STELLARIS_CACHE_LOSS_RESUMES times."""
     console = Console(stderr=True)
+    try:
+        resumes = resumes_from_env()
+    except ValueError as exc:
+        console.print(f"[red]error:[/] {exc}", highlight=False, soft_wrap=True)
+        return 2
+    losses = 0
+    while True:
+        try:
+            return _run_epoch(cfg, console, resume=resume)
+        except CacheLost as lost:
+            losses += 1
+            state = read_state(cfg.run_dir())
+            at = f"round {state.get('round', 0)}'s checkpoint" if state is not None else "the start (no checkpoint yet)"
+            if losses > resumes:
+                resume_hint = f"; resume with `stellaris train --resume {cfg.run_dir()}`" if state is not None else ""
+                console.print(f"[red]error:[/] {lost}{resume_hint}", highlight=False, soft_wrap=True)
+                return 1
+            console.print(
+                f"[yellow]cache lost[/]: {lost}; resuming from {at} ({losses} of at most {resumes} such resumes)",
+                highlight=False, soft_wrap=True,
+            )  # fmt: skip
+            resume = state is not None
+
+
+def _run_epoch(cfg: TrainConfig, console: Console, *, resume: bool) -> int:
     if resume and (done := _nothing_to_resume(cfg)) is not None:
         console.print(done, highlight=False, soft_wrap=True)
         return 0
@@ -120,7 +149,7 @@ def run_training(cfg: TrainConfig, *, resume: bool = False) -> int:
         console.print(f"functions on Ray ({cluster}): {where}; device {cfg.device}", highlight=False, soft_wrap=True)
     trainer: Trainer | None = None
     token_file: Path | None = None
-    completed = False
+    completed = in_rounds = False
     try:
         with Platform(
             redis_url=cfg.redis_url,
@@ -138,6 +167,7 @@ def run_training(cfg: TrainConfig, *, resume: bool = False) -> int:
                 token_file = _show_gateway(console, p, cfg, run.path)
                 start_steps, t0 = trainer.env_steps, time.monotonic()
                 history: list[float] = []
+                in_rounds = True  # the job's data is in the cache from here on
                 # A terminal gets the live table; logs and CI one plain line per round, and no Live, whose last
                 # frame would leave the summary on its line.
                 live = Live(_progress(trainer, None, 0.0, history), console=console, refresh_per_second=4)
@@ -154,9 +184,12 @@ def run_training(cfg: TrainConfig, *, resume: bool = False) -> int:
                                 f"reward {fmt(row['train_reward_mean'])} cost {row['cost']:.6f} {_times(trainer)}",
                                 highlight=False,
                             )
+                in_rounds = False
                 trainer.finish()
             except Exception as exc:
                 _raise_if_cache_died(p, exc)
+                if in_rounds and trainer is not None and p.cache is not None:
+                    raise_if_lost(trainer.job, redact_url(p.cache.url), exc)
                 raise
             finally:
                 watch.stop()

@@ -1,0 +1,111 @@
+"""A Redis that comes back empty mid-job (no persistence): the job's data is gone, so `stellaris train` reports the
+loss and resumes from its last checkpoint in a new epoch, up to $STELLARIS_CACHE_LOSS_RESUMES times; past that it
+ends and names the resume command, which completes the run. Every task of every round is applied exactly once."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from cache.server import EmbeddedRedis
+from stellaris.control.cache_loss import RESUMES_ENV, resumes_from_env
+from tests.procs import wait_pid_gone
+from tests.stellaris.test_train import (
+    ROOT,
+    check_each_task_applied_once,
+    read_on,
+    rows,
+    run_train,
+    start_until_round,
+    train_cmd,
+)
+
+ROUNDS = 40
+
+
+def _lose_the_data(server: EmbeddedRedis, rng: random.Random) -> None:
+    """kill -9 at a moment inside a round, and start it again on its port: empty (no AOF, no RDB)."""
+    time.sleep(rng.uniform(0.0, 0.4))
+    pid = server.pid
+    assert pid is not None
+    os.kill(pid, signal.SIGKILL)
+    assert wait_pid_gone(pid, 10)
+    server.restart()
+
+
+def _await_line(lines: list[str], proc: subprocess.Popen[str], starts: str, after: int = 0) -> int:
+    """The index of the first line from `after` on that starts with `starts` (the reader thread appends them)."""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        found = [i for i, line in enumerate(lines[after:], after) if line.startswith(starts)]
+        if found:
+            return found[0]
+        time.sleep(0.05)
+    pytest.fail(f"no line starting {starts!r}; the output ends:\n{''.join(lines)[-3000:]}")
+
+
+@pytest.mark.slow  # over 40 s: CI's long stage (make test-long)
+def test_a_redis_restarted_empty_is_resumed_from_the_checkpoint_then_the_run_names_its_resume(tmp_path: Path) -> None:
+    server = EmbeddedRedis(maxmemory_bytes=512 * 1024**2).start()
+    out = tmp_path / "run"
+    rng = random.Random(5)
+    cmd = train_cmd(tmp_path, "--rounds", str(ROUNDS), "--out", str(out), "--redis-url", server.url)
+    proc = start_until_round(cmd, 2, **{RESUMES_ENV: "1"})
+    lines, reader = read_on(proc)
+    try:
+        # First loss: reported as such (not as whichever call failed first), and resumed in the same command.
+        _lose_the_data(server, rng)
+        at = _await_line(lines, proc, "cache lost: ")
+        lost = lines[at]
+        assert "no longer holds job" in lost and "resuming from round " in lost, lost
+        assert "(1 of at most 1 such resumes)" in lost, lost
+        assert server.password not in "".join(lines)
+        resumed_from = int(lost.split("resuming from round ")[1].split("'")[0])
+        _await_line(lines, proc, f"round {resumed_from + 2} ", after=at)  # the new epoch makes progress
+
+        # Second loss: past the limit, the run ends (exit 1) and its last line names the resume command.
+        _lose_the_data(server, rng)
+        assert proc.wait(timeout=120) == 1, "".join(lines)[-3000:]
+        reader.join(timeout=10)
+        last = "".join(lines).strip().splitlines()[-1]
+        assert last.startswith("error: the Redis at ") and "no longer holds job" in last, last
+        assert last.endswith(f"resume with `stellaris train --resume {out}`"), last
+        assert json.loads((out / "state.json").read_text())["epoch"] == 1
+
+        # That command (the Redis URL comes from the run's config) completes the run.
+        resumed = run_train([sys.executable, "-m", "stellaris.cli", "train", "--resume", str(out)])
+        assert resumed.returncode == 0, resumed.stderr[-3000:]
+        assert [int(r["round_id"]) for r in rows(out / "info.csv")] == list(range(1, ROUNDS + 1))
+        check_each_task_applied_once(out, ROUNDS)
+        assert json.loads((out / "state.json").read_text())["epoch"] == 2
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        server.stop()
+
+
+@pytest.mark.parametrize(("raw", "expected"), [(None, 3), ("", 3), ("0", 0), (" 7 ", 7), ("1000", 1000)])
+def test_the_resume_limit_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch, raw: str | None, expected: int):
+    if raw is None:
+        monkeypatch.delenv(RESUMES_ENV, raising=False)
+    else:
+        monkeypatch.setenv(RESUMES_ENV, raw)
+    assert resumes_from_env() == expected
+
+
+@pytest.mark.parametrize("raw", ["-1", "1001", "two", "1.5"])
+def test_a_bad_resume_limit_ends_the_command_at_once_naming_it(tmp_path: Path, raw: str) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"} | {RESUMES_ENV: raw}
+    cmd = train_cmd(tmp_path, "--rounds", "1", "--out", str(tmp_path / "run"))
+    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert f"{RESUMES_ENV} must be" in done.stderr and repr(raw) in done.stderr, done.stderr
+    assert not (tmp_path / "run").exists()
