@@ -29,5 +29,8 @@ class Registry:
         raw = await self.client.hgetall(self.keys.functions)
         return sorted((FunctionSpec.model_validate_json(v) for v in raw.values()), key=lambda s: s.name)
 
+    async def names(self) -> set[str]:
+        return {n.decode() if isinstance(n, bytes) else str(n) for n in await self.client.hkeys(self.keys.functions)}
+
     async def delete(self, name: str) -> bool:
         return bool(await self.client.hdel(self.keys.functions, name))

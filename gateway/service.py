@@ -70,14 +70,28 @@ class Gateway:
             self.spawn(self._sweep_idle(self.settings.idle_probe_s))
 
     async def _sweep_idle(self, every_s: float) -> None:
-        """Idle instances that died are found and replaced between calls (gateway/liveness.py)."""
+        """Idle instances that died are found and replaced between calls (gateway/liveness.py), and the pools of
+        functions no longer registered are closed."""
         while True:
             await asyncio.sleep(every_s)
+            await self._drop_unregistered()
             for pool in list(self.pools.values()):
                 try:
                     await pool.probe_idle()
                 except Exception:  # a backend's probe failing must not end the sweep; the next round tries again
                     log.exception("probing the idle instances of %r failed", pool.spec.name)
+
+    async def _drop_unregistered(self) -> None:
+        """A function deleted through another worker, or lost with the cache's data, gets no call here that would
+        find it gone: without this its pool, min_warm instances included, would live as long as the gateway."""
+        try:
+            registered = await self.registry.names()
+            for name in [n for n in self.pools if n not in registered]:
+                if await self.registry.get(name) is None:  # not registered again since the look
+                    log.info("function %r is no longer registered: its instances stop", name)
+                    await self.drop(name)
+        except RedisError as exc:  # Redis away: the next sweep looks again
+            log.warning("could not compare the pools with the registry: %s", exc)
 
     async def adopt_survivors(self) -> Survivors:
         """Each instance that outlived the last gateway run goes to its own function's pool (gateway/discovery.py),

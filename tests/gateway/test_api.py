@@ -220,6 +220,28 @@ def test_an_instance_killed_while_idle_is_replaced_and_counted_once(redis_server
         stop_gateway(gw)
 
 
+def test_a_function_deleted_through_another_worker_stops_this_workers_instances_at_its_sweep(
+    redis_server, fname: str
+) -> None:
+    """Two workers of one gateway (one namespace, so one registry). A function deleted through one gets no call on
+    the other that would find it gone: the other's sweep closes its pool, the min_warm instance included (before,
+    it lived as long as that worker). The same holds for a registry lost with the cache's data."""
+    a = start_gateway(redis_server.url, STELLARIS_GATEWAY_IDLE_PROBE_S="0.2")
+    b = start_gateway(redis_server.url, a.namespace, STELLARIS_GATEWAY_IDLE_PROBE_S="0.2")
+    try:
+        with a.client() as on_a, b.client() as on_b:
+            on_a.register(spec(fname, min_warm=1))
+            on_b.invoke(fname, {})  # b makes a pool of its own
+            [b_pid] = pids(on_b, fname)
+            assert b_pid not in pids(on_a, fname)
+            on_a.delete(fname)
+            assert wait_pid_gone(b_pid, 30), "the other worker kept the deleted function's instance"
+            assert b.proc.poll() is None
+    finally:
+        stop_gateway(b)
+        stop_gateway(a)
+
+
 def test_deleting_a_function_stops_the_instances_still_starting(
     redis_server, client: GatewayClient, fname: str, cache_conn: Cache
 ) -> None:
