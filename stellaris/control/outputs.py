@@ -47,8 +47,13 @@ INVOCATION_COLUMNS = [
 
 def atomic_write(path: Path, data: bytes) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
+    try:
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)  # a full disk leaves no half-written file beside the checkpoint
+        exc.filename = exc.filename or str(path)  # a failed write names no file of its own
+        raise
 
 
 def fmt(x: float | None, spec: str = ".1f") -> str:
@@ -115,7 +120,8 @@ class _Csv:
         self.file.close()
         with path.open(newline="") as f:
             rows = list(csv.DictReader(f))
-        kept = [r for r in rows if keep(r)]
+        # A row with fewer fields than the header was cut short as it was written (a crash, a full disk): it goes.
+        kept = [r for r in rows if None not in r.values() and keep(r)]
         rewrite_csv(path, columns, kept)
         self._append(path, columns)
         return len(rows) - len(kept)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import time
 from pathlib import Path
 
@@ -123,6 +124,23 @@ def run_training(cfg: TrainConfig, *, resume: bool = False) -> int:
                 highlight=False, soft_wrap=True,
             )  # fmt: skip
             resume = state is not None
+        except OSError as exc:
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            console.print(f"[red]error:[/] {_disk_full(cfg.run_dir(), exc)}", highlight=False, soft_wrap=True)
+            return 1
+
+
+def _disk_full(path: Path, exc: OSError) -> str:
+    """What a full disk (or quota) under the run directory means for the run, and what to do."""
+    state = read_state(path) if path.exists() else None
+    then = (
+        f"its checkpoint of round {state.get('round', 0)} is intact: make room, then resume with "
+        f"`stellaris train --resume {path}`"
+        if state is not None
+        else "it has no checkpoint yet: make room and start it again"
+    )
+    return f"no room to write the run directory {path} ({exc}); {then}"
 
 
 def _run_epoch(cfg: TrainConfig, console: Console, *, resume: bool) -> int:
