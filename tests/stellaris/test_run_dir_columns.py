@@ -67,3 +67,21 @@ def test_a_current_header_is_left_as_it_is(tmp_path: Path) -> None:
     RunDir(tmp_path, resume=True).info.close()
 
     assert (tmp_path / "info.csv").read_bytes() == before
+
+
+def test_a_resume_drops_a_row_cut_short_as_it_was_written(tmp_path: Path) -> None:
+    """A crash or a full disk mid-append leaves a last row with fewer fields than the header (here round 3's, cut to
+    "1": it would read as round 1): the rewind drops it and keeps every complete row of the checkpoint's rounds."""
+    full = [[str(r) if c == "round_id" else f"{r}.{i}" for i, c in enumerate(INFO_COLUMNS)] for r in (1, 2)]
+    _write(tmp_path / "info.csv", INFO_COLUMNS, [*full, ["1"]])
+    grads = [[f"g{v}", f"t{v}", "1", str(v - 1), str(v)] for v in (1, 2, 3)]
+    _write(tmp_path / "gradients.csv", GRADIENT_COLUMNS, [*grads, ["g4", "t4", "2"]])
+
+    run = RunDir(tmp_path, resume=True)
+    run.rewind({"round": 2, "version": 3, "elapsed_s": 10.0})
+    run.info.write([_row(3)])
+    run.info.close()
+    run.gradients.close()
+
+    assert [r["round_id"] for r in _read(tmp_path / "info.csv")[1]] == ["1", "2", "3"]
+    assert [r["applied_version"] for r in _read(tmp_path / "gradients.csv")[1]] == ["1", "2", "3"]
