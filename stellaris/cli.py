@@ -35,6 +35,7 @@ def _exit_with(command: Callable[[], int]) -> NoReturn:
     from cache import CacheError, RedisServerDied
     from gateway.client import GatewayError
     from stellaris.config import ConfigError
+    from stellaris.control.cache_faults import CacheFull
     from stellaris.control.outputs import RunDirError
     from stellaris.control.platform import PlatformError
     from stellaris.evaluate import EvalError
@@ -46,11 +47,21 @@ def _exit_with(command: Callable[[], int]) -> NoReturn:
     except Exception as exc:
         if os.environ.get(DEBUG_ENV, "") not in ("", "0"):
             raise
-        named = (CacheError, RedisServerDied, GatewayError, ConfigError, RunDirError, PlatformError, EvalError)
+        named = (
+            CacheError,
+            CacheFull,
+            RedisServerDied,
+            GatewayError,
+            ConfigError,
+            RunDirError,
+            PlatformError,
+            EvalError,
+        )
+        notes = "".join(f"\n{note}" for note in getattr(exc, "__notes__", ()))  # what to do next, e.g. resume
         if isinstance(exc, named):
-            typer.echo(f"error: {exc}", err=True)
+            typer.echo(f"error: {exc}{notes}", err=True)
         else:  # not one we foresaw: its type helps, and the traceback is one variable away
-            typer.echo(f"error: {type(exc).__name__}: {exc}\n(set {DEBUG_ENV}=1 to see the traceback)", err=True)
+            typer.echo(f"error: {type(exc).__name__}: {exc}{notes}\n(set {DEBUG_ENV}=1 to see the traceback)", err=True)
         raise typer.Exit(2 if isinstance(exc, (ConfigError, RunDirError, EvalError)) else 1) from None
     raise typer.Exit(code)
 

@@ -124,6 +124,8 @@ class _RoundCalls:
         if exc is None:
             return not succeeded(fut.result(), role)
         if self.r.functions.died(exc):
+            if "maxmemory" in str(exc):  # Redis refused a write, out of memory: a replacement would fail the same way
+                raise exc
             self.last_failure = exc
             if holder is not None and self.r.functions.gone(exc):
                 with contextlib.suppress(redis.RedisError):  # then its lease runs out, as it would without this

@@ -14,7 +14,7 @@ from rich.table import Table
 from cache import RedisServerDied
 from cache.connection import redact_url
 from stellaris.config import TrainConfig
-from stellaris.control.cache_loss import CacheLost, raise_if_lost, resumes_from_env
+from stellaris.control.cache_faults import CacheLost, cache_full, raise_if_lost, resumes_from_env
 from stellaris.control.cache_watch import CacheWatch
 from stellaris.control.outputs import RunDir, fmt, read_state
 from stellaris.control.platform import Platform
@@ -100,7 +100,7 @@ def _nothing_to_resume(cfg: TrainConfig) -> str | None:
 
 def run_training(cfg: TrainConfig, *, resume: bool = False) -> int:
     """Train, resuming from the last checkpoint each time the cache loses the job's data (stellaris/control/
-    cache_loss.py), up to $STELLARIS_CACHE_LOSS_RESUMES times."""
+    cache_faults.py), up to $STELLARIS_CACHE_LOSS_RESUMES times."""
     console = Console(stderr=True)
     try:
         resumes = resumes_from_env()
@@ -116,8 +116,8 @@ def run_training(cfg: TrainConfig, *, resume: bool = False) -> int:
             state = read_state(cfg.run_dir())
             at = f"round {state.get('round', 0)}'s checkpoint" if state is not None else "the start (no checkpoint yet)"
             if losses > resumes:
-                resume_hint = f"; resume with `stellaris train --resume {cfg.run_dir()}`" if state is not None else ""
-                console.print(f"[red]error:[/] {lost}{resume_hint}", highlight=False, soft_wrap=True)
+                hint = _resume_hint(cfg.run_dir())
+                console.print(f"[red]error:[/] {lost}" + (f"; {hint}" if hint else ""), highlight=False, soft_wrap=True)
                 return 1
             console.print(
                 f"[yellow]cache lost[/]: {lost}; resuming from {at} ({losses} of at most {resumes} such resumes)",
@@ -131,16 +131,18 @@ def run_training(cfg: TrainConfig, *, resume: bool = False) -> int:
             return 1
 
 
+def _resume_hint(path: Path) -> str | None:
+    """For a run that stopped after its first checkpoint: where it can go on from."""
+    state = read_state(path) if path.is_dir() else None
+    if state is None:
+        return None
+    return f"its checkpoint of round {state.get('round', 0)} is intact: resume with `stellaris train --resume {path}`"
+
+
 def _disk_full(path: Path, exc: OSError) -> str:
     """What a full disk (or quota) under the run directory means for the run, and what to do."""
-    state = read_state(path) if path.exists() else None
-    then = (
-        f"its checkpoint of round {state.get('round', 0)} is intact: make room, then resume with "
-        f"`stellaris train --resume {path}`"
-        if state is not None
-        else "it has no checkpoint yet: make room and start it again"
-    )
-    return f"no room to write the run directory {path} ({exc}); {then}"
+    then = _resume_hint(path) or "it has no checkpoint yet: start it again"
+    return f"no room to write the run directory {path} ({exc}): make room; {then}"
 
 
 def _run_epoch(cfg: TrainConfig, console: Console, *, resume: bool) -> int:
@@ -206,15 +208,23 @@ def _run_epoch(cfg: TrainConfig, console: Console, *, resume: bool) -> int:
                 trainer.finish()
             except Exception as exc:
                 _raise_if_cache_died(p, exc)
+                reported: Exception = exc
                 if in_rounds and trainer is not None and p.cache is not None:
-                    raise_if_lost(trainer.job, redact_url(p.cache.url), exc)
-                raise
+                    where = redact_url(p.cache.url)
+                    raise_if_lost(trainer.job, where, exc)
+                    reported = cache_full(trainer.job, where, exc) or exc
+                if (hint := _resume_hint(run.path)) is not None:
+                    reported.add_note(hint)  # the CLI's error line ends with it
+                if reported is exc:
+                    raise
+                raise reported from exc
             finally:
                 watch.stop()
                 trainer.close()
         completed = True
     except RedisServerDied as died:
-        console.print(f"[red]error:[/] {died}", highlight=False, soft_wrap=True)
+        hint = _resume_hint(run.path)
+        console.print(f"[red]error:[/] {died}" + (f"\n{hint}" if hint else ""), highlight=False, soft_wrap=True)
         return 1
     except KeyboardInterrupt:
         if run.load_state() is None:

@@ -66,8 +66,9 @@ def test_a_full_disk_ends_the_run_naming_its_intact_checkpoint_and_the_resume_co
         reader.join(timeout=10)
         last = "".join(lines).strip().splitlines()[-1]
         assert last.startswith(f"error: no room to write the run directory {out} ("), last
-        assert "No space left on device" in last and "its checkpoint of round " in last, last
-        assert last.endswith(f"make room, then resume with `stellaris train --resume {out}`"), last
+        assert "No space left on device" in last, last
+        assert ": make room; its checkpoint of round " in last, last
+        assert last.endswith(f"is intact: resume with `stellaris train --resume {out}`"), last
         assert not list(out.glob("*.tmp")), "a half-written file was left beside the checkpoint"
 
         filler.unlink()

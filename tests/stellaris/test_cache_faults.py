@@ -1,6 +1,12 @@
-"""A Redis that comes back empty mid-job (no persistence): the job's data is gone, so `stellaris train` reports the
-loss and resumes from its last checkpoint in a new epoch, up to $STELLARIS_CACHE_LOSS_RESUMES times; past that it
-ends and names the resume command, which completes the run. Every task of every round is applied exactly once."""
+"""What the cache's state says about a failed job (stellaris/control/cache_faults.py), through the real CLI:
+
+- A Redis that comes back empty mid-job (no persistence): the job's data is gone, so `stellaris train` reports the
+  loss and resumes from its last checkpoint in a new epoch, up to $STELLARIS_CACHE_LOSS_RESUMES times; past that it
+  ends and names the resume command, which completes the run.
+- A Redis that reaches its maxmemory mid-job: the run ends at the first refused write, naming the Redis's memory and
+  the resume command, which completes the run once Redis has room.
+
+Every task of every round is applied exactly once."""
 
 from __future__ import annotations
 
@@ -14,9 +20,10 @@ import time
 from pathlib import Path
 
 import pytest
+import redis
 
 from cache.server import EmbeddedRedis
-from stellaris.control.cache_loss import RESUMES_ENV, resumes_from_env
+from stellaris.control.cache_faults import RESUMES_ENV, resumes_from_env
 from tests.procs import wait_pid_gone
 from tests.stellaris.test_train import (
     ROOT,
@@ -86,6 +93,37 @@ def test_a_redis_restarted_empty_is_resumed_from_the_checkpoint_then_the_run_nam
         assert [int(r["round_id"]) for r in rows(out / "info.csv")] == list(range(1, ROUNDS + 1))
         check_each_task_applied_once(out, ROUNDS)
         assert json.loads((out / "state.json").read_text())["epoch"] == 2
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        server.stop()
+
+
+def test_a_redis_out_of_memory_ends_the_run_naming_its_memory_and_the_resume_completes_it(tmp_path: Path) -> None:
+    server = EmbeddedRedis(maxmemory_bytes=512 * 1024**2).start()
+    out = tmp_path / "run"
+    cmd = train_cmd(tmp_path, "--rounds", str(ROUNDS), "--out", str(out), "--redis-url", server.url)
+    proc = start_until_round(cmd, 2)
+    lines, reader = read_on(proc)
+    try:
+        with redis.Redis.from_url(server.url) as admin:
+            used = int(admin.info("memory")["used_memory"])
+            admin.config_set("maxmemory", used // 2)  # writes are refused from here on (noeviction)
+            assert proc.wait(timeout=120) == 1, "".join(lines)[-3000:]
+            reader.join(timeout=10)
+            error, hint = "".join(lines).strip().splitlines()[-2:]
+            assert error.startswith("error: the Redis at redis://") and "is out of memory (" in error, error
+            assert f"MiB used of its maxmemory {used // 2 / 2**20:.1f} MiB" in error, error
+            assert server.password not in "".join(lines)
+            assert hint.startswith("its checkpoint of round "), hint
+            assert hint.endswith(f"is intact: resume with `stellaris train --resume {out}`"), hint
+            assert "more than" not in "".join(lines)  # it ended at the first refused write, not after 64 failures
+
+            admin.config_set("maxmemory", 512 * 1024**2)
+        resumed = run_train([sys.executable, "-m", "stellaris.cli", "train", "--resume", str(out)])
+        assert resumed.returncode == 0, resumed.stderr[-3000:]
+        assert [int(r["round_id"]) for r in rows(out / "info.csv")] == list(range(1, ROUNDS + 1))
+        check_each_task_applied_once(out, ROUNDS)
     finally:
         if proc.poll() is None:
             proc.kill()
