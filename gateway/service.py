@@ -91,7 +91,7 @@ class Gateway:
                     log.info("function %r is no longer registered: its instances stop", name)
                     await self.drop(name)
         except RedisError as exc:  # Redis away: the next sweep looks again
-            log.warning("could not compare the pools with the registry: %s", exc)
+            log.debug("could not compare the pools with the registry: %s", exc)
 
     async def adopt_survivors(self) -> Survivors:
         """Each instance that outlived the last gateway run goes to its own function's pool (gateway/discovery.py),
