@@ -20,6 +20,7 @@ from cache.codec import decode
 from cache.contract.results import device_of
 from cache.packed import unpacked
 from gateway.models import Activation
+from stellaris.control.run_lock import DirInUse, lock_dir
 from stellaris.control.scaling import ELASTIC_COLUMNS
 from stellaris.control.tensorboard import RoundBoard
 from stellaris.control.trigger_log import TRIGGER_COLUMNS, parameter_rows
@@ -173,6 +174,13 @@ class RunDir:
         self.created = not path.exists()  # discard() removes only what this run made
         self.wrote_config = False
         path.mkdir(parents=True, exist_ok=True)
+        try:
+            self.lock = lock_dir(path)  # before any file is touched (stellaris/control/run_lock.py)
+        except DirInUse:
+            raise RunDirError(
+                f"{path} is in use by another `stellaris train` (the run itself, or a resume of it): let it end, or "
+                "stop it, then resume"
+            ) from None
         self.info = _Csv(path / "info.csv", INFO_COLUMNS)
         self.timeline = _Csv(path / "timeline.csv", TIMELINE_COLUMNS)
         self.invocations = _Csv(path / "invocations.csv", INVOCATION_COLUMNS)
@@ -265,11 +273,16 @@ class RunDir:
         """Closes the tables and leaves curve.png (finished or interrupted alike)."""
         from stellaris.plots import write_curve  # matplotlib only when a run ends
 
-        for f in (self.info, self.timeline, self.invocations, self.gradients, self.triggers):
-            f.close()
-        self.board.close()
-        if (self.path / "state.json").exists():  # a run that finished a round has a curve to draw
-            write_curve(self.path)
+        try:
+            for f in (self.info, self.timeline, self.invocations, self.gradients, self.triggers):
+                f.close()
+            self.board.close()
+            if (self.path / "state.json").exists():  # a run that finished a round has a curve to draw
+                write_curve(self.path)
+        finally:
+            if self.lock is not None:
+                os.close(self.lock)
+                self.lock = None
 
     def discard(self) -> None:
         """After close(), for a run that never started (no checkpoint): remove what it made, the directory itself

@@ -3,17 +3,21 @@ two naming the thing, no traceback (unless STELLARIS_DEBUG=1), exits non-zero, a
 
 from __future__ import annotations
 
+import json
 import os
+import signal
 import socket
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
 
-from tests.stellaris.test_train import ROOT, train_cmd
+from tests.stellaris.test_train import ROOT, rows, start_until_round, train_cmd
 
 FAIL_FAST_S = 60  # none of these trains: each fails before its first round
+TASKS_PER_ROUND = 16  # FAST_CARTPOLE: 4 minibatches x 4 epochs
 
 
 def cli(*args: str, debug: bool = False) -> subprocess.CompletedProcess[str]:
@@ -77,6 +81,29 @@ def test_an_existing_run_directory_needs_resume(tmp_path: Path) -> None:
     proc = cli(*train_cmd(tmp_path, "--rounds", "1", "--out", str(out)))
     one_error(proc, 2, str(out), f"--resume {out}")
     assert (out / "info.csv").read_text() == "round_id\n1\n"  # the first run's rows, untouched
+
+
+def test_a_resume_while_the_run_still_goes_is_refused_and_the_run_loses_no_row(tmp_path: Path) -> None:
+    """A second `stellaris train` on a run directory in use (a resume started too early, a scheduler that launched it
+    twice) is refused at once; before the directory lock it rewound the CSVs under the running one, whose later rows
+    were then lost (a 30-round run kept rounds 1-10 of info.csv)."""
+    out = tmp_path / "run"
+    running = start_until_round(train_cmd(tmp_path, "--rounds", "1000", "--out", str(out)), 2)
+    try:
+        second = cli(sys.executable, "-m", "stellaris.cli", "train", "--resume", str(out))
+        one_error(second, 2, f"{out} is in use by another `stellaris train`")
+        assert running.poll() is None  # it was refused by the lock, not because the run had ended
+        running.send_signal(signal.SIGTERM)  # a clean stop: its checkpoint and rows agree
+        assert running.wait(timeout=120) in (130, 143)
+        done = json.loads((out / "state.json").read_text())["round"]
+        assert [int(r["round_id"]) for r in rows(out / "info.csv")] == list(range(1, done + 1))
+        # Every task of the checkpointed rounds once (the round the stop cut short has rows a resume rewinds).
+        grads = [g for g in rows(out / "gradients.csv") if int(g["round"]) <= done]
+        assert Counter(int(g["round"]) for g in grads) == {k: TASKS_PER_ROUND for k in range(1, done + 1)}
+        assert len({g["task_id"] for g in grads}) == len(grads)
+    finally:
+        if running.poll() is None:
+            running.kill()
 
 
 def test_resume_without_a_checkpoint_is_refused(tmp_path: Path) -> None:
