@@ -19,6 +19,7 @@ from stellaris.control.cache_watch import CacheWatch
 from stellaris.control.outputs import RunDir, fmt, read_state
 from stellaris.control.platform import Platform
 from stellaris.control.progress import Standing, clock, sparkline
+from stellaris.control.run_secrets import missing_secret
 from stellaris.control.trainer import Trainer, threads_env
 
 TOKEN_FILE = "gateway-token"  # the local gateway's bearer token, for scraping /metrics during the run (0600)
@@ -146,6 +147,9 @@ def _disk_full(path: Path, exc: OSError) -> str:
 
 
 def _run_epoch(cfg: TrainConfig, console: Console, *, resume: bool) -> int:
+    if (missing := missing_secret(cfg.redis_url, cfg.gateway_token)) is not None:
+        console.print(f"[red]error:[/] {missing}", highlight=False, soft_wrap=True)
+        return 2
     if resume and (done := _nothing_to_resume(cfg)) is not None:
         console.print(done, highlight=False, soft_wrap=True)
         return 0

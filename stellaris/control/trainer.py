@@ -30,6 +30,7 @@ from stellaris.control.progress import Standing
 from stellaris.control.replay_rounds import ReplayRounds
 from stellaris.control.report import RoundFacts, episode_returns, gradient_rows, info_row, take_applied, timeline_rows
 from stellaris.control.rounds import RoundStats, TrainingError, round_tasks
+from stellaris.control.run_secrets import without_secrets
 from stellaris.control.scaling import Scaler, resumed_actors
 
 __all__ = ["Trainer", "TrainingError", "threads_env"]
@@ -111,7 +112,7 @@ class Trainer:
         self.shape = RoundShape.of_spec(spec)
         self.replay = ReplayRounds(self.job, spec, seed=self.cfg.seed, out_dir=self.run.path)  # cache/replay
         self.replay.restore(self.state.get("replay"), round_k=self.round)  # on resume: what the dead run's held
-        self.run.write_config(self.cfg.model_dump(mode="json"), spec)
+        self.run.write_config(without_secrets(self.cfg.model_dump(mode="json")), spec)  # no password, no token
         # A round's gradients may all wait in the queue (the staleness rule can defer them to the round's flush),
         # so the gradient and task streams are sized for whole rounds, not the generic defaults.
         per_round = self.shape.num_epochs * self.shape.num_minibatches

@@ -87,8 +87,15 @@ def test_a_redis_restarted_empty_is_resumed_from_the_checkpoint_then_the_run_nam
         assert last.endswith(f"resume with `stellaris train --resume {out}`"), last
         assert json.loads((out / "state.json").read_text())["epoch"] == 1
 
-        # That command (the Redis URL comes from the run's config) completes the run.
-        resumed = run_train([sys.executable, "-m", "stellaris.cli", "train", "--resume", str(out)])
+        # That command completes the run, given the Redis URL: config.yaml keeps it without its password.
+        assert server.password not in (out / "config.yaml").read_text()
+        refused = run_train([sys.executable, "-m", "stellaris.cli", "train", "--resume", str(out)])
+        assert refused.returncode == 2, refused.stderr[-3000:]
+        assert "comes without its password (a run's config.yaml keeps no secret): give it with --redis-url" in (
+            refused.stderr
+        )
+        resumed = run_train([sys.executable, "-m", "stellaris.cli", "train", "--resume", str(out), "--redis-url",
+                             server.url])  # fmt: skip
         assert resumed.returncode == 0, resumed.stderr[-3000:]
         assert [int(r["round_id"]) for r in rows(out / "info.csv")] == list(range(1, ROUNDS + 1))
         check_each_task_applied_once(out, ROUNDS)
@@ -120,7 +127,8 @@ def test_a_redis_out_of_memory_ends_the_run_naming_its_memory_and_the_resume_com
             assert "more than" not in "".join(lines)  # it ended at the first refused write, not after 64 failures
 
             admin.config_set("maxmemory", 512 * 1024**2)
-        resumed = run_train([sys.executable, "-m", "stellaris.cli", "train", "--resume", str(out)])
+        resumed = run_train([sys.executable, "-m", "stellaris.cli", "train", "--resume", str(out), "--redis-url",
+                             server.url])  # fmt: skip
         assert resumed.returncode == 0, resumed.stderr[-3000:]
         assert [int(r["round_id"]) for r in rows(out / "info.csv")] == list(range(1, ROUNDS + 1))
         check_each_task_applied_once(out, ROUNDS)

@@ -362,6 +362,9 @@ def test_resume_after_kill_9_against_a_persistent_redis_continues_exactly(redis_
                 time.sleep(0.005)
         proc.kill()
         proc.wait(timeout=30)
+        kept = (out / "config.yaml").read_text()  # a run's record keeps no secret (stellaris/control/run_secrets.py)
+        assert TOKEN not in kept and "gateway_token: '***'" in kept
+        assert redis_server.password not in kept
         state = json.loads((out / "state.json").read_text())
         done_rounds, version = int(state["round"]), int(state["version"])
         scalers = state["reward_scalers"]
