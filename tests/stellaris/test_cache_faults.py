@@ -27,9 +27,8 @@ from stellaris.control.cache_faults import RESUMES_ENV, resumes_from_env
 from tests.procs import wait_pid_gone
 from tests.stellaris.test_train import (
     ROOT,
-    check_each_task_applied_once,
     read_on,
-    rows,
+    resume_to_the_end,
     run_train,
     start_until_round,
     train_cmd,
@@ -94,11 +93,7 @@ def test_a_redis_restarted_empty_is_resumed_from_the_checkpoint_then_the_run_nam
         assert "comes without its password (a run's config.yaml keeps no secret): give it with --redis-url" in (
             refused.stderr
         )
-        resumed = run_train([sys.executable, "-m", "stellaris.cli", "train", "--resume", str(out), "--redis-url",
-                             server.url])  # fmt: skip
-        assert resumed.returncode == 0, resumed.stderr[-3000:]
-        assert [int(r["round_id"]) for r in rows(out / "info.csv")] == list(range(1, ROUNDS + 1))
-        check_each_task_applied_once(out, ROUNDS)
+        resume_to_the_end(out, ROUNDS, "--redis-url", server.url)
         assert json.loads((out / "state.json").read_text())["epoch"] == 2
     finally:
         if proc.poll() is None:
@@ -127,11 +122,7 @@ def test_a_redis_out_of_memory_ends_the_run_naming_its_memory_and_the_resume_com
             assert "more than" not in "".join(lines)  # it ended at the first refused write, not after 64 failures
 
             admin.config_set("maxmemory", 512 * 1024**2)
-        resumed = run_train([sys.executable, "-m", "stellaris.cli", "train", "--resume", str(out), "--redis-url",
-                             server.url])  # fmt: skip
-        assert resumed.returncode == 0, resumed.stderr[-3000:]
-        assert [int(r["round_id"]) for r in rows(out / "info.csv")] == list(range(1, ROUNDS + 1))
-        check_each_task_applied_once(out, ROUNDS)
+        resume_to_the_end(out, ROUNDS, "--redis-url", server.url)
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -7,17 +7,14 @@ from __future__ import annotations
 import errno
 import os
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.stellaris.test_train import (
-    check_each_task_applied_once,
     read_on,
-    rows,
-    run_train,
+    resume_to_the_end,
     start_until_round,
     train_cmd,
 )
@@ -72,10 +69,7 @@ def test_a_full_disk_ends_the_run_naming_its_intact_checkpoint_and_the_resume_co
         assert not list(out.glob("*.tmp")), "a half-written file was left beside the checkpoint"
 
         filler.unlink()
-        resumed = run_train([sys.executable, "-m", "stellaris.cli", "train", "--resume", str(out)])
-        assert resumed.returncode == 0, resumed.stderr[-3000:]
-        assert [int(r["round_id"]) for r in rows(out / "info.csv")] == list(range(1, ROUNDS + 1))
-        check_each_task_applied_once(out, ROUNDS)
+        resume_to_the_end(out, ROUNDS)
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -337,6 +337,14 @@ def check_each_task_applied_once(out: Path, rounds: int, tasks_per_round: int = 
     assert applied == list(range(1, applied[-1] + 1))  # contiguous: nothing lost, nothing applied twice
 
 
+def resume_to_the_end(out: Path, rounds: int, *args: str) -> None:
+    """`stellaris train --resume OUT ARGS` completes the run: rounds 1..`rounds` in info.csv, each task applied once."""
+    resumed = run_train([sys.executable, "-m", "stellaris.cli", "train", "--resume", str(out), *args])
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert [int(r["round_id"]) for r in rows(out / "info.csv")] == list(range(1, rounds + 1))
+    check_each_task_applied_once(out, rounds)
+
+
 @pytest.mark.slow  # over 40 s: CI's long stage (make test-long)
 def test_resume_after_kill_9_against_a_persistent_redis_continues_exactly(redis_server, tmp_path: Path) -> None:
     """kill -9 of `stellaris train` mid-run on a deployment that outlives it (Redis and gateway keep the dead run's
