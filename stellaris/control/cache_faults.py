@@ -44,19 +44,26 @@ def resumes_from_env() -> int:
     return resumes
 
 
-def raise_if_lost(job: JobCache, where: str, exc: BaseException) -> None:
-    """After `exc`: raise CacheLost when the cache answers but no longer holds the job's policy version, which the
-    job writes when it starts and with every update (its keys live a day past the last write). A cache that does
-    not answer (within its reconnect window) leaves `exc` to speak for itself."""
+def refused_for_memory(exc: BaseException) -> bool:
+    """Whether `exc` carries Redis's refusal of a write at its maxmemory (however deep it was relayed: a function's
+    502 quotes its handler's error)."""
+    return "maxmemory" in str(exc)
+
+
+def cache_lost(job: JobCache, where: str, exc: BaseException) -> CacheLost | None:
+    """After `exc`: CacheLost when the cache answers but no longer holds the job's policy version, which the job
+    writes when it starts and with every update (its keys live a day past the last write), else None. A cache that
+    does not answer (within its reconnect window) leaves `exc` to speak for itself."""
     try:
         held = job.client.exists(job.keys.policy_version)
     except (redis.RedisError, CacheError):
-        return
-    if not held:
-        raise CacheLost(
-            f"the Redis at {where} no longer holds job {job.keys.job}'s data (it restarted without persistence, "
-            f"or was flushed); what failed first: {type(exc).__name__}: {str(exc)[:300]}"
-        ) from exc
+        return None
+    if held:
+        return None
+    return CacheLost(
+        f"the Redis at {where} no longer holds job {job.keys.job}'s data (it restarted without persistence, or was "
+        f"flushed); what failed first: {type(exc).__name__}: {str(exc)[:300]}"
+    )
 
 
 def cache_full(job: JobCache, where: str, exc: BaseException) -> CacheFull | None:
@@ -67,9 +74,9 @@ def cache_full(job: JobCache, where: str, exc: BaseException) -> CacheFull | Non
     except (redis.RedisError, CacheError):
         return None
     used, cap = int(memory.get("used_memory", 0)), int(memory.get("maxmemory", 0))
-    # Redis's refusal names maxmemory, however deep in the error it was relayed; where the error does not carry it
-    # (an actor that died of it), memory at the cap says it: a write takes more than the last 5 % holds.
-    if not cap or ("maxmemory" not in str(exc) and used < FULL_FRACTION * cap):
+    # Where the error does not carry the refusal (an actor that died of it), memory at the cap says it: a write takes
+    # more than the last 5 % holds.
+    if not cap or (not refused_for_memory(exc) and used < FULL_FRACTION * cap):
         return None
     return CacheFull(
         f"the Redis at {where} is out of memory ({used / 2**20:.1f} MiB used of its maxmemory {cap / 2**20:.1f} "

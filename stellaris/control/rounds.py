@@ -22,6 +22,7 @@ import redis
 from cache import JobCache, LearnerTask
 from cache.contract import ActorResult, LearnerResult, ParameterResult
 from cache.contract.knobs import RuleName
+from stellaris.control.cache_faults import refused_for_memory
 from stellaris.control.round_stats import Call, Role, RoundStats
 
 __all__ = ["Call", "Functions", "Role", "RoundStats", "Rounds", "TrainingError", "round_steps", "round_tasks"]
@@ -124,7 +125,7 @@ class _RoundCalls:
         if exc is None:
             return not succeeded(fut.result(), role)
         if self.r.functions.died(exc):
-            if "maxmemory" in str(exc):  # Redis refused a write, out of memory: a replacement would fail the same way
+            if refused_for_memory(exc):  # Redis is out of memory: a replacement would fail the same way
                 raise exc
             self.last_failure = exc
             if holder is not None and self.r.functions.gone(exc):

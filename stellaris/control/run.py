@@ -14,7 +14,7 @@ from rich.table import Table
 from cache import RedisServerDied
 from cache.connection import redact_url
 from stellaris.config import TrainConfig
-from stellaris.control.cache_faults import CacheLost, cache_full, raise_if_lost, resumes_from_env
+from stellaris.control.cache_faults import CacheLost, cache_full, cache_lost, resumes_from_env
 from stellaris.control.cache_watch import CacheWatch
 from stellaris.control.outputs import RunDir, fmt, read_state
 from stellaris.control.platform import Platform
@@ -215,8 +215,7 @@ def _run_epoch(cfg: TrainConfig, console: Console, *, resume: bool) -> int:
                 reported: Exception = exc
                 if in_rounds and trainer is not None and p.cache is not None:
                     where = redact_url(p.cache.url)
-                    raise_if_lost(trainer.job, where, exc)
-                    reported = cache_full(trainer.job, where, exc) or exc
+                    reported = cache_lost(trainer.job, where, exc) or cache_full(trainer.job, where, exc) or exc
                 if (hint := _resume_hint(run.path)) is not None:
                     reported.add_note(hint)  # the CLI's error line ends with it
                 if reported is exc:
