@@ -96,7 +96,9 @@ def test_a_resume_while_the_run_still_goes_is_refused_and_the_run_loses_no_row(t
         running.send_signal(signal.SIGTERM)  # a clean stop: its checkpoint and rows agree
         assert running.wait(timeout=120) in (130, 143)
         done = json.loads((out / "state.json").read_text())["round"]
-        assert [int(r["round_id"]) for r in rows(out / "info.csv")] == list(range(1, done + 1))
+        # Rounds 1..done, and at most the one the stop caught between its row and its checkpoint (a resume rewinds it).
+        logged = [int(r["round_id"]) for r in rows(out / "info.csv")]
+        assert logged in (list(range(1, done + 1)), list(range(1, done + 2))), (logged, done)
         # Every task of the checkpointed rounds once (the round the stop cut short has rows a resume rewinds).
         grads = [g for g in rows(out / "gradients.csv") if int(g["round"]) <= done]
         assert Counter(int(g["round"]) for g in grads) == {k: TASKS_PER_ROUND for k in range(1, done + 1)}
