@@ -21,6 +21,9 @@ class Live:
     idle_since: float = field(default_factory=time.monotonic)
     expiry: asyncio.TimerHandle | None = None
     affinity: str | None = None  # the key of the last call that named one
+    silent_since: float | None = None  # when the first of its unanswered health probes in a row went (gateway/hung.py)
+    misses: int = 0  # how many in a row
+    hung_s: float | None = None  # killed as hung after this long without an answer
 
 
 def reuse_order(instances: Iterable[Live], affinity: str | None) -> list[Live]:

@@ -39,7 +39,8 @@ class Metrics:
         self.cost_usd = Counter("stellaris_cost_usd", "Charged cost", ["function"], registry=r)
         self.instance_deaths = Counter(
             "stellaris_instance_deaths",
-            "Instances found dead: during a call (call), idle on a call's way (idle), or by the idle sweep (sweep)",
+            "Instances found dead: during a call (call), idle on a call's way (idle), by the idle sweep (sweep), or "
+            "killed because they answered no health probe under a call (hung)",
             ["function", "found"],
             registry=r,
         )

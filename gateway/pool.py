@@ -14,6 +14,7 @@ import aiohttp
 
 from gateway.admission import Admission
 from gateway.backends.base import Backend, BackendError, InstanceHandle
+from gateway.hung import BusyProbes
 from gateway.instances import Live, reuse_order
 from gateway.invocation import InstanceUnreachable, InvocationFailed, Outcome, post_event
 from gateway.liveness import IdleProbes
@@ -25,7 +26,7 @@ ANSWER_MARGIN_S = 5.0
 _LATE_STOPS: set[asyncio.Task[None]] = set()
 
 
-class FunctionPool(IdleProbes):
+class FunctionPool(IdleProbes, BusyProbes):
     def __init__(
         self,
         spec: FunctionSpec,
@@ -140,9 +141,8 @@ class FunctionPool(IdleProbes):
             )
         except InstanceUnreachable as exc:
             outcome.duration_s = time.monotonic() - started
-            self.metrics.instance_deaths.labels(self.spec.name, "call").inc()
             await self._discard(live, replace=True, kill=True)  # gone before we say so: its leases may be freed
-            error = {"type": "InstanceCrashed", "message": f"instance {live.handle.id} died: {exc}"}
+            error = self.death(live, exc)
             raise InvocationFailed(502, Status.ERROR, error, outcome) from exc
         except TimeoutError as exc:
             outcome.duration_s = time.monotonic() - started

@@ -68,6 +68,8 @@ class Gateway:
             self.spawn(pool.ensure_min_warm())
         if self.settings.idle_probe_s > 0:
             self.spawn(self._sweep_idle(self.settings.idle_probe_s))
+        if self.settings.hung_after_s > 0:
+            self.spawn(self._watch_busy(self.settings.busy_probe_s, self.settings.hung_after_s))
 
     async def _sweep_idle(self, every_s: float) -> None:
         """Idle instances that died are found and replaced between calls (gateway/liveness.py), and the pools of
@@ -80,6 +82,16 @@ class Gateway:
                     await pool.probe_idle()
                 except Exception:  # a backend's probe failing must not end the sweep; the next round tries again
                     log.exception("probing the idle instances of %r failed", pool.spec.name)
+
+    async def _watch_busy(self, every_s: float, hung_after_s: float) -> None:
+        """Instances under a call that stopped answering are killed, so that their calls end (gateway/hung.py)."""
+        while True:
+            started, pools = time.monotonic(), list(self.pools.values())
+            probes = (pool.probe_busy(timeout_s=every_s, hung_after_s=hung_after_s) for pool in pools)
+            for pool, probed in zip(pools, await asyncio.gather(*probes, return_exceptions=True), strict=True):
+                if isinstance(probed, Exception):  # as in the idle sweep: the next round tries again
+                    log.error("probing the busy instances of %r failed", pool.spec.name, exc_info=probed)
+            await asyncio.sleep(max(0.0, every_s - (time.monotonic() - started)))
 
     async def _drop_unregistered(self) -> None:
         """A function deleted through another worker, or lost with the cache's data, gets no call here that would

@@ -106,6 +106,16 @@ class GatewaySettings(BaseSettings):
         description="every this many seconds, idle instances are probed and the dead ones replaced (min_warm kept "
         "while no call comes); 0: only a call about to reuse one probes it",
     )
+    hung_after_s: float = Field(
+        default=10.0,
+        ge=0,
+        le=86_400,
+        description="an instance under a call that answers none of its health probes for this long (stopped, stuck, "
+        "cut off) is killed, and its calls end with a 502 InstanceHung; 0: never",
+    )
+    busy_probe_s: float = Field(
+        default=2.0, gt=0, le=600, description="how often instances under a call are probed, and how long a probe waits"
+    )
     # Docker backend: host-Python mode runs the project's own interpreter from read-only bind mounts (bare images).
     docker_python: str | None = Field(default=None, description="interpreter path inside the container")
     docker_volumes: dict[str, str] = Field(default_factory=dict, description="host path -> container path (ro)")
@@ -129,4 +139,9 @@ class GatewaySettings(BaseSettings):
             raise ValueError("invoke_token needs an admin token too (without one the gateway is open to all)")
         if self.invoke_token is not None and self.invoke_token == self.token:
             raise ValueError("invoke_token must differ from the admin token")
+        if 0 < self.hung_after_s < 2 * self.busy_probe_s:
+            raise ValueError(
+                f"hung_after_s ({self.hung_after_s}) must be 0 (never) or at least twice busy_probe_s "
+                f"({self.busy_probe_s}): an instance is judged hung only after two probes went unanswered"
+            )
         return self

@@ -83,9 +83,9 @@ class GatewayFunctions:
         return isinstance(exc, GatewayError) and exc.status_code in (502, 504)
 
     def gone(self, exc: BaseException) -> bool:
-        # The gateway kills an instance that crashed or timed out before it answers so; an unreachable gateway
+        # The gateway kills an instance that crashed, hung or timed out before it answers so; an unreachable gateway
         # (502 GatewayUnreachable) says nothing of the instances, which may still be working.
-        return isinstance(exc, GatewayError) and exc.error.get("type") in ("InstanceCrashed", "Timeout")
+        return isinstance(exc, GatewayError) and exc.error.get("type") in ("InstanceCrashed", "InstanceHung", "Timeout")
 
 
 class Deployment:

@@ -24,6 +24,14 @@ def sleep(event: dict[str, Any], ctx: Context) -> dict[str, Any]:
     return {"slept_s": event["seconds"]}
 
 
+def spin(event: dict[str, Any], ctx: Context) -> dict[str, Any]:
+    """Pure Python on the CPU for `seconds`: the handler thread wants the GIL all the time."""
+    end, turns = time.monotonic() + float(event["seconds"]), 0
+    while time.monotonic() < end:
+        turns += 1
+    return {"turns": turns}
+
+
 def bad_result(event: dict[str, Any], ctx: Context) -> Any:
     """Something that is not a JSON object: a list, a set inside a dict, or NaN (not valid JSON)."""
     return {"list": [1, 2], "set": {"value": {1, 2}}, "nan": {"loss": math.nan}}[event["kind"]]

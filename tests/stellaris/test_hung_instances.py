@@ -1,0 +1,112 @@
+"""Hung instances: `stellaris train` while a learner instance and then the parameter-function instance are stopped
+with SIGSTOP and never woken. A stopped process is alive and keeps its connections open, so no call fails by
+itself; the gateway's busy probes find it silent and kill it, the control plane replaces the call, and the job
+finishes with every task applied once. Before the probes, the round held until the process woke (a 25 s stop held
+one for 25.8 s) or its call's timeout (an hour)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gateway.backends.process_tree import descendants
+from tests.procs import pid_alive, wait_pid_gone
+from tests.stellaris.test_chaos import _Output, _role
+from tests.stellaris.test_train import ROOT, rows
+
+ROUNDS, TASKS_PER_ROUND = 14, 4 * 16
+LEASE_S = 1200.0  # longer than the job: a stopped holder's task or update lease is freed by its kill, not by expiry
+HUNG_AFTER_S = 2.0
+
+
+def _stop_one(proc: subprocess.Popen[str], role: str, output: _Output, timeout_s: float = 60) -> int:
+    """SIGSTOP one instance of `role` (waiting for one to exist); returns its pid."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and proc.poll() is None:
+        victims = sorted(p for p in descendants(proc.pid) if _role(p, proc.pid) == role)
+        if victims:
+            os.kill(victims[0], signal.SIGSTOP)
+            return victims[0]
+        time.sleep(0.05)  # polled: an instance's start is no event this test can await
+    raise AssertionError(f"no {role} instance to stop; the job said:\n{output.text()[-3000:]}")
+
+
+@pytest.mark.slow  # about 40 s: CI's long stage, with the other fault runs
+def test_training_survives_a_learner_and_a_parameter_instance_stopped_for_good(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    cfg = tmp_path / "hung.yaml"
+    cfg.write_text(
+        yaml.safe_dump(
+            {
+                "env": "CartPole-v1",
+                "preset": "fast",
+                "rounds": ROUNDS,
+                "actors": 2,
+                "learners": 2,
+                "out": str(out),
+                "overrides": {"train_batch_size": 1024, "num_minibatches": 16, "num_epochs": 4},
+            }
+        )
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "STELLARIS_GATEWAY_URL")}
+    env |= {
+        "STELLARIS_JOB_LEARNER_LEASE_S": str(LEASE_S),
+        "STELLARIS_JOB_PARAMETER_LEASE_S": str(LEASE_S),
+        "STELLARIS_GATEWAY_HUNG_AFTER_S": str(HUNG_AFTER_S),
+        "STELLARIS_GATEWAY_BUSY_PROBE_S": "0.5",
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "stellaris.cli", "train", "--config", str(cfg)],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    output = _Output(proc)
+    stopped: list[int] = []
+    try:
+        output.await_round(3)
+        stopped.append(_stop_one(proc, "learner", output))
+        output.await_round(7, timeout_s=120)
+        assert output.round >= 7, f"no round ended since the learner was stopped:\n{output.text()[-3000:]}"
+        stopped.append(_stop_one(proc, "parameter", output))
+        proc.wait(timeout=300)
+    finally:
+        if proc.poll() is None:  # failed: the job's whole tree goes, the stopped instances with it
+            for pid in descendants(proc.pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            proc.kill()
+            proc.wait()
+        for pid in stopped:  # never woken by the test; a leftover would be freed here, and fail below
+            if pid_alive(pid):
+                os.kill(pid, signal.SIGKILL)
+    text = output.text()
+    assert proc.returncode == 0, text[-3000:]
+    for pid in stopped:
+        assert wait_pid_gone(pid, 30), f"stopped instance {pid} outlived the job"
+    info = rows(out / "info.csv")
+    assert [int(r["round_id"]) for r in info] == list(range(1, ROUNDS + 1))
+    grads = rows(out / "gradients.csv")
+    assert all(n == 1 for n in Counter(g["task_id"] for g in grads).values()), "a task was applied twice"
+    per_round = Counter(int(g["round"]) for g in grads)
+    assert all(per_round[r] == TASKS_PER_ROUND for r in range(1, ROUNDS + 1)), per_round
+    versions = sorted({int(g["applied_version"]) for g in grads})
+    assert versions == list(range(1, len(versions) + 1))
+    restarts = {k: sum(int(r[f"{k}_restarts"]) for r in info) for k in ("learner", "parameter")}
+    assert restarts["learner"] >= 1 and restarts["parameter"] >= 1, restarts
+    durations = sorted(float(r["duration"]) for r in info[1:])
+    print(
+        f"stopped {len(stopped)} instances for good; restarts {restarts}; round seconds median "
+        f"{durations[len(durations) // 2]:.2f}, max {durations[-1]:.2f}"
+    )
