@@ -81,6 +81,11 @@ class JobKeys:
         """Hash actor id -> JSON [mean, var, count] of its reward scaler, put there on resume from the checkpoint."""
         return self._k("actor:scalers")
 
+    @property
+    def actor_beats(self) -> str:
+        """Hash actor id -> the count a serverful actor's heartbeat raises every second (the control plane's watch)."""
+        return self._k("actor:beats")
+
     # Policy store.
     @property
     def policy_version(self) -> str:

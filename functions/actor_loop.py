@@ -10,17 +10,23 @@ round published, as a serverless actor invoked between rounds collects it.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import threading
 import uuid
+from collections.abc import Iterator
 from multiprocessing.synchronize import Event
 from typing import Any
 
-from cache import BackpressureTimeout, Cache, CacheSettings
+import redis
+
+from cache import BackpressureTimeout, Cache, CacheSettings, JobCache
 from cache.contract import ActorResult
 from functions.context import Context, Instance
 from functions.handlers import actor
 
 log = logging.getLogger("stellaris.actor")
+BEAT_S = 1.0  # as stellaris/control/actor_watch.py expects (functions may not import the control plane)
 
 
 def actor_loop(
@@ -35,7 +41,7 @@ def actor_loop(
     import torch
 
     torch.set_num_threads(1)  # one core per actor, as the paper's one actor per vCPU
-    with Cache(CacheSettings(url=redis_url)) as cache:
+    with Cache(CacheSettings(url=redis_url)) as cache, _heartbeat(cache, job, actor_id):
         instance = Instance(cache)
         pushed = 0
         while not stop.is_set() and (max_batches is None or pushed < max_batches):
@@ -58,6 +64,32 @@ def actor_loop(
                 policies = instance.job(job).policies
                 while not stop.is_set() and policies.wait_for_version(result.version, timeout_s=1.0) is None:
                     pass
+
+
+@contextlib.contextmanager
+def _heartbeat(cache: Cache, job: str, actor_id: str) -> Iterator[None]:
+    """Raise this actor's count in the job's heartbeat hash every BEAT_S from a thread of its own, while the loop
+    runs: the control plane takes an actor whose count stands still for long for hung (its actor_watch.py)."""
+    jobc = JobCache(cache.client, job)
+    key, ttl_ms = jobc.keys.actor_beats, int(jobc.limits.ttl_s * 1000)
+    done = threading.Event()
+
+    def beat() -> None:
+        while not done.wait(BEAT_S):
+            try:
+                pipe = cache.client.pipeline(transaction=False)
+                pipe.hincrby(key, actor_id, 1)
+                pipe.pexpire(key, ttl_ms)
+                pipe.execute()
+            except redis.RedisError as exc:  # Redis away: the next beat tries again (the watch allows for it)
+                log.debug("%s: heartbeat failed: %s", actor_id, exc)
+
+    thread = threading.Thread(target=beat, name="heartbeat", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
 
 
 def main() -> None:

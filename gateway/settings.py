@@ -38,7 +38,34 @@ def _physical_memory() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
-class GatewaySettings(BaseSettings):
+class HangSettings(BaseSettings):
+    """When a process that answers nothing is taken for hung and killed: the gateway's instances under a call, and
+    `stellaris train`'s local gateway (gateway/hung.py). Read by both from the same variables."""
+
+    model_config = SettingsConfigDict(env_prefix="STELLARIS_GATEWAY_", extra="ignore", frozen=True)
+
+    hung_after_s: float = Field(
+        default=10.0,
+        ge=0,
+        le=86_400,
+        description="an instance under a call that answers none of its health probes for this long (stopped, stuck, "
+        "cut off) is killed, and its calls end with a 502 InstanceHung; 0: never",
+    )
+    busy_probe_s: float = Field(
+        default=2.0, gt=0, le=600, description="how often instances under a call are probed, and how long a probe waits"
+    )
+
+    @model_validator(mode="after")
+    def _two_probes(self) -> HangSettings:
+        if 0 < self.hung_after_s < 2 * self.busy_probe_s:
+            raise ValueError(
+                f"hung_after_s ({self.hung_after_s}) must be 0 (never) or at least twice busy_probe_s "
+                f"({self.busy_probe_s}): a process is judged hung only after two probes went unanswered"
+            )
+        return self
+
+
+class GatewaySettings(HangSettings):
     model_config = SettingsConfigDict(env_prefix="STELLARIS_GATEWAY_", extra="forbid", frozen=True)
 
     host: str = "127.0.0.1"
@@ -106,16 +133,6 @@ class GatewaySettings(BaseSettings):
         description="every this many seconds, idle instances are probed and the dead ones replaced (min_warm kept "
         "while no call comes); 0: only a call about to reuse one probes it",
     )
-    hung_after_s: float = Field(
-        default=10.0,
-        ge=0,
-        le=86_400,
-        description="an instance under a call that answers none of its health probes for this long (stopped, stuck, "
-        "cut off) is killed, and its calls end with a 502 InstanceHung; 0: never",
-    )
-    busy_probe_s: float = Field(
-        default=2.0, gt=0, le=600, description="how often instances under a call are probed, and how long a probe waits"
-    )
     # Docker backend: host-Python mode runs the project's own interpreter from read-only bind mounts (bare images).
     docker_python: str | None = Field(default=None, description="interpreter path inside the container")
     docker_volumes: dict[str, str] = Field(default_factory=dict, description="host path -> container path (ro)")
@@ -139,9 +156,4 @@ class GatewaySettings(BaseSettings):
             raise ValueError("invoke_token needs an admin token too (without one the gateway is open to all)")
         if self.invoke_token is not None and self.invoke_token == self.token:
             raise ValueError("invoke_token must differ from the admin token")
-        if 0 < self.hung_after_s < 2 * self.busy_probe_s:
-            raise ValueError(
-                f"hung_after_s ({self.hung_after_s}) must be 0 (never) or at least twice busy_probe_s "
-                f"({self.busy_probe_s}): an instance is judged hung only after two probes went unanswered"
-            )
         return self

@@ -7,7 +7,7 @@ trigger says (README, "Reproducing a run"); batches landed beyond that are carri
 Event-driven: a claim blocks on the stream until a batch lands; conditions that no landing changes (a period, a
 predicate, a version) are looked at again at least every `ACTOR_CHECK_S`. Dead serverful actors are looked for (a
 non-blocking wait on each process) before every claim: at once when collection starts, and at least every
-`ACTOR_CHECK_S` while it waits.
+`ACTOR_CHECK_S` while it waits; hung ones (a heartbeat that stands still) too, once it has waited that long.
 """
 
 from __future__ import annotations
@@ -89,6 +89,8 @@ class LearnerGate:
         while True:
             # Every look, not only after a claim that came back empty: an actor that died while the learners worked
             # would otherwise be found only once the others' batches are in and a claim has waited in vain.
+            if time.monotonic() - last_landing >= ACTOR_CHECK_S:  # waiting: an actor may be hung (actor_watch.py)
+                t.deployment.actors.kill_hung()
             rs.actor_restarts += t.deployment.actors.restart_dead()
             # The version costs a round trip: read it per look only where a condition needs it.
             facts = self.facts(t.round, batches, t.job.policies.version() or 0 if self.trigger.needs_version else -1)

@@ -109,7 +109,7 @@ class Deployment:
         self.names = function_names(self.job_id)
         self.functions = GatewayFunctions(gateway, self.names)
         self.queue_bound, self.actor_run_ahead = queue_bound, actor_run_ahead
-        self.actors = ServerfulActors(self.job_id, actor_run_ahead, self._actor_env)
+        self.actors = ServerfulActors(self.job_id, actor_run_ahead, self._actor_env, job=job)
         self.job_url: str | None = None  # Redis as the job's own user, when Redis has ACLs
         self.regrant: Callable[[Any], None] = lambda conn: None
         self.closed = threading.Event()

@@ -17,6 +17,8 @@ import httpx
 from cache import Cache, CacheSettings
 from cache.lifetime import die_with_parent, stop_process
 from gateway.client import GatewayClient
+from gateway.settings import HangSettings
+from stellaris.control.gateway_watch import GatewayWatch
 
 if TYPE_CHECKING:
     from gateway.backends.ray_cluster import LocalRayCluster
@@ -66,6 +68,7 @@ class Platform:
         self.gateway: GatewayClient | None = None
         self.namespace = f"local-{secrets.token_hex(4)}"
         self.gateway_restarts = 0
+        self.watch = GatewayWatch(lambda: (self.gateway_proc, self.gateway_url), HangSettings())  # the local one
 
     def __enter__(self) -> Platform:
         try:
@@ -74,6 +77,7 @@ class Platform:
                 if self.backend == "ray" and self.ray_address is None:
                     self._start_private_ray()
                 self._start_gateway()
+                self.watch.start()
             else:
                 self._check_given_gateway()
             assert self.gateway_url is not None
@@ -163,6 +167,7 @@ class Platform:
 
     def close(self) -> None:
         self.closing = True
+        self.watch.stop()
         if self.gateway is not None:
             self.gateway.close()
         if self.gateway_proc is not None:

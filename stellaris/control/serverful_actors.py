@@ -9,11 +9,15 @@ import logging
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 
+from cache import JobCache
 from cache.contract.zygote import SpawnRequest
 from cache.lifetime import die_with_parent
 from gateway.backends.zygote import ForkedProcess, ForkServer, ForkServerError
+from gateway.settings import HangSettings
+from stellaris.control.actor_watch import ActorWatch
 from stellaris.control.rounds import TrainingError
 
 ACTOR_MODULE = "functions.actor_loop"
@@ -57,9 +61,17 @@ class ServerfulActors:
     its stream bound, the device): asked at each start, so a restart gets the job's credentials as they are now."""
 
     def __init__(
-        self, job_id: str, run_ahead: int, env: Callable[[], dict[str, str]], *, fork: bool | None = None
+        self,
+        job_id: str,
+        run_ahead: int,
+        env: Callable[[], dict[str, str]],
+        *,
+        fork: bool | None = None,
+        job: JobCache | None = None,
     ) -> None:
-        self.job_id, self.run_ahead, self.env = job_id, run_ahead, env
+        """`job`: where the actors' heartbeats are read (none: hung actors are not looked for)."""
+        self.job_id, self.run_ahead, self.env, self.job = job_id, run_ahead, env, job
+        self.watch = ActorWatch(HangSettings().hung_after_s if job is not None else 0.0)
         self.procs: list[ActorProcess] = []
         self.deaths: dict[str, int] = {}  # by actor id: deaths since its last landed batch
         self.max_restarts = max_actor_restarts()
@@ -74,6 +86,9 @@ class ServerfulActors:
             self.forks.start_soon()
 
     def _start(self, index: int) -> ActorProcess:
+        if self.job is not None:  # what an earlier process of this actor beat says nothing of this one
+            self.watch.forget(f"actor-{index}")
+            self.job.client.hdel(self.job.keys.actor_beats, f"actor-{index}")
         env = {**os.environ, **ACTOR_THREADS_ENV, **self.env()}
         argv = [self.job_id, f"actor-{index}", str(index), str(self.run_ahead)]
         cmd = [sys.executable, "-m", ACTOR_MODULE, *argv]
@@ -105,6 +120,24 @@ class ServerfulActors:
                 self.procs[i] = self._start(i)
                 restarted += 1
         return restarted
+
+    def kill_hung(self) -> list[str]:
+        """Actors whose heartbeat stood still for `hung_after_s` of looking (stellaris/control/actor_watch.py) are
+        killed, for `restart_dead` to start them again; returns their ids. Called while batches are waited for."""
+        if self.job is None or self.watch.hung_after_s <= 0 or not self.procs:
+            return []
+        raw = self.job.client.hgetall(self.job.keys.actor_beats)
+        now = time.monotonic()
+        killed = []
+        for actor in self.watch.hung({k.decode(): int(v) for k, v in raw.items()}, now):
+            index = int(actor.removeprefix("actor-"))
+            if index < len(self.procs) and self.procs[index].poll() is None:
+                print(f"{actor} gave no heartbeat for {self.watch.silent_s(actor, now):.1f} s: killing it, to start "
+                      "it again", file=sys.stderr, flush=True)  # fmt: skip
+                self.procs[index].kill()
+                self.procs[index].wait(timeout=30)
+                killed.append(actor)
+        return killed
 
     def landed(self, actor_ids: set[str]) -> None:
         """Batches of these actors landed: their runs of deaths are over."""

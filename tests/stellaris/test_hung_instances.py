@@ -1,8 +1,9 @@
-"""Hung instances: `stellaris train` while a learner instance and then the parameter-function instance are stopped
-with SIGSTOP and never woken. A stopped process is alive and keeps its connections open, so no call fails by
-itself; the gateway's busy probes find it silent and kill it, the control plane replaces the call, and the job
-finishes with every task applied once. Before the probes, the round held until the process woke (a 25 s stop held
-one for 25.8 s) or its call's timeout (an hour)."""
+"""Hung processes: `stellaris train` while a learner instance and then the parameter-function instance, or the local
+gateway itself, are stopped with SIGSTOP and never woken. A stopped process is alive and keeps its connections open,
+so no call fails by itself. The gateway's busy probes find a silent instance and kill it, the control plane replaces
+its call, and the job finishes with every task applied once; before the probes, the round held until the process
+woke (a 25 s stop held one for 25.8 s) or its call's timeout (an hour). A stopped local gateway is found silent by
+the control plane's watch and killed, and the control plane starts it again as after a crash."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ import yaml
 
 from gateway.backends.process_tree import descendants
 from tests.procs import pid_alive, wait_pid_gone
-from tests.stellaris.test_chaos import _Output, _role
+from tests.stellaris.test_chaos import _cmdline, _Output, _role
 from tests.stellaris.test_train import ROOT, rows
 
 ROUNDS, TASKS_PER_ROUND = 14, 4 * 16
@@ -32,7 +33,7 @@ def _stop_one(proc: subprocess.Popen[str], role: str, output: _Output, timeout_s
     """SIGSTOP one instance of `role` (waiting for one to exist); returns its pid."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline and proc.poll() is None:
-        victims = sorted(p for p in descendants(proc.pid) if _role(p, proc.pid) == role)
+        victims = sorted(p for p in descendants(proc.pid) if _role(p, proc.pid) == role or _is_gateway(p, role))
         if victims:
             os.kill(victims[0], signal.SIGSTOP)
             return victims[0]
@@ -40,8 +41,12 @@ def _stop_one(proc: subprocess.Popen[str], role: str, output: _Output, timeout_s
     raise AssertionError(f"no {role} instance to stop; the job said:\n{output.text()[-3000:]}")
 
 
-@pytest.mark.slow  # about 40 s: CI's long stage, with the other fault runs
-def test_training_survives_a_learner_and_a_parameter_instance_stopped_for_good(tmp_path: Path) -> None:
+def _is_gateway(pid: int, role: str) -> bool:
+    return role == "gateway" and _cmdline(pid).split()[1:3] == ["-m", "gateway"]
+
+
+def _train(tmp_path: Path) -> tuple[subprocess.Popen[str], _Output, Path]:
+    """A CartPole job whose stopped holders are freed only by kills: its task and update leases outlast it."""
     out = tmp_path / "run"
     cfg = tmp_path / "hung.yaml"
     cfg.write_text(
@@ -72,7 +77,62 @@ def test_training_survives_a_learner_and_a_parameter_instance_stopped_for_good(t
         stderr=subprocess.STDOUT,
         text=True,
     )
-    output = _Output(proc)
+    return proc, _Output(proc), out
+
+
+def _end(proc: subprocess.Popen[str], stopped: list[int]) -> None:
+    """After the job (or a failure): a job still running goes with its whole tree, the stopped processes with it."""
+    if proc.poll() is None:
+        for pid in descendants(proc.pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        proc.kill()
+        proc.wait()
+    for pid in stopped:  # never woken by the test; a leftover is freed here, and fails the test after
+        if pid_alive(pid):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _check(proc: subprocess.Popen[str], output: _Output, out: Path, stopped: list[int]) -> list[dict[str, str]]:
+    """Exit 0, the stopped processes killed, and every task of every round applied once."""
+    assert proc.returncode == 0, output.text()[-3000:]
+    for pid in stopped:
+        assert wait_pid_gone(pid, 30), f"stopped process {pid} outlived the job"
+    info = rows(out / "info.csv")
+    assert [int(r["round_id"]) for r in info] == list(range(1, ROUNDS + 1))
+    grads = rows(out / "gradients.csv")
+    assert all(n == 1 for n in Counter(g["task_id"] for g in grads).values()), "a task was applied twice"
+    per_round = Counter(int(g["round"]) for g in grads)
+    assert all(per_round[r] == TASKS_PER_ROUND for r in range(1, ROUNDS + 1)), per_round
+    versions = sorted({int(g["applied_version"]) for g in grads})
+    assert versions == list(range(1, len(versions) + 1))
+    return info
+
+
+def _round_seconds(info: list[dict[str, str]]) -> str:
+    durations = sorted(float(r["duration"]) for r in info[1:])
+    return f"round seconds median {durations[len(durations) // 2]:.2f}, max {durations[-1]:.2f}"
+
+
+@pytest.mark.slow  # about 20 s: CI's long stage, with the other fault runs
+def test_training_survives_its_local_gateway_stopped_for_good(tmp_path: Path) -> None:
+    proc, output, out = _train(tmp_path)
+    stopped: list[int] = []
+    try:
+        output.await_round(3)
+        stopped.append(_stop_one(proc, "gateway", output))
+        proc.wait(timeout=300)
+    finally:
+        _end(proc, stopped)
+    info = _check(proc, output, out, stopped)
+    assert "the local gateway answered no health probe" in output.text()
+    assert "the local gateway exited with code -9; starting it again" in output.text()
+    print(f"stopped the local gateway for good; {_round_seconds(info)}")
+
+
+@pytest.mark.slow  # about 20 s: CI's long stage, with the other fault runs
+def test_training_survives_a_learner_and_a_parameter_instance_stopped_for_good(tmp_path: Path) -> None:
+    proc, output, out = _train(tmp_path)
     stopped: list[int] = []
     try:
         output.await_round(3)
@@ -82,31 +142,26 @@ def test_training_survives_a_learner_and_a_parameter_instance_stopped_for_good(t
         stopped.append(_stop_one(proc, "parameter", output))
         proc.wait(timeout=300)
     finally:
-        if proc.poll() is None:  # failed: the job's whole tree goes, the stopped instances with it
-            for pid in descendants(proc.pid):
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-            proc.kill()
-            proc.wait()
-        for pid in stopped:  # never woken by the test; a leftover would be freed here, and fail below
-            if pid_alive(pid):
-                os.kill(pid, signal.SIGKILL)
-    text = output.text()
-    assert proc.returncode == 0, text[-3000:]
-    for pid in stopped:
-        assert wait_pid_gone(pid, 30), f"stopped instance {pid} outlived the job"
-    info = rows(out / "info.csv")
-    assert [int(r["round_id"]) for r in info] == list(range(1, ROUNDS + 1))
-    grads = rows(out / "gradients.csv")
-    assert all(n == 1 for n in Counter(g["task_id"] for g in grads).values()), "a task was applied twice"
-    per_round = Counter(int(g["round"]) for g in grads)
-    assert all(per_round[r] == TASKS_PER_ROUND for r in range(1, ROUNDS + 1)), per_round
-    versions = sorted({int(g["applied_version"]) for g in grads})
-    assert versions == list(range(1, len(versions) + 1))
+        _end(proc, stopped)
+    info = _check(proc, output, out, stopped)
     restarts = {k: sum(int(r[f"{k}_restarts"]) for r in info) for k in ("learner", "parameter")}
     assert restarts["learner"] >= 1 and restarts["parameter"] >= 1, restarts
-    durations = sorted(float(r["duration"]) for r in info[1:])
-    print(
-        f"stopped {len(stopped)} instances for good; restarts {restarts}; round seconds median "
-        f"{durations[len(durations) // 2]:.2f}, max {durations[-1]:.2f}"
-    )
+    print(f"stopped a learner and a parameter-function instance for good; restarts {restarts}; {_round_seconds(info)}")
+
+
+@pytest.mark.slow  # about 20 s: CI's long stage, with the other fault runs
+def test_training_survives_a_serverful_actor_stopped_for_good(tmp_path: Path) -> None:
+    """Before the actors' heartbeats, one stopped actor of two held the job until the 300 s batch wait ended it."""
+    proc, output, out = _train(tmp_path)
+    stopped: list[int] = []
+    try:
+        output.await_round(3)
+        stopped.append(_stop_one(proc, "actor", output))
+        proc.wait(timeout=300)
+    finally:
+        _end(proc, stopped)
+    info = _check(proc, output, out, stopped)
+    assert "gave no heartbeat for" in output.text()
+    restarts = sum(int(r["actor_restarts"]) for r in info)
+    assert restarts >= 1
+    print(f"stopped a serverful actor for good; actor restarts {restarts}; {_round_seconds(info)}")

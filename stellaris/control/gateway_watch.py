@@ -1,0 +1,65 @@
+"""A watch on `stellaris train`'s local gateway: asked for /healthz every `busy_probe_s`, and killed when it answered
+none of its probes for `hung_after_s` (the gateway's own settings, gateway/settings.py `HangSettings`). A stopped or
+stuck gateway keeps its connections open, so the control plane's calls through it would wait for their timeouts (an
+hour); killed, it drops them, and the control plane's recovery starts it again as after a crash
+(`Platform.recover_gateway`). A given gateway (`--gateway-url`) is not ours to kill: nothing watches it here."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+
+import httpx
+
+from gateway.settings import HangSettings
+
+MIN_MISSES = 2  # as for instances (gateway/hung.py): one unanswered probe is never enough
+
+Current = Callable[[], tuple["subprocess.Popen[str] | None", "str | None"]]
+
+
+class GatewayWatch:
+    """`current()` gives the gateway process and URL as they are now (a recovery replaces both)."""
+
+    def __init__(self, current: Current, hang: HangSettings) -> None:
+        self.current, self.hang = current, hang
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="gateway-watch", daemon=True)
+
+    def start(self) -> None:
+        if self.hang.hung_after_s > 0:
+            self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=2 * self.hang.busy_probe_s)
+
+    def _watch(self) -> None:
+        watched: subprocess.Popen[str] | None = None
+        silent_since: float | None = None
+        misses = 0
+        with httpx.Client(timeout=self.hang.busy_probe_s) as probe:
+            while not self._stop.wait(self.hang.busy_probe_s):
+                proc, url = self.current()
+                if proc is not watched:  # started again: a new streak
+                    watched, silent_since, misses = proc, None, 0
+                if proc is None or url is None or proc.poll() is not None:
+                    continue  # gone: the next request brings it back
+                sent = time.monotonic()
+                try:
+                    answered = probe.get(f"{url}/healthz").status_code == 200
+                except httpx.HTTPError:
+                    answered = False
+                if answered:
+                    silent_since, misses = None, 0
+                    continue
+                silent_since, misses = silent_since or sent, misses + 1
+                silent_s = time.monotonic() - silent_since
+                if misses >= MIN_MISSES and silent_s >= self.hang.hung_after_s and not self._stop.is_set():
+                    print(f"the local gateway answered no health probe for {silent_s:.1f} s: killing it, to start it "
+                          "again", file=sys.stderr, flush=True)  # fmt: skip
+                    proc.kill()
