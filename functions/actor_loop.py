@@ -18,8 +18,6 @@ from collections.abc import Iterator
 from multiprocessing.synchronize import Event
 from typing import Any
 
-import redis
-
 from cache import BackpressureTimeout, Cache, CacheSettings, JobCache
 from cache.contract import ActorResult
 from functions.context import Context, Instance
@@ -81,7 +79,7 @@ def _heartbeat(cache: Cache, job: str, actor_id: str) -> Iterator[None]:
                 pipe.hincrby(key, actor_id, 1)
                 pipe.pexpire(key, ttl_ms)
                 pipe.execute()
-            except redis.RedisError as exc:  # Redis away: the next beat tries again (the watch allows for it)
+            except Exception as exc:  # Redis away: the next beat tries again (the watch allows for it)
                 log.debug("%s: heartbeat failed: %s", actor_id, exc)
 
     thread = threading.Thread(target=beat, name="heartbeat", daemon=True)

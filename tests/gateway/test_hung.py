@@ -21,7 +21,7 @@ from tests.gateway.conftest import RunningGateway, start_gateway, stop_gateway
 from tests.gateway.test_api import pids, spec
 from tests.procs import wait_pid_gone
 
-HUNG_AFTER_S, PROBE_S = 1.0, 0.2
+HUNG_AFTER_S, PROBE_S = 2.0, 0.25
 
 
 @pytest.fixture(scope="module")
