@@ -73,16 +73,20 @@ def _heartbeat(cache: Cache, job: str, actor_id: str) -> Iterator[None]:
     done = threading.Event()
 
     def beat() -> None:
-        while not done.wait(BEAT_S):
-            try:
-                pipe = cache.client.pipeline(transaction=False)
-                pipe.hincrby(key, actor_id, 1)
-                pipe.pexpire(key, ttl_ms)
-                pipe.execute()
-            except Exception as exc:  # Redis away: the next beat tries again (the watch allows for it)
-                log.debug("%s: heartbeat failed: %s", actor_id, exc)
+        try:
+            pipe = cache.client.pipeline(transaction=False)
+            pipe.hincrby(key, actor_id, 1)
+            pipe.pexpire(key, ttl_ms)
+            pipe.execute()
+        except Exception as exc:  # Redis away: the next beat tries again (the watch allows for it)
+            log.debug("%s: heartbeat failed: %s", actor_id, exc)
 
-    thread = threading.Thread(target=beat, name="heartbeat", daemon=True)
+    def beats() -> None:
+        while not done.wait(BEAT_S):
+            beat()
+
+    beat()  # before the first batch: an actor stopped any time after it has a count to be judged by
+    thread = threading.Thread(target=beats, name="heartbeat", daemon=True)
     thread.start()
     try:
         yield

@@ -94,16 +94,19 @@ class _Output:
         return "".join(self.lines)
 
 
-@pytest.mark.slow  # over 40 s (66 s idle): CI's long stage, with the other fault runs
-def test_training_survives_kill_9_of_learners_parameter_functions_and_actors(tmp_path: Path) -> None:
+def start_job(
+    tmp_path: Path, rounds: int, *, leases_s: float, **env: str
+) -> tuple[subprocess.Popen[str], _Output, Path]:
+    """`stellaris train` of a CartPole job (2 actors, 2 learners, 64 tasks a round) in a subprocess, its output read as
+    it comes; task and update leases of `leases_s`, and `env` on top. Returns the process, its output, its run dir."""
     out = tmp_path / "run"
-    cfg = tmp_path / "chaos.yaml"
+    cfg = tmp_path / "job.yaml"
     cfg.write_text(
         yaml.safe_dump(
             {
                 "env": "CartPole-v1",
                 "preset": "fast",
-                "rounds": ROUNDS,
+                "rounds": rounds,
                 "actors": 2,
                 "learners": 2,
                 "out": str(out),
@@ -111,17 +114,22 @@ def test_training_survives_kill_9_of_learners_parameter_functions_and_actors(tmp
             }
         )
     )
-    env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "STELLARIS_GATEWAY_URL")}
-    env |= {"STELLARIS_JOB_LEARNER_LEASE_S": str(LEASE_S), "STELLARIS_JOB_PARAMETER_LEASE_S": str(LEASE_S)}
+    environ = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "STELLARIS_GATEWAY_URL")}
+    environ |= {"STELLARIS_JOB_LEARNER_LEASE_S": str(leases_s), "STELLARIS_JOB_PARAMETER_LEASE_S": str(leases_s), **env}
     proc = subprocess.Popen(
         [sys.executable, "-m", "stellaris.cli", "train", "--config", str(cfg)],
         cwd=ROOT,
-        env=env,
+        env=environ,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
     )
-    output = _Output(proc)
+    return proc, _Output(proc), out
+
+
+@pytest.mark.slow  # over 40 s (66 s idle): CI's long stage, with the other fault runs
+def test_training_survives_kill_9_of_learners_parameter_functions_and_actors(tmp_path: Path) -> None:
+    proc, output, out = start_job(tmp_path, ROUNDS, leases_s=LEASE_S)
     rng = random.Random(20261123)
     plan = [role for role, n in KILLS.items() for _ in range(n)]
     rng.shuffle(plan)

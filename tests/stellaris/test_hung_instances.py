@@ -1,9 +1,11 @@
 """Hung processes: `stellaris train` while a learner instance and then the parameter-function instance, or the local
-gateway itself, are stopped with SIGSTOP and never woken. A stopped process is alive and keeps its connections open,
-so no call fails by itself. The gateway's busy probes find a silent instance and kill it, the control plane replaces
-its call, and the job finishes with every task applied once; before the probes, the round held until the process
-woke (a 25 s stop held one for 25.8 s) or its call's timeout (an hour). A stopped local gateway is found silent by
-the control plane's watch and killed, and the control plane starts it again as after a crash."""
+gateway itself, or one of its serverful actors, are stopped with SIGSTOP and never woken. A stopped process is
+alive and keeps its connections open, so no call fails by itself. The gateway's busy probes find a silent instance
+and kill it, the control plane replaces its call, and the job finishes with every task applied once; before the
+probes, the round held until the process woke (a 25 s stop held one for 25.8 s) or its call's timeout (an hour). A
+stopped local gateway is found silent by the control plane's watch and killed, and the control plane starts it
+again as after a crash; a stopped actor's heartbeat stands still, and it is killed and started again like a dead
+one."""
 
 from __future__ import annotations
 
@@ -11,18 +13,16 @@ import contextlib
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections import Counter
 from pathlib import Path
 
 import pytest
-import yaml
 
 from gateway.backends.process_tree import descendants
 from tests.procs import pid_alive, wait_pid_gone
-from tests.stellaris.test_chaos import _cmdline, _Output, _role
-from tests.stellaris.test_train import ROOT, rows
+from tests.stellaris.test_chaos import _cmdline, _Output, _role, start_job
+from tests.stellaris.test_train import rows
 
 ROUNDS, TASKS_PER_ROUND = 14, 4 * 16
 LEASE_S = 1200.0  # longer than the job: a stopped holder's task or update lease is freed by its kill, not by expiry
@@ -43,41 +43,6 @@ def _stop_one(proc: subprocess.Popen[str], role: str, output: _Output, timeout_s
 
 def _is_gateway(pid: int, role: str) -> bool:
     return role == "gateway" and _cmdline(pid).split()[1:3] == ["-m", "gateway"]
-
-
-def _train(tmp_path: Path) -> tuple[subprocess.Popen[str], _Output, Path]:
-    """A CartPole job whose stopped holders are freed only by kills: its task and update leases outlast it."""
-    out = tmp_path / "run"
-    cfg = tmp_path / "hung.yaml"
-    cfg.write_text(
-        yaml.safe_dump(
-            {
-                "env": "CartPole-v1",
-                "preset": "fast",
-                "rounds": ROUNDS,
-                "actors": 2,
-                "learners": 2,
-                "out": str(out),
-                "overrides": {"train_batch_size": 1024, "num_minibatches": 16, "num_epochs": 4},
-            }
-        )
-    )
-    env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "STELLARIS_GATEWAY_URL")}
-    env |= {
-        "STELLARIS_JOB_LEARNER_LEASE_S": str(LEASE_S),
-        "STELLARIS_JOB_PARAMETER_LEASE_S": str(LEASE_S),
-        "STELLARIS_GATEWAY_HUNG_AFTER_S": str(HUNG_AFTER_S),
-        "STELLARIS_GATEWAY_BUSY_PROBE_S": "0.5",
-    }
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "stellaris.cli", "train", "--config", str(cfg)],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    return proc, _Output(proc), out
 
 
 def _end(proc: subprocess.Popen[str], stopped: list[int]) -> None:
@@ -109,59 +74,47 @@ def _check(proc: subprocess.Popen[str], output: _Output, out: Path, stopped: lis
     return info
 
 
-def _round_seconds(info: list[dict[str, str]]) -> str:
+# What is stopped, at which round (each waits for the round before it is stopped), what the job's output must say
+# and which restarts info.csv must count.
+SCENARIOS = {
+    "a-learner-then-the-parameter-function": ([(3, "learner"), (7, "parameter")], [], ("learner", "parameter")),
+    "the-local-gateway": (
+        [(3, "gateway")],
+        ["the local gateway answered no health probe", "the local gateway exited with code -9; starting it again"],
+        (),
+    ),
+    # Before the actors' heartbeats, one stopped actor of two held the job until the 300 s batch wait ended it.
+    "one-of-two-serverful-actors": ([(3, "actor")], ["gave no heartbeat for"], ("actor",)),
+}
+
+
+@pytest.mark.slow  # about 20 s each: CI's long stage, with the other fault runs
+@pytest.mark.parametrize("scenario", list(SCENARIOS))
+def test_training_survives_processes_stopped_for_good(tmp_path: Path, scenario: str) -> None:
+    plan, said, restarted = SCENARIOS[scenario]
+    proc, output, out = start_job(
+        tmp_path, ROUNDS, leases_s=LEASE_S, STELLARIS_GATEWAY_HUNG_AFTER_S=str(HUNG_AFTER_S),
+        STELLARIS_GATEWAY_BUSY_PROBE_S="0.5",
+    )  # fmt: skip
+    stopped: list[int] = []
+    try:
+        for at_round, role in plan:
+            output.await_round(at_round, timeout_s=120)
+            assert output.round >= at_round, f"no round ended since {stopped} stopped:\n{output.text()[-3000:]}"
+            stopped.append(_stop_one(proc, role, output))
+        try:
+            proc.wait(timeout=300)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"the job did not end:\n{''.join(output.lines)[-3000:]}") from None
+    finally:
+        _end(proc, stopped)
+    info = _check(proc, output, out, stopped)
+    for line in said:
+        assert line in output.text()
+    restarts = {k: sum(int(r[f"{k}_restarts"]) for r in info) for k in ("learner", "parameter", "actor")}
+    assert all(restarts[k] >= 1 for k in restarted), restarts
     durations = sorted(float(r["duration"]) for r in info[1:])
-    return f"round seconds median {durations[len(durations) // 2]:.2f}, max {durations[-1]:.2f}"
-
-
-@pytest.mark.slow  # about 20 s: CI's long stage, with the other fault runs
-def test_training_survives_its_local_gateway_stopped_for_good(tmp_path: Path) -> None:
-    proc, output, out = _train(tmp_path)
-    stopped: list[int] = []
-    try:
-        output.await_round(3)
-        stopped.append(_stop_one(proc, "gateway", output))
-        proc.wait(timeout=300)
-    finally:
-        _end(proc, stopped)
-    info = _check(proc, output, out, stopped)
-    assert "the local gateway answered no health probe" in output.text()
-    assert "the local gateway exited with code -9; starting it again" in output.text()
-    print(f"stopped the local gateway for good; {_round_seconds(info)}")
-
-
-@pytest.mark.slow  # about 20 s: CI's long stage, with the other fault runs
-def test_training_survives_a_learner_and_a_parameter_instance_stopped_for_good(tmp_path: Path) -> None:
-    proc, output, out = _train(tmp_path)
-    stopped: list[int] = []
-    try:
-        output.await_round(3)
-        stopped.append(_stop_one(proc, "learner", output))
-        output.await_round(7, timeout_s=120)
-        assert output.round >= 7, f"no round ended since the learner was stopped:\n{output.text()[-3000:]}"
-        stopped.append(_stop_one(proc, "parameter", output))
-        proc.wait(timeout=300)
-    finally:
-        _end(proc, stopped)
-    info = _check(proc, output, out, stopped)
-    restarts = {k: sum(int(r[f"{k}_restarts"]) for r in info) for k in ("learner", "parameter")}
-    assert restarts["learner"] >= 1 and restarts["parameter"] >= 1, restarts
-    print(f"stopped a learner and a parameter-function instance for good; restarts {restarts}; {_round_seconds(info)}")
-
-
-@pytest.mark.slow  # about 20 s: CI's long stage, with the other fault runs
-def test_training_survives_a_serverful_actor_stopped_for_good(tmp_path: Path) -> None:
-    """Before the actors' heartbeats, one stopped actor of two held the job until the 300 s batch wait ended it."""
-    proc, output, out = _train(tmp_path)
-    stopped: list[int] = []
-    try:
-        output.await_round(3)
-        stopped.append(_stop_one(proc, "actor", output))
-        proc.wait(timeout=300)
-    finally:
-        _end(proc, stopped)
-    info = _check(proc, output, out, stopped)
-    assert "gave no heartbeat for" in output.text()
-    restarts = sum(int(r["actor_restarts"]) for r in info)
-    assert restarts >= 1
-    print(f"stopped a serverful actor for good; actor restarts {restarts}; {_round_seconds(info)}")
+    print(
+        f"{scenario} stopped for good: restarts {restarts}; round seconds median {durations[len(durations) // 2]:.2f}, "
+        f"max {durations[-1]:.2f}"
+    )
