@@ -12,21 +12,44 @@ import asyncio
 import contextlib
 import logging
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
 from cache.contract.runtime_http import HEALTH_PATH, SECRET_HEADER
 from gateway.backends.base import BackendError
-from gateway.instances import Live
 
 if TYPE_CHECKING:
     from gateway.backends.base import Backend
+    from gateway.instances import Live
     from gateway.metering import Metrics
     from gateway.models import FunctionSpec
 
 log = logging.getLogger("stellaris.gateway")
-MIN_MISSES = 2  # a single unanswered probe is never enough (e.g. the gateway itself was starved while it waited)
+MIN_MISSES = 2  # a single unanswered probe is never enough (e.g. the prober itself was starved while it waited)
+
+
+@dataclass
+class Silence:
+    """A run of unanswered probes of one process: it counts as hung once MIN_MISSES or more in a row span
+    `hung_after_s`, from the sending of the first. Also the control plane's watch on its local gateway."""
+
+    since: float | None = None
+    misses: int = 0
+
+    def answered(self) -> None:
+        self.since, self.misses = None, 0
+
+    def missed(self, sent: float) -> None:
+        self.since = sent if self.since is None else self.since
+        self.misses += 1
+
+    def silent_s(self, now: float) -> float:
+        return 0.0 if self.since is None else now - self.since
+
+    def hung(self, now: float, hung_after_s: float) -> bool:
+        return self.misses >= MIN_MISSES and self.silent_s(now) >= hung_after_s
 
 
 class BusyProbes:
@@ -40,19 +63,15 @@ class BusyProbes:
         """One probe of every instance under a call, at once; kills the ones silent for `hung_after_s` over at least
         MIN_MISSES probes in a row. Returns their ids."""
         for live in self.instances.values():
-            if not live.in_flight:  # a streak counts only probes of a call in flight
-                live.silent_since, live.misses = None, 0
+            if not live.in_flight:  # a run counts only probes of a call in flight
+                live.silence.answered()
         busy = [live for live in self.instances.values() if live.in_flight and live.hung_s is None]
         sent = time.monotonic()
         answers = await asyncio.gather(*(self._answers(live, timeout_s) for live in busy))
         hung = []
         for live, answered in zip(busy, answers, strict=True):
-            if answered:
-                live.silent_since, live.misses = None, 0
-                continue
-            live.silent_since = sent if live.silent_since is None else live.silent_since
-            live.misses += 1
-            if live.misses >= MIN_MISSES and time.monotonic() - live.silent_since >= hung_after_s:
+            live.silence.answered() if answered else live.silence.missed(sent)
+            if live.silence.hung(time.monotonic(), hung_after_s):
                 await self._kill_hung(live)
                 hung.append(live.handle.id)
         return hung
@@ -70,7 +89,7 @@ class BusyProbes:
     async def _kill_hung(self, live: Live) -> None:
         """Kill it; its calls then fail on their broken connections and the pool discards and replaces it there
         (`death`). Marked first, so that those calls say why."""
-        live.hung_s = time.monotonic() - (live.silent_since or time.monotonic())
+        live.hung_s = live.silence.silent_s(time.monotonic())
         self.metrics.instance_deaths.labels(self.spec.name, "hung").inc()
         log.warning("instance %s of %r answered no health probe for %.1f s under a call: killed", live.handle.id,
                     self.spec.name, live.hung_s)  # fmt: skip

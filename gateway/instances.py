@@ -10,6 +10,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from gateway.backends.base import InstanceHandle
+from gateway.hung import Silence
 
 MAX_AFFINITY_KEY_CHARS = 200
 
@@ -21,8 +22,7 @@ class Live:
     idle_since: float = field(default_factory=time.monotonic)
     expiry: asyncio.TimerHandle | None = None
     affinity: str | None = None  # the key of the last call that named one
-    silent_since: float | None = None  # when the first of its unanswered health probes in a row went (gateway/hung.py)
-    misses: int = 0  # how many in a row
+    silence: Silence = field(default_factory=Silence)  # its unanswered health probes in a row (gateway/hung.py)
     hung_s: float | None = None  # killed as hung after this long without an answer
 
 

@@ -14,9 +14,8 @@ from collections.abc import Callable
 
 import httpx
 
+from gateway.hung import Silence
 from gateway.settings import HangSettings
-
-MIN_MISSES = 2  # as for instances (gateway/hung.py): one unanswered probe is never enough
 
 Current = Callable[[], tuple["subprocess.Popen[str] | None", "str | None"]]
 
@@ -40,13 +39,12 @@ class GatewayWatch:
 
     def _watch(self) -> None:
         watched: subprocess.Popen[str] | None = None
-        silent_since: float | None = None
-        misses = 0
+        silence = Silence()
         with httpx.Client(timeout=self.hang.busy_probe_s) as probe:
             while not self._stop.wait(self.hang.busy_probe_s):
                 proc, url = self.current()
-                if proc is not watched:  # started again: a new streak
-                    watched, silent_since, misses = proc, None, 0
+                if proc is not watched:  # started again: a new run of probes
+                    watched, silence = proc, Silence()
                 if proc is None or url is None or proc.poll() is not None:
                     continue  # gone: the next request brings it back
                 sent = time.monotonic()
@@ -54,12 +52,9 @@ class GatewayWatch:
                     answered = probe.get(f"{url}/healthz").status_code == 200
                 except httpx.HTTPError:
                     answered = False
-                if answered:
-                    silent_since, misses = None, 0
-                    continue
-                silent_since, misses = silent_since or sent, misses + 1
-                silent_s = time.monotonic() - silent_since
-                if misses >= MIN_MISSES and silent_s >= self.hang.hung_after_s and not self._stop.is_set():
-                    print(f"the local gateway answered no health probe for {silent_s:.1f} s: killing it, to start it "
-                          "again", file=sys.stderr, flush=True)  # fmt: skip
+                silence.answered() if answered else silence.missed(sent)
+                now = time.monotonic()
+                if silence.hung(now, self.hang.hung_after_s) and not self._stop.is_set():
+                    print(f"the local gateway answered no health probe for {silence.silent_s(now):.1f} s: killing it, "
+                          "to start it again", file=sys.stderr, flush=True)  # fmt: skip
                     proc.kill()

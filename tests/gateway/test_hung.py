@@ -15,6 +15,7 @@ import pytest
 
 from cache import Cache
 from gateway.client import GatewayClient
+from gateway.hung import Silence
 from gateway.models import FunctionSpec
 from gateway.settings import GatewaySettings
 from tests.gateway.conftest import RunningGateway, start_gateway, stop_gateway
@@ -104,3 +105,18 @@ def test_hung_after_must_span_two_probes_or_be_zero() -> None:
     assert GatewaySettings(hung_after_s=4, busy_probe_s=2).hung_after_s == 4
     with pytest.raises(ValueError, match="busy_probe_s"):
         GatewaySettings(busy_probe_s=0)
+
+
+def test_silence_is_hung_after_two_misses_spanning_hung_after_s() -> None:
+    """Hand-worked: probes sent at 0.0, 1.0, 2.0 unanswered; hung_after_s 2.0."""
+    silence = Silence()
+    silence.missed(0.0)
+    assert not silence.hung(now=5.0, hung_after_s=2.0)  # one miss is never enough, however long ago
+    silence.missed(1.0)
+    assert silence.silent_s(1.5) == 1.5 and not silence.hung(now=1.5, hung_after_s=2.0)
+    assert silence.hung(now=2.0, hung_after_s=2.0)  # two misses, 2.0 s since the first was sent
+    silence.answered()
+    assert silence.silent_s(9.0) == 0.0 and not silence.hung(now=9.0, hung_after_s=2.0)
+    silence.missed(10.0)
+    silence.missed(11.0)
+    assert not silence.hung(now=11.5, hung_after_s=2.0)  # the run starts again at 10.0
