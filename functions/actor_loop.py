@@ -24,7 +24,7 @@ from functions.context import Context, Instance
 from functions.handlers import actor
 
 log = logging.getLogger("stellaris.actor")
-BEAT_S = 1.0  # as stellaris/control/actor_watch.py expects (functions may not import the control plane)
+BEAT_S = 1.0  # how often an actor beats; stellaris/control/actor_watch.py's LOOK_GAP_S spans several
 
 
 def actor_loop(

@@ -39,8 +39,8 @@ def _physical_memory() -> int:
 
 
 class HangSettings(BaseSettings):
-    """When a process that answers nothing is taken for hung and killed: the gateway's instances under a call, and
-    `stellaris train`'s local gateway (gateway/hung.py). Read by both from the same variables."""
+    """When a process that answers nothing is taken for hung and killed: the gateway's instances under a call
+    (gateway/hung.py), and `stellaris train`'s local gateway and serverful actors. Read by both from these variables."""
 
     model_config = SettingsConfigDict(env_prefix="STELLARIS_GATEWAY_", extra="ignore", frozen=True)
 

@@ -1,9 +1,9 @@
-"""Hung serverful actors: each actor process raises its count in the job's heartbeat hash every `BEAT_S`
-(functions/actor_loop.py) from a thread of its own, whatever its loop is doing (sampling, waiting for a policy or for
-room in the queue). While the control plane waits for batches it reads the counts, and an actor whose count did not
-move for `hung_after_s` of that waiting (the gateway's setting, gateway/settings.py `HangSettings`) is taken for hung
-(stopped, frozen, a thread holding the GIL): the caller kills it, and it is restarted as a dead one is. Before, one
-stopped actor of two held the job until the 300 s batch wait ran out and ended it.
+"""Hung serverful actors: each actor process raises its count in the job's heartbeat hash every second
+(functions/actor_loop.py `BEAT_S`) from a thread of its own, whatever its loop is doing (sampling, waiting for a
+policy or for room in the queue). While the control plane waits for batches it reads the counts, and an actor whose
+count did not move for `hung_after_s` of that waiting (the gateway's setting, gateway/settings.py `HangSettings`) is
+taken for hung (stopped, frozen, a thread holding the GIL): the caller kills it, and it is restarted as a dead one
+is. Before, one stopped actor of two held the job until the 300 s batch wait ran out and ended it.
 
 Only time the control plane spent looking counts: looks more than `LOOK_GAP_S` apart (between rounds, a Redis
 stall that held every heartbeat and this read alike) start every actor's clock again. An actor is judged only once
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-BEAT_S = 1.0  # how often an actor beats
 LOOK_GAP_S = 3.0  # looks further apart than this do not add up
 
 
