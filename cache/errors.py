@@ -12,7 +12,13 @@ class CodecError(CacheError, ValueError):
 
 
 class RedisServerDied(CacheError):
-    """The embedded redis-server exited; the message carries the tail of its log."""
+    """The embedded redis-server exited; the message is `headline` (which process, how it ended) and the tail of its
+    log."""
+
+    def __init__(self, headline: str, log_tail: str = "") -> None:
+        super().__init__(f"{headline}; last log lines:\n{log_tail}")
+        self.headline = headline
+        self.log_tail = log_tail
 
 
 class RedisStartError(CacheError):

@@ -81,6 +81,7 @@ class EmbeddedRedis:
         self._ready = threading.Event()
         self._port_clash = False
         self._reader: threading.Thread | None = None
+        self._killed_for: str | None = None  # why its owner killed it (`kill`), for the death's message
 
     # -- properties -------------------------------------------------------------------------------------------
     @property
@@ -102,10 +103,21 @@ class EmbeddedRedis:
     def raise_if_dead(self) -> None:
         """Raise `RedisServerDied` with the log tail if the server process has exited."""
         if self._proc is not None and self._proc.poll() is not None:
+            how = f"exited with code {self._proc.returncode}"
+            if self._killed_for is not None:
+                how = f"was killed ({self._killed_for}): {how}"
             raise RedisServerDied(
-                f"embedded redis-server (pid {self._proc.pid}, port {self.port}) exited with code "
-                f"{self._proc.returncode}; last log lines:\n{self.log_tail()}"
+                f"embedded redis-server (pid {self._proc.pid}, port {self.port}) {how}", self.log_tail()
             )
+
+    def kill(self, reason: str, timeout_s: float = 10.0) -> None:
+        """SIGKILL the server for `reason` (e.g. it answers nothing), which its death's message gives, and wait for
+        it to exit; whoever else waits on it (`wait_until_dead`) sees a death, not a stop."""
+        proc = self._proc
+        if proc is not None and proc.poll() is None:
+            self._killed_for = reason
+            proc.kill()
+            proc.wait(timeout_s)
 
     def wait_until_dead(self) -> bool:
         """Block until the server process exits: True when it died on its own, False once stopped on purpose."""
@@ -137,6 +149,7 @@ class EmbeddedRedis:
         self.port = port
         self._ready.clear()
         self._port_clash = False
+        self._killed_for = None
         args = [
             self.binary,
             "--port", str(port),

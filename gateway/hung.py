@@ -33,7 +33,8 @@ MIN_MISSES = 2  # a single unanswered probe is never enough (e.g. the prober its
 @dataclass
 class Silence:
     """A run of unanswered probes of one process: it counts as hung once MIN_MISSES or more in a row span
-    `hung_after_s`, from the sending of the first. Also the control plane's watch on its local gateway."""
+    `hung_after_s`, from the sending of the first. Also the control plane's watches on its local gateway and
+    embedded Redis."""
 
     since: float | None = None
     misses: int = 0

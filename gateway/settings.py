@@ -40,7 +40,8 @@ def _physical_memory() -> int:
 
 class HangSettings(BaseSettings):
     """When a process that answers nothing is taken for hung and killed: the gateway's instances under a call
-    (gateway/hung.py), and `stellaris train`'s local gateway and serverful actors. Read by both from these variables."""
+    (gateway/hung.py), and `stellaris train`'s local gateway, serverful actors and embedded Redis. Read by both from
+    these variables."""
 
     model_config = SettingsConfigDict(env_prefix="STELLARIS_GATEWAY_", extra="ignore", frozen=True)
 

@@ -1,28 +1,45 @@
-"""A dead embedded Redis ends the run at once. The job's cache died with it, so nothing is left for the functions to
-finish: a thread waits on the server process and, when it dies, interrupts the control plane's main thread (SIGUSR1)
-with `RedisServerDied`. Without it the run noticed only when the functions' and the gateway's reconnect windows had
-run out, one after another (98 s with the default 30 s windows, measured)."""
+"""A dead embedded Redis ends the run's epoch at once. The job's cache died with it, so nothing is left for the
+functions to finish: a thread waits on the server process and, when it dies, interrupts the control plane's main thread
+(SIGUSR1) with `RedisServerDied`; `stellaris train` then resumes from the run's last checkpoint, as after any cache
+loss (run.py). Without it the run noticed only when the functions' and the gateway's reconnect windows had run out,
+one after another (98 s with the default 30 s windows, measured).
+
+A hung one (stopped, stuck) never dies, and every call to it waits: a second thread PINGs it every `busy_probe_s` and
+kills it once it answered none for `hung_after_s` (the gateway's `HangSettings`, as for the local gateway and the
+actors), which the first thread then reports as a death."""
 
 from __future__ import annotations
 
 import signal
+import sys
 import threading
+import time
 from types import FrameType
 from typing import Any
 
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
 from cache.server import EmbeddedRedis
+from gateway.hung import Silence
+from gateway.settings import HangSettings
 
 
 class CacheWatch:
     """Armed between `start` and `stop` (the training loop); interrupts once. An external Redis is not watched (it
-    may come back: the reconnect windows are for it), and neither is a run off the main thread (no handler there)."""
+    may come back: the reconnect windows are for it; and it is not ours to kill), and neither is a run off the main
+    thread (no handler there)."""
 
-    def __init__(self, server: EmbeddedRedis | None) -> None:
+    def __init__(self, server: EmbeddedRedis | None, hang: HangSettings | None = None) -> None:
         self.server = server
+        self.hang = hang or HangSettings()
         self.armed = False
         self.lock = threading.Lock()
         self.previous: Any = None
         self.thread: threading.Thread | None = None
+        self.prober: threading.Thread | None = None
+        self._stop = threading.Event()
 
     def start(self) -> CacheWatch:
         if self.server is None or threading.current_thread() is not threading.main_thread():
@@ -32,6 +49,9 @@ class CacheWatch:
         main = threading.get_ident()
         self.thread = threading.Thread(target=self._watch, args=(self.server, main), name="cache-watch", daemon=True)
         self.thread.start()
+        if self.hang.hung_after_s > 0:
+            self.prober = threading.Thread(target=self._probe, args=(self.server,), name="cache-probe", daemon=True)
+            self.prober.start()
         return self
 
     def _watch(self, server: EmbeddedRedis, main: int) -> None:
@@ -40,14 +60,60 @@ class CacheWatch:
                 if self.armed:  # a real signal: it also ends a blocking call of the main thread (EINTR)
                     signal.pthread_kill(main, signal.SIGUSR1)
 
+    def _client(self, server: EmbeddedRedis) -> redis.Redis:
+        """A client for PINGs: one attempt each, bounded by the probe interval (a stopped server never answers, so a
+        retry would only stretch the probe)."""
+        probe_s = self.hang.busy_probe_s
+        return redis.Redis.from_url(
+            server.url, socket_timeout=probe_s, socket_connect_timeout=probe_s, retry=Retry(NoBackoff(), 0)
+        )
+
+    @staticmethod
+    def _answers(client: redis.Redis) -> bool:
+        try:
+            return bool(client.ping())
+        except redis.RedisError:
+            return False
+
+    def _probe(self, server: EmbeddedRedis) -> None:
+        silence = Silence()
+        with self._client(server) as client:
+            while not self._stop.wait(self.hang.busy_probe_s) and server.is_alive():
+                sent = time.monotonic()
+                silence.answered() if self._answers(client) else silence.missed(sent)
+                now = time.monotonic()
+                if silence.hung(now, self.hang.hung_after_s) and not self._stop.is_set():
+                    reason = f"it answered no PING for {silence.silent_s(now):.1f} s"
+                    print(f"the embedded redis-server: {reason}: killing it", file=sys.stderr, flush=True)
+                    server.kill(reason)
+                    return
+
+    def raise_if_dead_or_hung(self) -> None:
+        """After the job failed: `RedisServerDied` when the server died, or answers no PING now (then it is killed).
+        A hung server's silence can fail a call (a timeout, a 503 from the gateway) before the probes judge it, and
+        the job is then better resumed on a new one than ended. Disarms the watch: this is the one report."""
+        server = self.server
+        if server is None:
+            return
+        with self.lock:
+            self.armed = False
+        if server.is_alive():
+            with self._client(server) as client:
+                if not self._answers(client):
+                    server.kill("it answered no PING after the job failed")
+        server.raise_if_dead()
+
     def _interrupt(self, signum: int, frame: FrameType | None) -> None:
         if self.armed and self.server is not None:
             self.armed = False  # once: the teardown that follows runs uninterrupted
             self.server.raise_if_dead()
 
     def stop(self) -> None:
+        self._stop.set()
         with self.lock:
             self.armed = False
             if self.previous is not None:
                 signal.signal(signal.SIGUSR1, self.previous)
                 self.previous = None
+        if self.prober is not None:
+            self.prober.join(timeout=2 * self.hang.busy_probe_s)

@@ -73,15 +73,13 @@ def _show_gateway(console: Console, platform: Platform, cfg: TrainConfig, run_pa
     return token_file
 
 
-def _raise_if_cache_died(platform: Platform, exc: Exception) -> None:
-    """Whatever failed (a 502 from a function, a connection error here), a dead embedded Redis is the cause to
-    report: one line with its exit code and the tail of its log, not the traceback of whatever noticed first."""
-    server = platform.cache.server if platform.cache is not None else None
-    if server is not None:
-        try:
-            server.raise_if_dead()
-        except RedisServerDied as died:
-            raise died from exc
+def _raise_if_cache_died(watch: CacheWatch, exc: Exception) -> None:
+    """Whatever failed (a 502 from a function, a connection error here), a dead or hung embedded Redis is the cause
+    to report: one line with its exit code and the tail of its log, not the traceback of whatever noticed first."""
+    try:
+        watch.raise_if_dead_or_hung()
+    except RedisServerDied as died:
+        raise died from exc
 
 
 def _nothing_to_resume(cfg: TrainConfig) -> str | None:
@@ -112,18 +110,25 @@ def run_training(cfg: TrainConfig, *, resume: bool = False) -> int:
     while True:
         try:
             return _run_epoch(cfg, console, resume=resume)
-        except CacheLost as lost:
+        except (CacheLost, RedisServerDied) as lost:
+            # A dead embedded Redis took the job's data with it: a cache loss like any other, from which the next
+            # epoch resumes on a new one.
             losses += 1
             state = read_state(cfg.run_dir())
             at = f"round {state.get('round', 0)}'s checkpoint" if state is not None else "the start (no checkpoint yet)"
             if losses > resumes:
                 hint = _resume_hint(cfg.run_dir())
-                console.print(f"[red]error:[/] {lost}" + (f"; {hint}" if hint else ""), highlight=False, soft_wrap=True)
+                where = "\n" if isinstance(lost, RedisServerDied) else "; "  # after a log tail, a line of its own
+                console.print(f"[red]error:[/] {lost}" + (f"{where}{hint}" if hint else ""), highlight=False,
+                              soft_wrap=True)  # fmt: skip
                 return 1
+            what = str(lost) if isinstance(lost, CacheLost) else lost.headline
             console.print(
-                f"[yellow]cache lost[/]: {lost}; resuming from {at} ({losses} of at most {resumes} such resumes)",
+                f"[yellow]cache lost[/]: {what}; resuming from {at} ({losses} of at most {resumes} such resumes)",
                 highlight=False, soft_wrap=True,
             )  # fmt: skip
+            if isinstance(lost, RedisServerDied):
+                console.print(f"its last log lines:\n{lost.log_tail}", highlight=False, soft_wrap=True)
             resume = state is not None
         except OSError as exc:
             if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
@@ -211,7 +216,7 @@ def _run_epoch(cfg: TrainConfig, console: Console, *, resume: bool) -> int:
                 in_rounds = False
                 trainer.finish()
             except Exception as exc:
-                _raise_if_cache_died(p, exc)
+                _raise_if_cache_died(watch, exc)
                 reported: Exception = exc
                 if in_rounds and trainer is not None and p.cache is not None:
                     where = redact_url(p.cache.url)
@@ -225,10 +230,6 @@ def _run_epoch(cfg: TrainConfig, console: Console, *, resume: bool) -> int:
                 watch.stop()
                 trainer.close()
         completed = True
-    except RedisServerDied as died:
-        hint = _resume_hint(run.path)
-        console.print(f"[red]error:[/] {died}" + (f"\n{hint}" if hint else ""), highlight=False, soft_wrap=True)
-        return 1
     except KeyboardInterrupt:
         if run.load_state() is None:
             console.print("[yellow]interrupted[/] before the first round finished: nothing to resume")

@@ -3,6 +3,8 @@
 - A Redis that comes back empty mid-job (no persistence): the job's data is gone, so `stellaris train` reports the
   loss and resumes from its last checkpoint in a new epoch, up to $STELLARIS_CACHE_LOSS_RESUMES times; past that it
   ends and names the resume command, which completes the run.
+- The embedded Redis killed mid-job (kill -9): the same loss, resumed from on a new embedded Redis, and the run
+  completes in the same command.
 - A Redis that reaches its maxmemory mid-job: the run ends at the first refused write, naming the Redis's memory and
   the resume command, which completes the run once Redis has room.
 
@@ -27,8 +29,11 @@ from stellaris.control.cache_faults import RESUMES_ENV, resumes_from_env
 from tests.procs import wait_pid_gone
 from tests.stellaris.test_train import (
     ROOT,
+    check_each_task_applied_once,
+    descendants,
     read_on,
     resume_to_the_end,
+    rows,
     run_train,
     start_until_round,
     train_cmd,
@@ -99,6 +104,41 @@ def test_a_redis_restarted_empty_is_resumed_from_the_checkpoint_then_the_run_nam
         if proc.poll() is None:
             proc.kill()
         server.stop()
+
+
+@pytest.mark.slow  # about 25 s: CI's long stage, with the other fault runs
+def test_a_killed_embedded_redis_is_resumed_from_on_a_new_one_and_the_run_completes(tmp_path: Path) -> None:
+    """kill -9 of the job's own redis-server at a random moment of round 3: before, the run ended (exit 1) with its
+    death's message; now it resumes in a new epoch on a new embedded Redis, and every task is applied once."""
+    rounds = 8
+    out = tmp_path / "run"
+    proc = start_until_round(train_cmd(tmp_path, "--rounds", str(rounds), "--out", str(out)), 2)
+    lines, reader = read_on(proc)
+    try:
+        assert proc.stderr is not None
+        [server] = [
+            pid for pid in descendants(proc.pid) if Path(f"/proc/{pid}/comm").read_text().strip() == "redis-server"
+        ]
+        time.sleep(random.Random(7).uniform(0.0, 0.3))  # a moment inside the next round: no event marks one
+        os.kill(server, signal.SIGKILL)
+        assert proc.wait(timeout=180) == 0, "".join(lines)[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    reader.join(timeout=10)
+    text = "".join(lines)
+    lost = [i for i, line in enumerate(lines) if line.startswith("cache lost: ")]
+    assert len(lost) == 1, text[-3000:]
+    at = lost[0]
+    assert lines[at].startswith(f"cache lost: embedded redis-server (pid {server}, port "), lines[at]
+    assert "exited with code -9; resuming from round " in lines[at] and "(1 of at most 3 such resumes)" in lines[at]
+    assert lines[at + 1].startswith("its last log lines:"), text[-3000:]
+    assert "Ready to accept connections" in text and "Traceback" not in text
+    assert text.count("run directory:") == 1  # the resumed epoch's platform, on a new Redis (the first came before)
+    assert json.loads((out / "state.json").read_text())["epoch"] == 1
+    assert [int(r["round_id"]) for r in rows(out / "info.csv")] == list(range(1, rounds + 1))
+    check_each_task_applied_once(out, rounds)
+    assert wait_pid_gone(server, 10)
 
 
 def test_a_redis_out_of_memory_ends_the_run_naming_its_memory_and_the_resume_completes_it(tmp_path: Path) -> None:

@@ -1,11 +1,13 @@
 """Hung processes: `stellaris train` while a learner instance and then the parameter-function instance, or the local
-gateway itself, or one of its serverful actors, are stopped with SIGSTOP and never woken. A stopped process is
-alive and keeps its connections open, so no call fails by itself. The gateway's busy probes find a silent instance
-and kill it, the control plane replaces its call, and the job finishes with every task applied once; before the
-probes, the round held until the process woke (a 25 s stop held one for 25.8 s) or its call's timeout (an hour). A
-stopped local gateway is found silent by the control plane's watch and killed, and the control plane starts it
-again as after a crash; a stopped actor's heartbeat stands still, and it is killed and started again like a dead
-one."""
+gateway itself, or one of its serverful actors, or its embedded Redis, are stopped with SIGSTOP and never woken. A
+stopped process is alive and keeps its connections open, so no call fails by itself. The gateway's busy probes find
+a silent instance and kill it, the control plane replaces its call, and the job finishes with every task applied
+once; before the probes, the round held until the process woke (a 25 s stop held one for 25.8 s) or its call's
+timeout (an hour). A stopped local gateway is found silent by the control plane's watch and killed, and the control
+plane starts it again as after a crash; a stopped actor's heartbeat stands still, and it is killed and started again
+like a dead one. A stopped embedded Redis answers no PING: it is killed, and the run resumes from its last
+checkpoint on a new one, as after any cache loss (before, no round ended and no error came for as long as it
+stayed stopped)."""
 
 from __future__ import annotations
 
@@ -33,7 +35,7 @@ def _stop_one(proc: subprocess.Popen[str], role: str, output: _Output, timeout_s
     """SIGSTOP one instance of `role` (waiting for one to exist); returns its pid."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline and proc.poll() is None:
-        victims = sorted(p for p in descendants(proc.pid) if _role(p, proc.pid) == role or _is_gateway(p, role))
+        victims = sorted(p for p in descendants(proc.pid) if _role(p, proc.pid) == role or _is_named(p, role))
         if victims:
             os.kill(victims[0], signal.SIGSTOP)
             return victims[0]
@@ -41,8 +43,12 @@ def _stop_one(proc: subprocess.Popen[str], role: str, output: _Output, timeout_s
     raise AssertionError(f"no {role} instance to stop; the job said:\n{output.text()[-3000:]}")
 
 
-def _is_gateway(pid: int, role: str) -> bool:
-    return role == "gateway" and _cmdline(pid).split()[1:3] == ["-m", "gateway"]
+def _is_named(pid: int, role: str) -> bool:
+    """The local gateway or the embedded Redis, which `_role` does not name."""
+    words = _cmdline(pid).split()
+    if role == "gateway":
+        return words[1:3] == ["-m", "gateway"]
+    return role == "redis" and bool(words) and Path(words[0]).name == "redis-server"
 
 
 def _end(proc: subprocess.Popen[str], stopped: list[int]) -> None:
@@ -85,6 +91,17 @@ SCENARIOS = {
     ),
     # Before the actors' heartbeats, one stopped actor of two held the job until the 300 s batch wait ended it.
     "one-of-two-serverful-actors": ([(3, "actor")], ["gave no heartbeat for"], ("actor",)),
+    # Before the cache's probe, no round ended and no error came in 240 s (stop 51's probe of a whole run).
+    "the-embedded-redis": (
+        [(3, "redis")],
+        [
+            "the embedded redis-server: it answered no PING for",
+            "cache lost: embedded redis-server (pid",
+            "was killed (it answered no PING for",
+            "(1 of at most 3 such resumes)",
+        ],
+        (),
+    ),
 }
 
 

@@ -282,17 +282,18 @@ def test_a_run_stopped_mid_round_ends_its_invocations_on_a_shared_deployment(red
 
 
 def test_a_dead_embedded_redis_is_reported_in_one_line_with_its_log_tail(tmp_path: Path) -> None:
-    """kill -9 of the embedded redis-server mid-run: the run exits 1 with the RedisServerDied message (exit code
-    and log tail) as its last words, not the traceback of whichever call noticed first, and leaves no process. It
-    ends at once: with reconnect windows of 600 s the functions and the gateway would still be retrying when the
-    wait below gives up (before the cache watch: 98 s with the default 30 s windows, and 44 s for this test's
-    kill; with it 2-3 s)."""
+    """kill -9 of the embedded redis-server mid-run, with no cache-loss resume allowed
+    (STELLARIS_CACHE_LOSS_RESUMES=0; by default the run resumes on a new one, tests/stellaris/test_cache_faults.py):
+    the run exits 1 with the RedisServerDied message (exit code and log tail) and the resume command as its last
+    words, not the traceback of whichever call noticed first, and leaves no process. It ends at once: with
+    reconnect windows of 600 s the functions and the gateway would still be retrying when the wait below gives up
+    (before the cache watch: 98 s with the default 30 s windows, and 44 s for this test's kill; with it 2-3 s)."""
     out = tmp_path / "run"
     # Sync rounds of 64 tasks: most of a round is the control plane waiting on its learner invocations (the moment
     # the windows held it before the watch; right after a round its own Redis calls notice at once).
     cmd = train_cmd(tmp_path, "--rounds", "1000", "--mode", "sync", "--out", str(out),
                     overrides={**FAST_CARTPOLE["overrides"], "num_minibatches": 8, "num_epochs": 8})  # fmt: skip
-    proc = start_until_round(cmd, 2, STELLARIS_REDIS_RECONNECT_S="600")
+    proc = start_until_round(cmd, 2, STELLARIS_REDIS_RECONNECT_S="600", STELLARIS_CACHE_LOSS_RESUMES="0")
     assert proc.stderr is not None
     kids = descendants(proc.pid)
     [server] = [pid for pid in kids if Path(f"/proc/{pid}/comm").read_text().strip() == "redis-server"]
@@ -317,7 +318,8 @@ def test_a_dead_embedded_redis_is_reported_in_one_line_with_its_log_tail(tmp_pat
     tail = rest[rest.rfind("error:") :]
     assert "starting it again" not in rest, rest[-3000:]  # a gateway that stops with the run is not restarted
     assert "embedded redis-server" in tail and "exited with code -9" in tail and "last log lines" in tail, rest[-3000:]
-    assert "Traceback" not in tail
+    assert tail.rstrip().endswith(f"is intact: resume with `stellaris train --resume {out}`"), tail
+    assert "Traceback" not in tail and "cache lost" not in rest
     for pid in kids:
         assert wait_pid_gone(pid, 30), f"process {pid} outlived the run"
 
