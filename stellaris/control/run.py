@@ -111,30 +111,40 @@ def run_training(cfg: TrainConfig, *, resume: bool = False) -> int:
         try:
             return _run_epoch(cfg, console, resume=resume)
         except (CacheLost, RedisServerDied) as lost:
-            # A dead embedded Redis took the job's data with it: a cache loss like any other, from which the next
-            # epoch resumes on a new one.
             losses += 1
-            state = read_state(cfg.run_dir())
-            at = f"round {state.get('round', 0)}'s checkpoint" if state is not None else "the start (no checkpoint yet)"
-            if losses > resumes:
-                hint = _resume_hint(cfg.run_dir())
-                where = "\n" if isinstance(lost, RedisServerDied) else "; "  # after a log tail, a line of its own
-                console.print(f"[red]error:[/] {lost}" + (f"{where}{hint}" if hint else ""), highlight=False,
-                              soft_wrap=True)  # fmt: skip
-                return 1
-            what = str(lost) if isinstance(lost, CacheLost) else lost.headline
-            console.print(
-                f"[yellow]cache lost[/]: {what}; resuming from {at} ({losses} of at most {resumes} such resumes)",
-                highlight=False, soft_wrap=True,
-            )  # fmt: skip
-            if isinstance(lost, RedisServerDied):
-                console.print(f"its last log lines:\n{lost.log_tail}", highlight=False, soft_wrap=True)
-            resume = state is not None
+            if (code := _after_cache_loss(cfg, console, lost, losses, resumes)) is not None:
+                return code
+            resume = read_state(cfg.run_dir()) is not None
         except OSError as exc:
             if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
                 raise
             console.print(f"[red]error:[/] {_disk_full(cfg.run_dir(), exc)}", highlight=False, soft_wrap=True)
             return 1
+
+
+def _after_cache_loss(
+    cfg: TrainConfig, console: Console, lost: CacheLost | RedisServerDied, losses: int, resumes: int
+) -> int | None:
+    """Said, what the `losses`-th loss of the job's data (gone from its Redis, or with its embedded Redis, which
+    keeps nothing on disk) means for the run: None to resume from its last checkpoint in a new epoch, on a new
+    embedded Redis where that one died; else the exit code."""
+    state = read_state(cfg.run_dir())
+    headline = lost.headline if isinstance(lost, RedisServerDied) else str(lost)  # a dead server's log tail apart
+    if state is not None and _nothing_to_resume(cfg) is not None:  # lost as the job's data was being deleted
+        console.print(f"[yellow]cache lost[/] after the last round: {headline}; the run is complete, outputs in "
+                      f"{cfg.run_dir()}", highlight=False, soft_wrap=True)  # fmt: skip
+        return 0
+    if losses > resumes:
+        hint = _resume_hint(cfg.run_dir())
+        then = "\n" if isinstance(lost, RedisServerDied) else "; "  # after a log tail, a line of its own
+        console.print(f"[red]error:[/] {lost}" + (f"{then}{hint}" if hint else ""), highlight=False, soft_wrap=True)
+        return 1
+    at = f"round {state.get('round', 0)}'s checkpoint" if state is not None else "the start (no checkpoint yet)"
+    console.print(f"[yellow]cache lost[/]: {headline}; resuming from {at} ({losses} of at most {resumes} such "
+                  "resumes)", highlight=False, soft_wrap=True)  # fmt: skip
+    if isinstance(lost, RedisServerDied):
+        console.print(f"its last log lines:\n{lost.log_tail}", highlight=False, soft_wrap=True)
+    return None
 
 
 def _resume_hint(path: Path) -> str | None:

@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 import redis
 
+from cache import RedisServerDied
 from cache.server import EmbeddedRedis
 from stellaris.control.cache_faults import RESUMES_ENV, resumes_from_env
 from tests.procs import wait_pid_gone
@@ -186,3 +187,55 @@ def test_a_bad_resume_limit_ends_the_command_at_once_naming_it(tmp_path: Path, r
     assert done.returncode == 2, done.stderr[-2000:]
     assert f"{RESUMES_ENV} must be" in done.stderr and repr(raw) in done.stderr, done.stderr
     assert not (tmp_path / "run").exists()
+
+
+def _said_after_loss(
+    tmp_path: Path, lost: RedisServerDied, *, rounds_done: int | None, losses: int = 1
+) -> tuple[int | None, str]:
+    """`_after_cache_loss` for a 10-round run that checkpointed `rounds_done` rounds (None: none yet): its verdict and
+    what it printed."""
+    import io
+
+    from rich.console import Console
+
+    from stellaris.config import TrainConfig
+    from stellaris.control.run import _after_cache_loss
+
+    cfg = TrainConfig(env="CartPole-v1", rounds=10, out=tmp_path / "run")
+    cfg.run_dir().mkdir(parents=True)
+    if rounds_done is not None:
+        (cfg.run_dir() / "state.json").write_text(json.dumps({"round": rounds_done, "env_steps": 512 * rounds_done}))
+    buf = io.StringIO()
+    code = _after_cache_loss(cfg, Console(file=buf, width=400), lost, losses, 3)
+    return code, buf.getvalue()
+
+
+def test_after_a_dead_embedded_redis_the_run_resumes_and_prints_the_log_tail_apart(tmp_path: Path) -> None:
+    died = RedisServerDied("embedded redis-server (pid 7, port 9) exited with code -9", "a\nb")
+    code, said = _said_after_loss(tmp_path, died, rounds_done=4)
+    assert code is None
+    assert said == (
+        "cache lost: embedded redis-server (pid 7, port 9) exited with code -9; resuming from round 4's checkpoint "
+        "(1 of at most 3 such resumes)\nits last log lines:\na\nb\n"
+    )
+    code, said = _said_after_loss(tmp_path / "none", died, rounds_done=None)
+    assert code is None and "resuming from the start (no checkpoint yet)" in said
+
+
+def test_past_the_limit_the_run_ends_naming_the_resume_on_a_line_of_its_own(tmp_path: Path) -> None:
+    died = RedisServerDied("embedded redis-server (pid 7, port 9) exited with code -9", "a\nb")
+    code, said = _said_after_loss(tmp_path, died, rounds_done=4, losses=4)
+    assert code == 1
+    assert said.startswith("error: embedded redis-server (pid 7, port 9) exited with code -9; last log lines:\na\nb\n")
+    assert said.endswith(
+        f"its checkpoint of round 4 is intact: resume with `stellaris train --resume {tmp_path / 'run'}`\n"
+    )
+
+
+def test_a_loss_after_the_last_round_leaves_a_complete_run(tmp_path: Path) -> None:
+    """The job's data is deleted after its last round's checkpoint: a loss then has nothing left to resume."""
+    died = RedisServerDied("embedded redis-server (pid 7, port 9) exited with code -9", "a")
+    code, said = _said_after_loss(tmp_path, died, rounds_done=10, losses=4)
+    assert code == 0
+    assert said.startswith("cache lost after the last round: embedded redis-server (pid 7, port 9) exited with code")
+    assert "the run is complete" in said and "resum" not in said
