@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import httpx
 
@@ -23,11 +23,20 @@ class GatewayError(RuntimeError):
         self.headers = headers
 
 
+class Recovered(NamedTuple):
+    """Where the gateway is after a recovery, and how many times it has been replaced by a new process so far (a
+    given gateway that came back by itself is not counted: whether it is the same process is not known here)."""
+
+    url: str
+    replaced: int
+
+
 class GatewayClient:
     """`on_unreachable`, when given, is called when the gateway cannot be reached or drops a connection (a crash):
-    it brings the gateway back (or waits for it) and returns its URL. A registry or pre-warm request is then sent
-    again; an invocation raises a 502 `GatewayUnreachable`, like an instance that died, for the caller to call
-    again (its handler may have run partly). Without it, the transport error is raised as it is."""
+    it brings the gateway back (or waits for it) and says where it is (`Recovered`). A registry or pre-warm request
+    is then sent again; an invocation raises a 502, like an instance that died, for the caller to call again (its
+    handler may have run partly): `GatewayRestarted` when the gateway that held the call was replaced since it was
+    sent, else `GatewayUnreachable`. Without it, the transport error is raised as it is."""
 
     def __init__(
         self,
@@ -35,14 +44,16 @@ class GatewayClient:
         *,
         token: str | None = None,
         timeout_s: float = 120.0,
-        on_unreachable: Callable[[], str] | None = None,
+        on_unreachable: Callable[[], Recovered] | None = None,
     ) -> None:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.http = httpx.Client(base_url=base_url, headers=headers, timeout=timeout_s)
         self.on_unreachable = on_unreachable
         self._recovering = threading.Lock()
+        self.replaced = 0  # of the gateway now at base_url (`Recovered.replaced`)
 
     def _send(self, method: str, url: str, *, invocation: bool = False, **kwargs: Any) -> httpx.Response:
+        sent_to = self.replaced
         try:
             return self.http.request(method, url, **kwargs)
         except httpx.TimeoutException:
@@ -51,9 +62,14 @@ class GatewayClient:
             if self.on_unreachable is None:
                 raise
             with self._recovering:  # one recovery at a time; later callers find the gateway back
-                self.http.base_url = httpx.URL(self.on_unreachable())
+                back = self.on_unreachable()
+                self.http.base_url, self.replaced = httpx.URL(back.url), back.replaced
             if invocation:
-                message = f"the gateway went away during the call ({type(exc).__name__}: {exc}); it is back"
+                what = f"({type(exc).__name__}: {exc})"
+                if back.replaced > sent_to:  # another caller's recovery may have replaced it: counted, not seen
+                    message = f"the gateway that held the call died {what}; a new one was started"
+                    raise GatewayError(502, {"type": "GatewayRestarted", "message": message}) from exc
+                message = f"the gateway went away during the call {what}; it is back"
                 raise GatewayError(502, {"type": "GatewayUnreachable", "message": message}) from exc
             return self.http.request(method, url, **kwargs)
 

@@ -69,8 +69,9 @@ class GatewayFunctions:
     """The round protocol's functions, invoked through the gateway's HTTP API with metering. A 502 or 504 means the
     instance died or timed out: the protocol replaces the call."""
 
-    def __init__(self, gateway: GatewayClient, names: dict[Role, str]) -> None:
+    def __init__(self, gateway: GatewayClient, names: dict[Role, str], *, die_with_gateway: bool = False) -> None:
         self.gateway, self.names = gateway, names
+        self.die_with_gateway = die_with_gateway  # `Platform.instances_die_with_gateway`
 
     def invoke(self, role: Role, event: dict[str, Any]) -> Call:
         t0 = time.perf_counter()
@@ -83,9 +84,15 @@ class GatewayFunctions:
         return isinstance(exc, GatewayError) and exc.status_code in (502, 504)
 
     def gone(self, exc: BaseException) -> bool:
-        # The gateway kills an instance that crashed, hung or timed out before it answers so; an unreachable gateway
-        # (502 GatewayUnreachable) says nothing of the instances, which may still be working.
-        return isinstance(exc, GatewayError) and exc.error.get("type") in ("InstanceCrashed", "InstanceHung", "Timeout")
+        # The gateway kills an instance that crashed, hung or timed out before it answers so. A gateway that died
+        # under the call (502 GatewayRestarted) took its process instances along; an unreachable one (502
+        # GatewayUnreachable), or one whose instances outlive it, says nothing of them: they may still be working.
+        if not isinstance(exc, GatewayError):
+            return False
+        kind = exc.error.get("type")
+        return kind in ("InstanceCrashed", "InstanceHung", "Timeout") or (
+            kind == "GatewayRestarted" and self.die_with_gateway
+        )
 
 
 class Deployment:
@@ -102,12 +109,13 @@ class Deployment:
         queue_bound: int,
         actor_run_ahead: int = 1,
         placement: Mapping[Role, Placement],
+        die_with_gateway: bool = False,
     ) -> None:
         self.gateway, self.cache, self.job = gateway, cache, job
         self.placement = dict(placement)
         self.job_id = job.keys.job
         self.names = function_names(self.job_id)
-        self.functions = GatewayFunctions(gateway, self.names)
+        self.functions = GatewayFunctions(gateway, self.names, die_with_gateway=die_with_gateway)
         self.queue_bound, self.actor_run_ahead = queue_bound, actor_run_ahead
         self.actors = ServerfulActors(self.job_id, actor_run_ahead, self._actor_env, job=job)
         self.job_url: str | None = None  # Redis as the job's own user, when Redis has ACLs

@@ -16,7 +16,7 @@ import httpx
 
 from cache import Cache, CacheSettings
 from cache.lifetime import die_with_parent, stop_process
-from gateway.client import GatewayClient
+from gateway.client import GatewayClient, Recovered
 from gateway.settings import HangSettings
 from stellaris.control.gateway_watch import GatewayWatch
 
@@ -139,8 +139,14 @@ class Platform:
         self.ray.start_head(num_cpus=LOCAL_RAY_CPUS_PER_CORE * (os.cpu_count() or 1))
         self.ray_address = self.ray.address
 
-    def recover_gateway(self) -> str:
-        """Bring the gateway back after a request could not reach it; returns its URL (the GatewayClient's hook)."""
+    @property
+    def instances_die_with_gateway(self) -> bool:
+        """Whether the job's function instances die with its gateway: the local gateway's process instances are its
+        fork server's children (containers and Ray actors outlive it, and a new gateway adopts them)."""
+        return self.gateway_proc is not None and self.backend == "process"
+
+    def recover_gateway(self) -> Recovered:
+        """Bring the gateway back after a request could not reach it; says where it is (the GatewayClient's hook)."""
         assert self.gateway_url is not None
         if self.closing:  # calls still in flight when the run ends must not start a gateway again
             raise PlatformError(f"the gateway at {self.gateway_url} is stopping with the run")
@@ -148,18 +154,18 @@ class Platform:
             try:  # a killed process refuses connections a moment before it can be reaped
                 self.gateway_proc.wait(timeout=GATEWAY_EXIT_S)
             except subprocess.TimeoutExpired:
-                return self.gateway_url  # still running: a dropped connection, not a crash
+                return Recovered(self.gateway_url, self.gateway_restarts)  # still running: a dropped connection
             print(f"the local gateway exited with code {self.gateway_proc.returncode}; starting it again",
                   file=sys.stderr, flush=True)  # fmt: skip
             self.gateway_restarts += 1
             self._start_gateway()
-            return self.gateway_url
+            return Recovered(self.gateway_url, self.gateway_restarts)
         deadline = time.monotonic() + GATEWAY_RECOVER_S
         with httpx.Client(base_url=self.gateway_url, timeout=5) as probe:
             while time.monotonic() < deadline:
                 try:
                     if probe.get("/healthz").status_code == 200:
-                        return self.gateway_url
+                        return Recovered(self.gateway_url, 0)
                 except httpx.TransportError:
                     pass
                 time.sleep(1.0)  # a remote gateway restarting: nothing to wait on but time

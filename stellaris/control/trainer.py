@@ -63,6 +63,7 @@ class Trainer:
         self.deployment = Deployment(
             platform.gateway, self.cache, self.job, queue_bound=self.cfg.queue_bound,
             actor_run_ahead=self.cfg.actor_run_ahead, placement=placements(cfg),
+            die_with_gateway=platform.instances_die_with_gateway,
         )  # fmt: skip
         self.names = self.deployment.names
         self.billing = Billing(

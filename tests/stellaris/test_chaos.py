@@ -1,7 +1,8 @@
 """Chaos: `stellaris train` (real CLI, embedded Redis, local gateway, subprocess instances) while learner instances,
-parameter-function instances, actors and the fork servers they come from are killed with SIGKILL at random moments.
-The job must finish every round, exit 0, leave no process behind, and apply every task of every round exactly once
-(gradients.csv)."""
+parameter-function instances, actors, the fork servers they come from, the local gateway and the embedded Redis are
+killed with SIGKILL at random moments. The job must finish every round, exit 0, leave no process behind, and apply
+every task of every round exactly once (gradients.csv). The embedded Redis's kill takes the job's data with it: the
+run resumes from its last checkpoint on a new one, and the rounds since are trained again."""
 
 from __future__ import annotations
 
@@ -27,7 +28,10 @@ ROUNDS = 30
 TASKS_PER_ROUND = 4 * 16
 # A fork server's kill takes every process forked from it along: the gateway's (its learner and parameter-function
 # instances) or the control plane's (its serverful actors).
-KILLS = {"learner": 20, "parameter": 3, "actor": 2, "gateway fork server": 1, "actor fork server": 1}
+KILLS = {
+    "learner": 20, "parameter": 3, "actor": 2, "gateway fork server": 1, "actor fork server": 1, "gateway": 1,
+    "redis-server": 1,
+}  # fmt: skip
 # Longer than the job may run (proc.wait below): a killed instance's task or update lease is freed only by the control
 # plane, once the gateway reports the instance gone, never by a lease running out.
 LEASE_S = 1200.0
@@ -59,6 +63,10 @@ def _role(pid: int, job: int) -> str | None:
         return "actor"
     if "functions.runtime.zygote" in cmd:  # the actors' is the control plane's child, the other the gateway's
         return "actor fork server" if _parent(pid) == job else "gateway fork server"
+    if cmd.split()[1:3] == ["-m", "gateway"]:
+        return "gateway"
+    if cmd and Path(cmd.split()[0]).name == "redis-server":
+        return "redis-server"
     return None
 
 

@@ -23,7 +23,7 @@ import pytest
 
 from gateway.backends.process_tree import descendants
 from tests.procs import pid_alive, wait_pid_gone
-from tests.stellaris.test_chaos import _cmdline, _Output, _role, start_job
+from tests.stellaris.test_chaos import _Output, _role, start_job
 from tests.stellaris.test_train import rows
 
 ROUNDS, TASKS_PER_ROUND = 14, 4 * 16
@@ -35,20 +35,12 @@ def _stop_one(proc: subprocess.Popen[str], role: str, output: _Output, timeout_s
     """SIGSTOP one instance of `role` (waiting for one to exist); returns its pid."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline and proc.poll() is None:
-        victims = sorted(p for p in descendants(proc.pid) if _role(p, proc.pid) == role or _is_named(p, role))
+        victims = sorted(p for p in descendants(proc.pid) if _role(p, proc.pid) == role)
         if victims:
             os.kill(victims[0], signal.SIGSTOP)
             return victims[0]
         time.sleep(0.05)  # polled: an instance's start is no event this test can await
     raise AssertionError(f"no {role} instance to stop; the job said:\n{output.text()[-3000:]}")
-
-
-def _is_named(pid: int, role: str) -> bool:
-    """The local gateway or the embedded Redis, which `_role` does not name."""
-    words = _cmdline(pid).split()
-    if role == "gateway":
-        return words[1:3] == ["-m", "gateway"]
-    return role == "redis" and bool(words) and Path(words[0]).name == "redis-server"
 
 
 def _end(proc: subprocess.Popen[str], stopped: list[int]) -> None:
@@ -93,7 +85,7 @@ SCENARIOS = {
     "one-of-two-serverful-actors": ([(3, "actor")], ["gave no heartbeat for"], ("actor",)),
     # Before the cache's probe, no round ended and no error came in 240 s (stop 51's probe of a whole run).
     "the-embedded-redis": (
-        [(3, "redis")],
+        [(3, "redis-server")],
         [
             "the embedded redis-server: it answered no PING for",
             "cache lost: embedded redis-server (pid",
