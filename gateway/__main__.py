@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 
 from pydantic import ValidationError
 
-from gateway.server import serve
 from gateway.settings import GatewaySettings
 
 
@@ -21,6 +22,14 @@ def main() -> None:
         settings = GatewaySettings(**overrides)
     except ValidationError as exc:
         parser.exit(2, f"invalid gateway settings: {exc}\n")
+    if settings.fork_server_env is not None and settings.fork_servers > 0:
+        from gateway.backends.zygote import start_early
+
+        # Before the gateway's own imports: the fork server's import as many again, meanwhile (gateway/service.py
+        # would start it only once those are done and Redis is reached).
+        start_early(sys.executable, os.environ, settings.fork_server_env, 60.0, settings.fork_server_retry_s)
+    from gateway.server import serve
+
     serve(settings, log_level=args.log_level)
 
 

@@ -250,3 +250,33 @@ def test_a_gateway_told_the_env_starts_that_fork_server_before_any_instance(redi
     finally:
         stop_gateway(gw)
     assert not wait_gone(servers, timeout_s=10)
+
+
+def test_a_server_started_early_is_adopted_by_the_backend_that_asks_for_its_environment() -> None:
+    """`python -m gateway` starts its fork server before its own imports; the backend built later takes that one
+    (no second start) when it asks for the same environment, and stops one started for another."""
+    from gateway.backends.zygote import start_early
+
+    url = "redis://127.0.0.1:1/0"  # the backend's base environment names its Redis; nothing is asked of it here
+    told = {"OMP_NUM_THREADS": "1"}
+    early = start_early(sys.executable, {**os.environ, "REDIS_URL": url}, told, 60.0, 10.0)
+    b = ProcessBackend(redis_url=url)
+    try:
+        assert b.forks is not None
+        assert b.forks.for_env(told) is early  # adopted: the same server, its start already under way
+        handle = b.start(_spec("early", env=told), instance_id="e-1")
+        assert isinstance(b._procs[handle.id], ForkedProcess)
+        assert early._proc is not None and _call(handle, {})["ppid"] == early._proc.pid  # forked from it
+        b.kill(handle)
+    finally:
+        b.close()
+    assert early._proc is None  # closed with the backend that adopted it
+
+    stray = start_early(sys.executable, {**os.environ, "REDIS_URL": "redis://elsewhere:6379/0"}, told, 60.0, 10.0)
+    b = ProcessBackend(redis_url=url)
+    try:
+        assert b.forks is not None
+        adopted = b.forks.for_env(told)
+        assert adopted is not None and adopted is not stray and stray._proc is None  # another env: stopped
+    finally:
+        b.close()
