@@ -23,7 +23,7 @@ def main() -> None:
     except ValidationError as exc:
         parser.exit(2, f"invalid gateway settings: {exc}\n")
     if settings.fork_server_env is not None and settings.fork_servers > 0:
-        from gateway.backends.zygote import start_early
+        from gateway.backends.fork_servers import start_early
 
         # Before the gateway's own imports: the fork server's import as many again, meanwhile (gateway/service.py
         # would start it only once those are done and Redis is reached).

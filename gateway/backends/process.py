@@ -22,7 +22,8 @@ from cache.contract.zygote import SpawnRequest
 from cache.lifetime import die_with_parent, stop_process
 from gateway.backends.base import BackendError, InstanceHandle
 from gateway.backends.core_placement import CorePlacement
-from gateway.backends.zygote import ForkedProcess, ForkServerError, ForkServers, first_line
+from gateway.backends.fork_servers import ForkServers
+from gateway.backends.zygote import ForkedProcess, ForkServerError, first_line
 from gateway.models import FunctionSpec
 
 log = logging.getLogger("stellaris.gateway")

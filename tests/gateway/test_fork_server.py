@@ -255,7 +255,7 @@ def test_a_gateway_told_the_env_starts_that_fork_server_before_any_instance(redi
 def test_a_server_started_early_is_adopted_by_the_backend_that_asks_for_its_environment() -> None:
     """`python -m gateway` starts its fork server before its own imports; the backend built later takes that one
     (no second start) when it asks for the same environment, and stops one started for another."""
-    from gateway.backends.zygote import start_early
+    from gateway.backends.fork_servers import start_early
 
     url = "redis://127.0.0.1:1/0"  # the backend's base environment names its Redis; nothing is asked of it here
     told = {"OMP_NUM_THREADS": "1"}
