@@ -23,11 +23,13 @@ def main() -> None:
     except ValidationError as exc:
         parser.exit(2, f"invalid gateway settings: {exc}\n")
     if settings.fork_server_env is not None and settings.fork_servers > 0:
-        from gateway.backends.fork_servers import start_early
+        from gateway.backends.fork_servers import STARTUP_TIMEOUT_S, start_early
 
         # Before the gateway's own imports: the fork server's import as many again, meanwhile (gateway/service.py
         # would start it only once those are done and Redis is reached).
-        start_early(sys.executable, os.environ, settings.fork_server_env, 60.0, settings.fork_server_retry_s)
+        start_early(
+            sys.executable, os.environ, settings.fork_server_env, STARTUP_TIMEOUT_S, settings.fork_server_retry_s
+        )
     from gateway.server import serve
 
     serve(settings, log_level=args.log_level)

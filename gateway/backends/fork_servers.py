@@ -11,6 +11,7 @@ from cache.contract.zygote import load_time_changes
 from gateway.backends.zygote import ForkServer
 
 log = logging.getLogger("stellaris.gateway")
+STARTUP_TIMEOUT_S = 60.0  # the process backend's default wait for a fork server's or an instance's READY line
 
 
 def _flavour(base_env: Mapping[str, str], own: Mapping[str, str]) -> tuple[tuple[str, str], ...]:

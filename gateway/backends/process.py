@@ -22,7 +22,7 @@ from cache.contract.zygote import SpawnRequest
 from cache.lifetime import die_with_parent, stop_process
 from gateway.backends.base import BackendError, InstanceHandle
 from gateway.backends.core_placement import CorePlacement
-from gateway.backends.fork_servers import ForkServers
+from gateway.backends.fork_servers import STARTUP_TIMEOUT_S, ForkServers
 from gateway.backends.zygote import ForkedProcess, ForkServerError, first_line
 from gateway.models import FunctionSpec
 
@@ -48,7 +48,7 @@ class ProcessBackend:
         python: str = sys.executable,
         cwd: str | Path | None = None,
         redis_url: str | None = None,
-        startup_timeout_s: float = 60.0,
+        startup_timeout_s: float = STARTUP_TIMEOUT_S,
         extra_env: dict[str, str] | None = None,
         fork_servers: int = 2,
         fork_server_retry_s: float = 10.0,
