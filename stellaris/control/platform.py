@@ -120,14 +120,20 @@ class Platform:
             # The job's containers reach this machine's Redis (an embedded one listens on loopback only) on the
             # host's network, unless the environment names another network for them.
             env.setdefault(DOCKER_NETWORK_ENV, "host")
-        self.gateway_proc = subprocess.Popen(
+        proc = subprocess.Popen(
             [sys.executable, "-m", "gateway"], env=env, stdout=subprocess.PIPE, text=True, preexec_fn=die_with_parent
         )
-        assert self.gateway_proc.stdout is not None
-        line = self.gateway_proc.stdout.readline()
+        assert proc.stdout is not None
+        try:
+            line = proc.stdout.readline()
+        except BaseException:
+            proc.kill()
+            raise
         if not line.startswith("READY "):
-            raise PlatformError(f"the local gateway did not start (exit code {self.gateway_proc.wait()})")
-        self.gateway_url = f"http://127.0.0.1:{int(line.split()[1])}"
+            raise PlatformError(f"the local gateway did not start (exit code {proc.wait()})")
+        # Published together once it is ready: the watch (gateway_watch.py) must not probe a starting gateway, nor
+        # the new process at its predecessor's URL (it took that silence for a hang and killed it as it started).
+        self.gateway_proc, self.gateway_url = proc, f"http://127.0.0.1:{int(line.split()[1])}"
 
     def _start_private_ray(self) -> None:
         """A one-node Ray of this machine, owned like the embedded Redis: it outlives a gateway restart (the new

@@ -1,0 +1,40 @@
+"""The local gateway's watch (stellaris/control/gateway_watch.py) judges only a gateway that said it was ready: a
+restarted one is not probed while it starts, nor at its predecessor's URL. Before, the watch saw the new process at
+once, probed the dead one's port, and killed the new gateway as it started once that silence passed `hung_after_s`:
+the job then ended with "the local gateway did not start (exit code -9)" (CI, under load, with `hung_after_s` 2 s)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+
+import httpx
+import pytest
+
+from cache.server import EmbeddedRedis
+from stellaris.control.platform import Platform
+from tests.procs import wait_pid_gone
+
+# Far shorter than a gateway's start (its imports alone take longer): a watch that judged a starting gateway would
+# kill it every time.
+HUNG_AFTER_S, BUSY_PROBE_S = 0.2, 0.1
+
+
+def test_a_restarted_local_gateway_is_not_taken_for_hung_while_it_starts(
+    redis_server: EmbeddedRedis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("STELLARIS_GATEWAY_HUNG_AFTER_S", str(HUNG_AFTER_S))
+    monkeypatch.setenv("STELLARIS_GATEWAY_BUSY_PROBE_S", str(BUSY_PROBE_S))
+    with Platform(redis_url=redis_server.url, gateway_url=None, gateway_token=None) as platform:
+        for restart in (1, 2):
+            old = platform.gateway_proc
+            assert old is not None
+            os.kill(old.pid, signal.SIGKILL)
+            assert wait_pid_gone(old.pid, 30)
+            back = platform.recover_gateway()  # raised PlatformError("... did not start (exit code -9)") before
+            assert back.replaced == restart and platform.gateway_proc is not old
+            assert platform.gateway_proc is not None and platform.gateway_proc.poll() is None
+            assert httpx.get(f"{back.url}/healthz", timeout=5).status_code == 200
+            with pytest.raises(subprocess.TimeoutExpired):  # ready and watched: it answers, and the watch leaves it be
+                platform.gateway_proc.wait(timeout=10 * HUNG_AFTER_S)
