@@ -13,7 +13,6 @@ from __future__ import annotations
 import signal
 import sys
 import threading
-import time
 from types import FrameType
 from typing import Any
 
@@ -22,8 +21,8 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from cache.server import EmbeddedRedis
-from gateway.hung import Silence
 from gateway.settings import HangSettings
+from stellaris.control.probing import probe_until_hung
 
 
 class CacheWatch:
@@ -76,17 +75,15 @@ class CacheWatch:
             return False
 
     def _probe(self, server: EmbeddedRedis) -> None:
-        silence = Silence()
         with self._client(server) as client:
-            while not self._stop.wait(self.hang.busy_probe_s) and server.is_alive():
-                sent = time.monotonic()
-                silence.answered() if self._answers(client) else silence.missed(sent)
-                now = time.monotonic()
-                if silence.hung(now, self.hang.hung_after_s) and not self._stop.is_set():
-                    reason = f"it answered no PING for {silence.silent_s(now):.1f} s"
-                    print(f"the embedded redis-server: {reason}: killing it", file=sys.stderr, flush=True)
-                    server.kill(reason)
-                    return
+
+            def ask() -> bool | None:
+                return self._answers(client) if server.is_alive() else None
+
+            if (silent_s := probe_until_hung(self._stop, self.hang, ask)) is not None:
+                reason = f"it answered no PING for {silent_s:.1f} s"
+                print(f"the embedded redis-server: {reason}: killing it", file=sys.stderr, flush=True)
+                server.kill(reason)
 
     def raise_if_dead_or_hung(self) -> None:
         """After the job failed: `RedisServerDied` when the server died, or answers no PING now (then it is killed).

@@ -9,13 +9,12 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Callable
 
 import httpx
 
-from gateway.hung import Silence
 from gateway.settings import HangSettings
+from stellaris.control.probing import probe_until_hung
 
 Current = Callable[[], tuple["subprocess.Popen[str] | None", "str | None"]]
 
@@ -26,6 +25,7 @@ class GatewayWatch:
     def __init__(self, current: Current, hang: HangSettings) -> None:
         self.current, self.hang = current, hang
         self._stop = threading.Event()
+        self._watched: subprocess.Popen[str] | None = None
         self._thread = threading.Thread(target=self._watch, name="gateway-watch", daemon=True)
 
     def start(self) -> None:
@@ -38,23 +38,23 @@ class GatewayWatch:
             self._thread.join(timeout=2 * self.hang.busy_probe_s)
 
     def _watch(self) -> None:
-        watched: subprocess.Popen[str] | None = None
-        silence = Silence()
-        with httpx.Client(timeout=self.hang.busy_probe_s) as probe:
-            while not self._stop.wait(self.hang.busy_probe_s):
-                proc, url = self.current()
-                if proc is not watched:  # started again: a new run of probes
-                    watched, silence = proc, Silence()
-                if proc is None or url is None or proc.poll() is not None:
-                    continue  # gone: the next request brings it back
-                sent = time.monotonic()
-                try:
-                    answered = probe.get(f"{url}/healthz").status_code == 200
-                except httpx.HTTPError:
-                    answered = False
-                silence.answered() if answered else silence.missed(sent)
-                now = time.monotonic()
-                if silence.hung(now, self.hang.hung_after_s) and not self._stop.is_set():
-                    print(f"the local gateway answered no health probe for {silence.silent_s(now):.1f} s: killing it, "
-                          "to start it again", file=sys.stderr, flush=True)  # fmt: skip
-                    proc.kill()
+        with httpx.Client(timeout=self.hang.busy_probe_s) as client:
+            while (silent_s := probe_until_hung(self._stop, self.hang, lambda: self._ask(client))) is not None:
+                assert self._watched is not None
+                print(f"the local gateway answered no health probe for {silent_s:.1f} s: killing it, to start it again",
+                      file=sys.stderr, flush=True)  # fmt: skip
+                self._watched.kill()
+
+    def _ask(self, client: httpx.Client) -> bool | None:
+        """Whether the gateway of now answered /healthz; None when it is gone (the next request brings it back) or
+        was started again (a new run of probes)."""
+        proc, url = self.current()
+        if proc is not self._watched:
+            self._watched = proc
+            return None
+        if proc is None or url is None or proc.poll() is not None:
+            return None
+        try:
+            return client.get(f"{url}/healthz").status_code == 200
+        except httpx.HTTPError:
+            return False

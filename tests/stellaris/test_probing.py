@@ -1,0 +1,51 @@
+"""The control plane's probe loop (stellaris/control/probing.py), driven by scripted answers."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from gateway.settings import HangSettings
+from stellaris.control.probing import probe_until_hung
+
+HANG = HangSettings(hung_after_s=0.1, busy_probe_s=0.02)
+
+
+class Script:
+    """Answers `answers` in turn, then `then` for good; keeps what it answered. Sets `stop` after `stop_after`."""
+
+    def __init__(self, *answers: bool | None, then: bool | None = False, stop_after: int = 0) -> None:
+        self.answers, self.then, self.stop_after = list(answers), then, stop_after
+        self.asked: list[bool | None] = []
+        self.times: list[float] = []  # when each was asked
+        self.stop = threading.Event()
+
+    def __call__(self) -> bool | None:
+        answer = self.answers[len(self.asked)] if len(self.asked) < len(self.answers) else self.then
+        self.asked.append(answer)
+        self.times.append(time.monotonic())
+        if len(self.asked) == self.stop_after:
+            self.stop.set()
+        return answer
+
+
+def test_a_silence_counts_from_the_first_miss_after_the_last_answer() -> None:
+    ask = Script(True, True, False, True)  # the one miss is forgiven by the answer after it
+    silent_s = probe_until_hung(ask.stop, HANG, ask)
+    assert silent_s is not None and silent_s >= HANG.hung_after_s
+    assert ask.asked[:4] == [True, True, False, True]
+    assert len(ask.asked[4:]) >= 2 and not any(ask.asked[4:])  # judged on two misses at least
+
+
+def test_nothing_to_probe_starts_the_run_of_misses_over() -> None:
+    ask = Script(False, False, False, None)  # misses, then a new process that answers nothing either
+    silent_s = probe_until_hung(ask.stop, HANG, ask)
+    judged = time.monotonic()
+    assert silent_s is not None and silent_s >= HANG.hung_after_s
+    assert silent_s <= judged - ask.times[3]  # counted from the first miss after the None, not from the first
+
+
+def test_a_stopped_probe_loop_judges_nothing() -> None:
+    ask = Script(then=False, stop_after=3)  # silent, but stopped before it could count as hung
+    assert probe_until_hung(ask.stop, HangSettings(hung_after_s=10.0, busy_probe_s=0.02), ask) is None
+    assert ask.asked == [False, False, False]
