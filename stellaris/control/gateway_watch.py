@@ -1,14 +1,16 @@
-"""A watch on `stellaris train`'s local gateway: asked for /healthz every `busy_probe_s`, and killed when it answered
+"""A watch on `stellaris train`'s gateway: asked for /healthz every `busy_probe_s`, and judged hung when it answered
 none of its probes for `hung_after_s` (the gateway's own settings, gateway/settings.py `HangSettings`). A stopped or
 stuck gateway keeps its connections open, so the control plane's calls through it would wait for their timeouts (an
-hour); killed, it drops them, and the control plane's recovery starts it again as after a crash
-(`Platform.recover_gateway`). A given gateway (`--gateway-url`) is not ours to kill: nothing watches it here."""
+hour). The local gateway is then killed: it drops them, and the control plane's recovery starts it again as after a
+crash (`Platform.recover_gateway`). A given gateway (`--gateway-url`) is not ours to kill: the watch says that it
+is silent, and when it answers again, so that a job waiting on it does not wait without a word."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 
 import httpx
@@ -20,10 +22,14 @@ Current = Callable[[], tuple["subprocess.Popen[str] | None", "str | None"]]
 
 
 class GatewayWatch:
-    """`current()` gives the gateway process and URL as they are now (a recovery replaces both)."""
+    """`current()` gives the gateway process (None for a given gateway: `owned` False) and URL as they are now (a
+    recovery replaces both)."""
 
-    def __init__(self, current: Current, hang: HangSettings) -> None:
-        self.current, self.hang = current, hang
+    def __init__(
+        self, current: Current, hang: HangSettings, *, owned: bool = True, say: Callable[[str], None] | None = None
+    ) -> None:
+        self.current, self.hang, self.owned = current, hang, owned
+        self._say = say or _to_stderr
         self._stop = threading.Event()
         self._watched: subprocess.Popen[str] | None = None
         self._thread = threading.Thread(target=self._watch, name="gateway-watch", daemon=True)
@@ -40,21 +46,38 @@ class GatewayWatch:
     def _watch(self) -> None:
         with httpx.Client(timeout=self.hang.busy_probe_s) as client:
             while (silent_s := probe_until_hung(self._stop, self.hang, lambda: self._ask(client))) is not None:
-                assert self._watched is not None
-                print(f"the local gateway answered no health probe for {silent_s:.1f} s: killing it, to start it again",
-                      file=sys.stderr, flush=True)  # fmt: skip
-                self._watched.kill()
+                if self.owned:
+                    assert self._watched is not None
+                    self._say(f"the local gateway answered no health probe for {silent_s:.1f} s: killing it, to start "
+                              "it again")  # fmt: skip
+                    self._watched.kill()
+                    continue
+                url = self.current()[1]
+                self._say(f"the gateway at {url} answered no health probe for {silent_s:.1f} s: the job's calls "
+                          "through it wait until it answers (it is not ours to restart)")  # fmt: skip
+                since = time.monotonic() - silent_s
+                while not self._ask(client):
+                    if self._stop.wait(self.hang.busy_probe_s):
+                        return
+                self._say(f"the gateway at {url} answers again, after {time.monotonic() - since:.1f} s")
 
     def _ask(self, client: httpx.Client) -> bool | None:
-        """Whether the gateway of now answered /healthz; None when it is gone (the next request brings it back) or
-        was started again (a new run of probes)."""
+        """Whether the gateway of now answered /healthz; None when the local one is gone (the next request brings it
+        back) or was started again (a new run of probes)."""
         proc, url = self.current()
-        if proc is not self._watched:
-            self._watched = proc
-            return None
-        if proc is None or url is None or proc.poll() is not None:
+        if self.owned:
+            if proc is not self._watched:
+                self._watched = proc
+                return None
+            if proc is None or proc.poll() is not None:
+                return None
+        if url is None:
             return None
         try:
             return client.get(f"{url}/healthz").status_code == 200
         except httpx.HTTPError:
             return False
+
+
+def _to_stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)

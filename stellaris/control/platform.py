@@ -68,7 +68,9 @@ class Platform:
         self.gateway: GatewayClient | None = None
         self.namespace = f"local-{secrets.token_hex(4)}"
         self.gateway_restarts = 0
-        self.watch = GatewayWatch(lambda: (self.gateway_proc, self.gateway_url), HangSettings())  # the local one
+        self.watch = GatewayWatch(
+            lambda: (self.gateway_proc, self.gateway_url), HangSettings(), owned=gateway_url is None
+        )
 
     def __enter__(self) -> Platform:
         try:
@@ -77,9 +79,9 @@ class Platform:
                 if self.backend == "ray" and self.ray_address is None:
                     self._start_private_ray()
                 self._start_gateway()
-                self.watch.start()
             else:
                 self._check_given_gateway()
+            self.watch.start()
             assert self.gateway_url is not None
             self.gateway = GatewayClient(
                 self.gateway_url, token=self.gateway_token, timeout_s=3600, on_unreachable=self.recover_gateway

@@ -1,11 +1,15 @@
-"""The local gateway's watch (stellaris/control/gateway_watch.py) judges only a gateway that said it was ready: a
-restarted one is not probed while it starts, nor at its predecessor's URL. Before, the watch saw the new process at
-once, probed the dead one's port, and killed the new gateway as it started once that silence passed `hung_after_s`:
-the job then ended with "the local gateway did not start (exit code -9)" (CI, under load, with `hung_after_s` 2 s)."""
+"""The watch on `stellaris train`'s gateway (stellaris/control/gateway_watch.py).
+
+The local one is judged only once it said it was ready: a restarted one is not probed while it starts, nor at its
+predecessor's URL. Before, the watch saw the new process at once, probed the dead one's port, and killed the new
+gateway as it started once that silence passed `hung_after_s`: the job then ended with "the local gateway did not
+start (exit code -9)" (CI, under load, with `hung_after_s` 2 s). A given one is never killed, but its silence is
+named."""
 
 from __future__ import annotations
 
 import os
+import queue
 import signal
 import subprocess
 
@@ -13,7 +17,10 @@ import httpx
 import pytest
 
 from cache.server import EmbeddedRedis
+from gateway.settings import HangSettings
+from stellaris.control.gateway_watch import GatewayWatch
 from stellaris.control.platform import Platform
+from tests.gateway.conftest import start_gateway, stop_gateway
 from tests.procs import wait_pid_gone
 
 # Far shorter than a gateway's start (its imports alone take longer): a watch that judged a starting gateway would
@@ -38,3 +45,27 @@ def test_a_restarted_local_gateway_is_not_taken_for_hung_while_it_starts(
             assert httpx.get(f"{back.url}/healthz", timeout=5).status_code == 200
             with pytest.raises(subprocess.TimeoutExpired):  # ready and watched: it answers, and the watch leaves it be
                 platform.gateway_proc.wait(timeout=10 * HUNG_AFTER_S)
+
+
+def test_a_given_gateway_that_stops_answering_is_named_and_so_is_its_return(redis_server: EmbeddedRedis) -> None:
+    """Not ours to kill: the watch says that it is silent (a job waiting on it would otherwise wait without a word, up
+    to its calls' hour), then that it answers again."""
+    gw = start_gateway(redis_server.url)
+    said: queue.Queue[str] = queue.Queue()
+    watch = GatewayWatch(
+        lambda: (None, gw.url), HangSettings(hung_after_s=HUNG_AFTER_S, busy_probe_s=BUSY_PROBE_S), owned=False,
+        say=said.put,
+    )  # fmt: skip
+    watch.start()
+    try:
+        os.kill(gw.proc.pid, signal.SIGSTOP)
+        line = said.get(timeout=30)
+        assert line.startswith(f"the gateway at {gw.url} answered no health probe for ") and "not ours" in line
+        os.kill(gw.proc.pid, signal.SIGCONT)
+        assert said.get(timeout=30).startswith(f"the gateway at {gw.url} answers again, after ")
+        assert gw.proc.poll() is None  # never killed
+    finally:
+        watch.stop()
+        os.kill(gw.proc.pid, signal.SIGCONT)
+        stop_gateway(gw)
+    assert said.empty()
