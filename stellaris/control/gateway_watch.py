@@ -8,15 +8,13 @@ is silent, and when it answers again, so that a job waiting on it does not wait 
 from __future__ import annotations
 
 import subprocess
-import sys
 import threading
-import time
 from collections.abc import Callable
 
 import httpx
 
 from gateway.settings import HangSettings
-from stellaris.control.probing import probe_until_hung
+from stellaris.control.probing import Watched, name_silences, probe_until_hung, to_stderr
 
 Current = Callable[[], tuple["subprocess.Popen[str] | None", "str | None"]]
 
@@ -29,7 +27,7 @@ class GatewayWatch:
         self, current: Current, hang: HangSettings, *, owned: bool = True, say: Callable[[str], None] | None = None
     ) -> None:
         self.current, self.hang, self.owned = current, hang, owned
-        self._say = say or _to_stderr
+        self._say = say or to_stderr
         self._stop = threading.Event()
         self._watched: subprocess.Popen[str] | None = None
         self._thread = threading.Thread(target=self._watch, name="gateway-watch", daemon=True)
@@ -45,21 +43,16 @@ class GatewayWatch:
 
     def _watch(self) -> None:
         with httpx.Client(timeout=self.hang.busy_probe_s) as client:
+            if not self.owned:
+                meanwhile = "the job's calls through it wait until it answers"
+                watched = Watched(f"the gateway at {self.current()[1]}", "health probe", meanwhile)
+                name_silences(self._stop, self.hang, lambda: self._ask(client), watched, self._say)
+                return
             while (silent_s := probe_until_hung(self._stop, self.hang, lambda: self._ask(client))) is not None:
-                if self.owned:
-                    assert self._watched is not None
-                    self._say(f"the local gateway answered no health probe for {silent_s:.1f} s: killing it, to start "
-                              "it again")  # fmt: skip
-                    self._watched.kill()
-                    continue
-                url = self.current()[1]
-                self._say(f"the gateway at {url} answered no health probe for {silent_s:.1f} s: the job's calls "
-                          "through it wait until it answers (it is not ours to restart)")  # fmt: skip
-                since = time.monotonic() - silent_s
-                while not self._ask(client):
-                    if self._stop.wait(self.hang.busy_probe_s):
-                        return
-                self._say(f"the gateway at {url} answers again, after {time.monotonic() - since:.1f} s")
+                assert self._watched is not None
+                self._say(f"the local gateway answered no health probe for {silent_s:.1f} s: killing it, to start it "
+                          "again")  # fmt: skip
+                self._watched.kill()
 
     def _ask(self, client: httpx.Client) -> bool | None:
         """Whether the gateway of now answered /healthz; None when the local one is gone (the next request brings it
@@ -77,7 +70,3 @@ class GatewayWatch:
             return client.get(f"{url}/healthz").status_code == 200
         except httpx.HTTPError:
             return False
-
-
-def _to_stderr(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)

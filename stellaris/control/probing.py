@@ -4,9 +4,11 @@
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from gateway.hung import Silence
 from gateway.settings import HangSettings
@@ -27,3 +29,33 @@ def probe_until_hung(stop: threading.Event, hang: HangSettings, ask: Callable[[]
         if silence.hung(now, hang.hung_after_s) and not stop.is_set():
             return silence.silent_s(now)
     return None
+
+
+@dataclass(frozen=True)
+class Watched:
+    """What a silence line names: `what` ("the gateway at URL") answered no `probe` ("health probe") for N s;
+    `meanwhile`, what that does to the job."""
+
+    what: str
+    probe: str
+    meanwhile: str
+
+
+def name_silences(
+    stop: threading.Event, hang: HangSettings, ask: Callable[[], bool | None], watched: Watched,
+    say: Callable[[str], None],
+) -> None:  # fmt: skip
+    """For a process that is not ours to kill (a given gateway or Redis): until `stop`, say so each time it counts as
+    hung, and then when it answers again. A job waiting on it then does not wait without a word."""
+    while (silent_s := probe_until_hung(stop, hang, ask)) is not None:
+        say(f"{watched.what} answered no {watched.probe} for {silent_s:.1f} s: {watched.meanwhile} (it is not ours "
+            "to restart)")  # fmt: skip
+        since = time.monotonic() - silent_s
+        while not ask():
+            if stop.wait(hang.busy_probe_s):
+                return
+        say(f"{watched.what} answers again, after {time.monotonic() - since:.1f} s")
+
+
+def to_stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)

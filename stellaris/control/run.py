@@ -199,7 +199,8 @@ def _run_epoch(cfg: TrainConfig, console: Console, *, resume: bool) -> int:
             instance_env=threads_env(cfg),
         ) as p:
             trainer = Trainer(cfg, p, run, state=state)
-            watch = CacheWatch(p.cache.server if p.cache is not None else None).start()
+            assert p.cache is not None  # set on entry
+            watch = CacheWatch(p.cache.server, url=p.cache.url).start()
             try:
                 trainer.setup()
                 console.print(f"run directory: {run.path}", highlight=False, soft_wrap=True)  # a failed start has none

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import queue
 import signal
 import threading
 from collections.abc import Iterator
@@ -116,3 +117,21 @@ def test_after_a_failure_a_silent_server_is_killed_and_reported_and_an_answering
         assert wait_pid_gone(pid, 10)
     finally:
         watch.stop()
+
+
+def test_a_given_redis_that_stops_answering_is_named_never_killed_and_so_is_its_return() -> None:
+    with EmbeddedRedis() as given:  # given: the watch knows only its URL
+        said: queue.Queue[str] = queue.Queue()
+        watch = CacheWatch(None, QUICK, url=given.url, say=said.put).start()
+        assert given.pid is not None
+        try:
+            os.kill(given.pid, signal.SIGSTOP)
+            line = said.get(timeout=30)
+            assert line.startswith("the Redis at redis://") and "answered no PING for " in line and "not ours" in line
+            assert given.password not in line
+            os.kill(given.pid, signal.SIGCONT)
+            assert " answers again, after " in said.get(timeout=30) and given.is_alive()
+        finally:
+            watch.stop()
+            os.kill(given.pid, signal.SIGCONT)
+        assert said.empty()
