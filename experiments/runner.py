@@ -5,7 +5,6 @@ interrupted one resumes from its checkpoint."""
 from __future__ import annotations
 
 import json
-import re
 import shutil
 import signal
 import subprocess
@@ -19,6 +18,7 @@ from pathlib import Path
 
 import yaml
 
+from cache.connection import redact_url
 from cache.lifetime import die_with_parent
 from experiments.suites import RunPlan
 
@@ -79,7 +79,7 @@ def _redacted(cmd: list[str]) -> list[str]:
         if i and cmd[i - 1] == "--gateway-token":
             arg = "***"
         elif i and cmd[i - 1] == "--redis-url":
-            arg = re.sub(r"//[^@/]*@", "//***@", arg)
+            arg = redact_url(arg)
         out.append(arg)
     return out
 

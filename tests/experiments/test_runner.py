@@ -77,6 +77,8 @@ def test_runner_summary_figures_skip_and_resume(tmp_path: Path, deployment: Depl
         assert made and all(p.stat().st_size > 10_000 for p in made), made
     log = (run_dir(tmp_path, PLANS[0]) / "log.txt").read_text()
     assert deployment.gateway_token and deployment.gateway_token not in log  # secrets stay out of logs
+    redis_password = deployment.redis_url.split("@")[0].rsplit(":", 1)[-1]
+    assert redis_password and redis_password not in log and "--redis-url redis://:***@" in log
 
     again = _run(tmp_path, deployment)
     assert {o.status for o in again.values()} == {"skipped"}
