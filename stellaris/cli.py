@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
+import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -26,6 +28,7 @@ def _sigterm_as_exit() -> None:
 
 
 DEBUG_ENV = "STELLARIS_DEBUG"  # set (not 0): a failure shows its traceback
+EXIT_GRACE_S = 5.0  # how long calls still running at exit are waited for before they are left behind
 
 
 def _exit_with(command: Callable[[], int]) -> NoReturn:
@@ -62,8 +65,22 @@ def _exit_with(command: Callable[[], int]) -> NoReturn:
             typer.echo(f"error: {exc}{notes}", err=True)
         else:  # not one we foresaw: its type helps, and the traceback is one variable away
             typer.echo(f"error: {type(exc).__name__}: {exc}{notes}\n(set {DEBUG_ENV}=1 to see the traceback)", err=True)
-        raise typer.Exit(2 if isinstance(exc, (ConfigError, RunDirError, EvalError)) else 1) from None
-    raise typer.Exit(code)
+        _leave(2 if isinstance(exc, (ConfigError, RunDirError, EvalError)) else 1)
+    _leave(code)
+
+
+def _leave(code: int) -> NoReturn:
+    """Exit with `code`, leaving behind any call still blocked on a gateway that answers nothing (after Ctrl-C, or an
+    error): the interpreter's exit would wait for it, up to the call's hour, however often Ctrl-C is pressed."""
+    rounds = sys.modules.get("stellaris.control.rounds")  # no Rounds ever made: no call threads
+    stuck = rounds.stuck_calls(EXIT_GRACE_S) if rounds is not None else []
+    if stuck:
+        typer.echo(f"leaving {len(stuck)} call(s) that still wait on a gateway that answers nothing", err=True)
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    raise typer.Exit(code) from None
 
 
 @app.command()

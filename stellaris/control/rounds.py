@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import threading
+import time
 import uuid
 from collections.abc import Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
@@ -29,6 +31,7 @@ __all__ = ["Call", "Functions", "Role", "RoundStats", "Rounds", "TrainingError",
 
 MAX_RESTARTS = 64  # replacements of failed invocations (or dead actors) per round before the job gives up
 DRAIN_CHECK_S = 1.0  # while a sync step drains, how often finished invocations are looked at between versions
+CALL_THREADS = ("learn_", "act_")  # how the pools' threads are named: their prefixes, and the pool's "_"
 
 
 class TrainingError(RuntimeError):
@@ -205,8 +208,8 @@ class Rounds:
         self.job, self.functions, self.mode, self.learners = job, functions, mode, learners
         self.invocations = learners if invocations is None else invocations
         self.enqueue_timeout_s = job.limits.backpressure_timeout_s if enqueue_timeout_s is None else enqueue_timeout_s
-        self.pool = ThreadPoolExecutor(max_workers=self.invocations + 1, thread_name_prefix="learn")
-        self.actor_pool = ThreadPoolExecutor(max_workers=max(1, actors), thread_name_prefix="act")
+        self.pool = ThreadPoolExecutor(max_workers=self.invocations + 1, thread_name_prefix=CALL_THREADS[0][:-1])
+        self.actor_pool = ThreadPoolExecutor(max_workers=max(1, actors), thread_name_prefix=CALL_THREADS[1][:-1])
         # Invocations' holder ids: unique in the job, also across a resume by another control plane.
         self.holder_prefix, self.serial = uuid.uuid4().hex[:8], itertools.count(1)
         # Replacement learners still running when their round was done, with their holder ids: the next round's.
@@ -234,7 +237,8 @@ class Rounds:
         if self.invocations == self.learners:
             self.invocations = learners
         self.learners = learners
-        old, self.pool = self.pool, ThreadPoolExecutor(max_workers=self.invocations + 1, thread_name_prefix="learn")
+        old = self.pool
+        self.pool = ThreadPoolExecutor(max_workers=self.invocations + 1, thread_name_prefix=CALL_THREADS[0][:-1])
         old.shutdown(wait=False)
 
     def invoke_actors(self, actors: int, stats: RoundStats) -> list[ActorResult]:
@@ -265,3 +269,14 @@ class Rounds:
         """Stop taking calls; calls still running are not waited for (stopping the round ends them)."""
         self.pool.shutdown(wait=False, cancel_futures=True)
         self.actor_pool.shutdown(wait=False, cancel_futures=True)
+
+
+def stuck_calls(grace_s: float) -> list[str]:
+    """The call threads (of every Rounds, closed) still running after `grace_s`: each waits on a gateway that answers
+    nothing but keeps its connection open (stopped, stuck). The interpreter's exit joins pool threads, so it would
+    wait for their calls' timeouts (an hour); the caller leaves them instead."""
+    deadline = time.monotonic() + grace_s
+    calls = [t for t in threading.enumerate() if t.name.startswith(CALL_THREADS)]
+    for thread in calls:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    return [t.name for t in calls if t.is_alive()]
