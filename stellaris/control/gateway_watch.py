@@ -27,7 +27,7 @@ class GatewayWatch:
         self, current: Current, hang: HangSettings, *, owned: bool = True, say: Callable[[str], None] | None = None
     ) -> None:
         self.current, self.hang, self.owned = current, hang, owned
-        self._say = say or to_stderr
+        self.say = say or to_stderr
         self._stop = threading.Event()
         self._watched: subprocess.Popen[str] | None = None
         self._thread = threading.Thread(target=self._watch, name="gateway-watch", daemon=True)
@@ -46,11 +46,11 @@ class GatewayWatch:
             if not self.owned:
                 meanwhile = "the job's calls through it wait until it answers"
                 watched = Watched(f"the gateway at {self.current()[1]}", "health probe", meanwhile)
-                name_silences(self._stop, self.hang, lambda: self._ask(client), watched, self._say)
+                name_silences(self._stop, self.hang, lambda: self._ask(client), watched, self.say)
                 return
             while (silent_s := probe_until_hung(self._stop, self.hang, lambda: self._ask(client))) is not None:
                 assert self._watched is not None
-                self._say(f"the local gateway answered no health probe for {silent_s:.1f} s: killing it, to start it "
+                self.say(f"the local gateway answered no health probe for {silent_s:.1f} s: killing it, to start it "
                           "again")  # fmt: skip
                 self._watched.kill()
 

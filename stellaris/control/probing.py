@@ -1,6 +1,6 @@
-"""The control plane's health probes of a process it owns (its local gateway, its embedded Redis): asked every
-`busy_probe_s`, judged hung once it answered none for `hung_after_s` over at least two probes in a row (the gateway's
-`Silence` and `HangSettings`, as for its own instances)."""
+"""The control plane's health probes of its gateway and its Redis: asked every `busy_probe_s`, judged hung once they
+answered none for `hung_after_s` over at least two probes in a row (the gateway's `Silence` and `HangSettings`, as for
+its own instances). Ours (a local gateway, an embedded Redis) are then killed; given ones only named."""
 
 from __future__ import annotations
 
