@@ -17,13 +17,13 @@ from gateway.backends.base import Backend, BackendError, InstanceHandle
 from gateway.hung import BusyProbes
 from gateway.instances import Live, reuse_order
 from gateway.invocation import InstanceUnreachable, InvocationFailed, Outcome, post_event
+from gateway.late_starts import hold_start, hold_stop
 from gateway.liveness import IdleProbes
 from gateway.metering import Metrics
 from gateway.models import FunctionSpec, Status
 
 # The gateway waits this much longer than the function's timeout_s, so that the runtime's own 504 arrives first.
 ANSWER_MARGIN_S = 5.0
-_LATE_STOPS: set[asyncio.Task[None]] = set()
 
 
 class FunctionPool(IdleProbes, BusyProbes):
@@ -106,6 +106,7 @@ class FunctionPool(IdleProbes, BusyProbes):
         start = asyncio.ensure_future(
             asyncio.to_thread(self.backend.start, self.spec, instance_id=f"{self.spec.name}-{uuid.uuid4().hex[:8]}")
         )
+        hold_start(start)  # the gateway's shutdown waits for it (gateway/late_starts.py)
         try:
             handle = await asyncio.shield(start)
         except asyncio.CancelledError:
@@ -269,9 +270,7 @@ class FunctionPool(IdleProbes, BusyProbes):
         """An instance up after the pool closed: stopped with the rest (delete, replace), else left for adoption."""
         if start.cancelled() or start.exception() is not None or not self._stop_late_starts:
             return
-        task = asyncio.ensure_future(self._stop(start.result()))
-        _LATE_STOPS.add(task)  # the pool may be gone: hold the task until it is done
-        task.add_done_callback(_LATE_STOPS.discard)
+        hold_stop(asyncio.ensure_future(self._stop(start.result())))
 
     def status(self) -> dict[str, Any]:
         fields = ("id", "url", "pid", "container_id", "node")

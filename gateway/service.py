@@ -15,6 +15,7 @@ from starlette.exceptions import HTTPException
 
 from cache import Cache, CacheSettings
 from cache.keys import GatewayKeys
+from gateway import late_starts
 from gateway.activations import ActivationStore
 from gateway.backends.base import Backend
 from gateway.backends.process import ProcessBackend
@@ -134,6 +135,7 @@ class Gateway:
         # cluster stops); containers and a given Ray cluster's actors stay up to be found again.
         ephemeral = {"process", *(["ray"] if self.settings.ray_address is None else [])}
         await asyncio.gather(*(p.close(stop_instances=p.backend.name in ephemeral) for p in self.pools.values()))
+        await self._settle_late_starts()
         for name in ("process", "ray"):
             backend = self._backends.get(name)
             if backend is not None and hasattr(backend, "close"):
@@ -142,6 +144,15 @@ class Gateway:
         await self.redis.aclose()
         if self.cache is not None:
             self.cache.close()
+
+    async def _settle_late_starts(self) -> None:
+        """Before the event loop ends: an instance whose start is still in its thread then is never stopped."""
+        if (running := late_starts.in_flight()) == 0:
+            return
+        wait_s = self.settings.late_start_wait_s
+        log.warning("gateway stopping: waiting up to %.0f s for %d instance start(s) or stop(s)", wait_s, running)
+        if left := await late_starts.settle(wait_s):
+            log.warning("gateway stopping with %d instance start(s) or stop(s) still running: left behind", left)
 
     def backend(self, name: str) -> Backend:
         if name not in self._backends:

@@ -106,6 +106,13 @@ class GatewaySettings(HangSettings):
     stop_timeout_s: float = Field(
         default=10.0, gt=0, le=3600, description="an instance's drain on stop (SIGTERM), then it is killed"
     )
+    late_start_wait_s: float = Field(
+        default=20.0,
+        ge=0,
+        le=600,
+        description="on shutdown, the wait for instance starts still running and for the stops of instances no longer "
+        "wanted (a deleted function's); one still running then is left behind, and named",
+    )
     fork_servers: int = Field(
         default=2,
         ge=0,

@@ -12,7 +12,8 @@ import redis
 from functions.context import Context
 
 _key = os.environ["STELLARIS_TEST_HELD_START_KEY"]
-with redis.Redis.from_url(os.environ["STELLARIS_TEST_HELD_START_REDIS"]) as _redis:
+# The clients own socket timeout (5 s by default here) would cut the hold short: the BLPOP has its own.
+with redis.Redis.from_url(os.environ["STELLARIS_TEST_HELD_START_REDIS"], socket_timeout=90) as _redis:
     _redis.rpush(f"{_key}:started", os.getpid())
     _redis.blpop([f"{_key}:release"], timeout=60)
 

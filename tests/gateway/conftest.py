@@ -29,12 +29,16 @@ class RunningGateway:
         return GatewayClient(self.url, token=token, timeout_s=60)
 
 
-def start_gateway(redis_url: str, namespace: str | None = None, **env: str) -> RunningGateway:
+def start_gateway(
+    redis_url: str, namespace: str | None = None, *, stderr: int | None = None, **env: str
+) -> RunningGateway:
+    """`stderr=subprocess.PIPE`: the test reads the gateway's log (and everything it prints after READY)."""
     namespace = namespace or f"gw-{uuid.uuid4().hex[:8]}"
     proc = subprocess.Popen(
         [sys.executable, "-m", "gateway"],
         cwd=ROOT,
         stdout=subprocess.PIPE,
+        stderr=stderr,
         text=True,
         env={
             **os.environ,

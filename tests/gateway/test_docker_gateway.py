@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import subprocess
 import sys
 import threading
 import uuid
@@ -23,6 +24,7 @@ from tests.gateway.conftest import RunningGateway, start_gateway, stop_gateway
 from tests.gateway.test_docker_backend import IMAGE, REPO, engine, host_python_mounts  # noqa: F401 (fixture)
 
 H = "tests.functions.sample_handlers"
+HELD = "tests.functions.held_start_handlers"
 
 
 @pytest.fixture
@@ -33,11 +35,14 @@ def gateway_id(engine: DockerClient) -> Iterator[str]:  # noqa: F811
         container.remove(force=True)
 
 
-def docker_gateway(redis_url: str, gateway_id: str, namespace: str | None = None, **env: str) -> RunningGateway:
+def docker_gateway(
+    redis_url: str, gateway_id: str, namespace: str | None = None, *, stderr: int | None = None, **env: str
+) -> RunningGateway:
     """A gateway whose docker functions run the host's Python in the test image (host-Python mode)."""
     return start_gateway(
         redis_url,
         namespace,
+        stderr=stderr,
         STELLARIS_GATEWAY_ID=gateway_id,
         STELLARIS_DOCKER_NETWORK="host",  # containers reach the test's loopback Redis
         STELLARIS_GATEWAY_DOCKER_PYTHON=sys.executable,
@@ -123,3 +128,49 @@ def test_killed_container_fails_its_call_with_502_and_is_replaced(
     finally:
         stop_gateway(gw)
         cache_conn.client.delete(f"{key}:started", f"{key}:release")
+
+
+def test_a_start_in_flight_when_its_function_is_deleted_is_stopped_before_the_gateway_exits(
+    redis_server,
+    cache_conn: Cache,
+    engine: DockerClient,  # noqa: F811
+    gateway_id: str,
+) -> None:
+    """A job's end deletes its functions, then stops its gateway. A container start still in its thread then (a
+    pre-warm) was never stopped: the event loop's end cancelled its task, and the container stayed (a CI flake).
+    The gateway's shutdown now waits for it, and stops it."""
+    gw = docker_gateway(redis_server.url, gateway_id, stderr=subprocess.PIPE)
+    key = f"test:{uuid.uuid4().hex}"
+    env = {"STELLARIS_TEST_HELD_START_KEY": key, "STELLARIS_TEST_HELD_START_REDIS": redis_server.url}
+    spec = FunctionSpec(name="late", backend="docker", image=IMAGE, target=f"{HELD}:pid", env=env)
+    waiting = threading.Event()
+    log: list[str] = []
+
+    def read_log() -> None:
+        assert gw.proc.stderr is not None
+        for line in gw.proc.stderr:
+            log.append(line)
+            if "waiting up to" in line:
+                waiting.set()
+
+    reader = threading.Thread(target=read_log, daemon=True)
+    reader.start()
+    try:
+        with gw.client() as c:
+            c.register(spec)
+            c.prewarm("late", 1)
+            # The container runs, its runtime held in the handler's import: the gateway's start waits in its thread.
+            assert cache_conn.client.blpop([f"{key}:started"], timeout=60) is not None
+            assert len(containers(engine, gateway_id)) == 1
+            c.delete("late")
+        gw.proc.terminate()
+        # Before the fix: never said, and the event loop ended, leaving the start to run on in its thread unwatched.
+        said = waiting.wait(timeout=5)
+        cache_conn.client.rpush(f"{key}:release", 1)
+        assert gw.proc.wait(timeout=60) == 0
+    finally:
+        stop_gateway(gw)
+        reader.join(timeout=10)
+        cache_conn.client.delete(f"{key}:started", f"{key}:release")
+    assert containers(engine, gateway_id) == [], "".join(log)
+    assert said, "".join(log)
