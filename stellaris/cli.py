@@ -28,7 +28,23 @@ def _sigterm_as_exit() -> None:
 
 
 DEBUG_ENV = "STELLARIS_DEBUG"  # set (not 0): a failure shows its traceback
-EXIT_GRACE_S = 5.0  # how long calls still running at exit are waited for before they are left behind
+EXIT_GRACE_ENV = "STELLARIS_EXIT_GRACE_S"
+EXIT_GRACE_S = 5.0  # default: how long calls still running at exit are waited for before they are left behind
+MAX_EXIT_GRACE_S = 3600.0
+
+
+def exit_grace_s() -> float:
+    """$STELLARIS_EXIT_GRACE_S, default EXIT_GRACE_S: checked when `train` starts, so a bad value stops it then."""
+    raw = os.environ.get(EXIT_GRACE_ENV, "").strip()
+    if not raw:
+        return EXIT_GRACE_S
+    try:
+        grace = float(raw)
+    except ValueError:
+        grace = float("nan")
+    if not 0 <= grace <= MAX_EXIT_GRACE_S:
+        raise ValueError(f"{EXIT_GRACE_ENV} must be a number of seconds from 0 to {MAX_EXIT_GRACE_S:g}, got {raw!r}")
+    return grace
 
 
 def _exit_with(command: Callable[[], int]) -> NoReturn:
@@ -73,7 +89,11 @@ def _leave(code: int) -> NoReturn:
     """Exit with `code`, leaving behind any call still blocked on a gateway that answers nothing (after Ctrl-C, or an
     error): the interpreter's exit would wait for it, up to the call's hour, however often Ctrl-C is pressed."""
     rounds = sys.modules.get("stellaris.control.rounds")  # no Rounds ever made: no call threads
-    stuck = rounds.stuck_calls(EXIT_GRACE_S) if rounds is not None else []
+    try:
+        grace_s = exit_grace_s()
+    except ValueError:  # said when train started; a library caller that set it badly gets the default
+        grace_s = EXIT_GRACE_S
+    stuck = rounds.stuck_calls(grace_s) if rounds is not None else []
     if stuck:
         typer.echo(f"leaving {len(stuck)} call(s) that still wait on a gateway that answers nothing", err=True)
         logging.shutdown()
@@ -148,6 +168,11 @@ def _train(**given: Any) -> None:
 
     _sigterm_as_exit()
     config, resume, sets = given.pop("config"), given.pop("resume"), given.pop("sets")
+    try:
+        exit_grace_s()
+    except ValueError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from exc
     try:
         flags, nested = field_values(given), parsed_sets(sets or [])
         if resume is not None:

@@ -48,3 +48,23 @@ def test_the_cli_exits_leaving_calls_stuck_on_a_gateway_that_answers_nothing(red
         stop_gateway(gw)
     assert proc.returncode == 130, proc.stderr
     assert "leaving 1 call(s) that still wait on a gateway that answers nothing" in proc.stderr
+
+
+def test_the_exit_grace_is_read_from_the_environment(monkeypatch) -> None:
+    from stellaris import cli
+
+    monkeypatch.delenv(cli.EXIT_GRACE_ENV, raising=False)
+    assert cli.exit_grace_s() == cli.EXIT_GRACE_S
+    monkeypatch.setenv(cli.EXIT_GRACE_ENV, "0.5")
+    assert cli.exit_grace_s() == 0.5
+
+
+def test_a_bad_exit_grace_stops_train_before_it_starts() -> None:
+    from typer.testing import CliRunner
+
+    from stellaris.cli import app
+
+    for bad in ("soon", "-1", "nan", "1e9"):
+        result = CliRunner().invoke(app, ["train", "--env", "CartPole-v1"], env={"STELLARIS_EXIT_GRACE_S": bad})
+        assert result.exit_code == 2, result.output
+        assert f"STELLARIS_EXIT_GRACE_S must be a number of seconds from 0 to 3600, got {bad!r}" in result.output
