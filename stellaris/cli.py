@@ -35,16 +35,9 @@ MAX_EXIT_GRACE_S = 3600.0
 
 def exit_grace_s() -> float:
     """$STELLARIS_EXIT_GRACE_S, default EXIT_GRACE_S: checked when `train` starts, so a bad value stops it then."""
-    raw = os.environ.get(EXIT_GRACE_ENV, "").strip()
-    if not raw:
-        return EXIT_GRACE_S
-    try:
-        grace = float(raw)
-    except ValueError:
-        grace = float("nan")
-    if not 0 <= grace <= MAX_EXIT_GRACE_S:
-        raise ValueError(f"{EXIT_GRACE_ENV} must be a number of seconds from 0 to {MAX_EXIT_GRACE_S:g}, got {raw!r}")
-    return grace
+    from stellaris.control.env_limits import seconds_from_env
+
+    return seconds_from_env(EXIT_GRACE_ENV, EXIT_GRACE_S, 0.0, MAX_EXIT_GRACE_S)
 
 
 def _exit_with(command: Callable[[], int]) -> NoReturn:
@@ -55,6 +48,7 @@ def _exit_with(command: Callable[[], int]) -> NoReturn:
     from gateway.client import GatewayError
     from stellaris.config import ConfigError
     from stellaris.control.cache_faults import CacheFull
+    from stellaris.control.gateway_watch import GatewayStuck
     from stellaris.control.outputs import RunDirError
     from stellaris.control.platform import PlatformError
     from stellaris.evaluate import EvalError
@@ -71,6 +65,7 @@ def _exit_with(command: Callable[[], int]) -> NoReturn:
             CacheFull,
             RedisServerDied,
             GatewayError,
+            GatewayStuck,
             ConfigError,
             RunDirError,
             PlatformError,
@@ -169,7 +164,10 @@ def _train(**given: Any) -> None:
     _sigterm_as_exit()
     config, resume, sets = given.pop("config"), given.pop("resume"), given.pop("sets")
     try:
+        from stellaris.control.platform import given_gateway_wait_s
+
         exit_grace_s()
+        given_gateway_wait_s()
     except ValueError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from exc

@@ -18,6 +18,7 @@ from cache import Cache, CacheSettings
 from cache.lifetime import die_with_parent, stop_process
 from gateway.client import GatewayClient, Recovered
 from gateway.settings import HangSettings
+from stellaris.control.env_limits import seconds_from_env
 from stellaris.control.gateway_watch import GatewayWatch
 
 if TYPE_CHECKING:
@@ -30,9 +31,16 @@ class PlatformError(RuntimeError):
 
 GATEWAY_EXIT_S = 2.0  # how long a gateway that dropped a request is given to show that it exited
 GATEWAY_PROBE_S = 10.0  # how long a given gateway has to answer its first health check
-GATEWAY_RECOVER_S = 120.0  # how long a job waits for a given gateway to come back after it went away
+GATEWAY_RECOVER_S = 120.0  # default: how long a job waits for a given gateway that went away or answers nothing
+GATEWAY_RECOVER_ENV = "STELLARIS_GIVEN_GATEWAY_WAIT_S"
+MAX_GATEWAY_RECOVER_S = 86_400.0
 DOCKER_NETWORK_ENV = "STELLARIS_DOCKER_NETWORK"  # the docker backend's network (gateway/backends/docker.py)
 LOCAL_RAY_CPUS_PER_CORE = 4  # logical CPUs a private local Ray declares per core (a function asks for 1)
+
+
+def given_gateway_wait_s() -> float:
+    """$STELLARIS_GIVEN_GATEWAY_WAIT_S, default GATEWAY_RECOVER_S; `stellaris train` checks it before it starts."""
+    return seconds_from_env(GATEWAY_RECOVER_ENV, GATEWAY_RECOVER_S, 1.0, MAX_GATEWAY_RECOVER_S)
 
 
 class Platform:
@@ -41,7 +49,7 @@ class Platform:
 
     A gateway that goes away mid-job is brought back: the local one is started again (same token and namespace, so
     it finds the job's functions in its Redis registry and re-creates their instances); a given one is waited for,
-    up to `GATEWAY_RECOVER_S`."""
+    up to `given_gateway_wait_s()`, whether it went away or answers nothing (its watch then ends the job)."""
 
     def __init__(
         self,
@@ -68,9 +76,11 @@ class Platform:
         self.gateway: GatewayClient | None = None
         self.namespace = f"local-{secrets.token_hex(4)}"
         self.gateway_restarts = 0
+        self.recover_s = given_gateway_wait_s()
         self.watch = GatewayWatch(
-            lambda: (self.gateway_proc, self.gateway_url), HangSettings(), owned=gateway_url is None
-        )
+            lambda: (self.gateway_proc, self.gateway_url), HangSettings(), owned=gateway_url is None,
+            give_up_s=self.recover_s,
+        )  # fmt: skip
 
     def __enter__(self) -> Platform:
         try:
@@ -93,7 +103,7 @@ class Platform:
 
     def _check_given_gateway(self) -> None:
         """A given gateway must answer before the job starts: a wrong URL is then one line naming it, not a wait of
-        GATEWAY_RECOVER_S for a gateway that was never there."""
+        its recovery wait for a gateway that was never there."""
         assert self.gateway_url is not None
         try:
             with httpx.Client(base_url=self.gateway_url, timeout=GATEWAY_PROBE_S) as probe:
@@ -168,7 +178,7 @@ class Platform:
             self.gateway_restarts += 1
             self._start_gateway()
             return Recovered(self.gateway_url, self.gateway_restarts)
-        deadline = time.monotonic() + GATEWAY_RECOVER_S
+        deadline = time.monotonic() + self.recover_s
         with httpx.Client(base_url=self.gateway_url, timeout=5) as probe:
             while time.monotonic() < deadline:
                 try:
@@ -177,7 +187,7 @@ class Platform:
                 except httpx.TransportError:
                     pass
                 time.sleep(1.0)  # a remote gateway restarting: nothing to wait on but time
-        raise PlatformError(f"the gateway at {self.gateway_url} did not come back within {GATEWAY_RECOVER_S:.0f} s")
+        raise PlatformError(f"the gateway at {self.gateway_url} did not come back within {self.recover_s:g} s")
 
     def close(self) -> None:
         self.closing = True

@@ -41,9 +41,17 @@ class Watched:
     meanwhile: str
 
 
+@dataclass(frozen=True)
+class GiveUp:
+    """After a silence of `after_s`, `then(silent_s)` is called once and the probing ends."""
+
+    after_s: float
+    then: Callable[[float], None]
+
+
 def name_silences(
     stop: threading.Event, hang: HangSettings, ask: Callable[[], bool | None], watched: Watched,
-    say: Callable[[str], None],
+    say: Callable[[str], None], give_up: GiveUp | None = None,
 ) -> None:  # fmt: skip
     """For a process that is not ours to kill (a given gateway or Redis): until `stop`, say so each time it counts as
     hung, and then when it answers again. A job waiting on it then does not wait without a word."""
@@ -52,6 +60,9 @@ def name_silences(
             "to restart)")  # fmt: skip
         since = time.monotonic() - silent_s
         while not ask():
+            if give_up is not None and (silent_s := time.monotonic() - since) >= give_up.after_s:
+                give_up.then(silent_s)
+                return
             if stop.wait(hang.busy_probe_s):
                 return
         say(f"{watched.what} answers again, after {time.monotonic() - since:.1f} s")

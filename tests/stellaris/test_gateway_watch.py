@@ -18,7 +18,7 @@ import pytest
 
 from cache.server import EmbeddedRedis
 from gateway.settings import HangSettings
-from stellaris.control.gateway_watch import GatewayWatch
+from stellaris.control.gateway_watch import GatewayStuck, GatewayWatch
 from stellaris.control.platform import Platform
 from tests.gateway.conftest import start_gateway, stop_gateway
 from tests.procs import wait_pid_gone
@@ -69,3 +69,27 @@ def test_a_given_gateway_that_stops_answering_is_named_and_so_is_its_return(redi
         os.kill(gw.proc.pid, signal.SIGCONT)
         stop_gateway(gw)
     assert said.empty()
+
+
+def test_a_given_gateway_silent_past_the_wait_ends_the_job_blocked_on_it(redis_server: EmbeddedRedis) -> None:
+    """Silent past `give_up_s`, a given gateway ends the job as one away that long does: the main thread, blocked in a
+    call to it, is interrupted with GatewayStuck. Before, the call waited out its timeout (an hour in a job)."""
+    gw = start_gateway(redis_server.url)
+    said: queue.Queue[str] = queue.Queue()
+    before = signal.getsignal(signal.SIGUSR2)
+    watch = GatewayWatch(
+        lambda: (None, gw.url), HangSettings(hung_after_s=HUNG_AFTER_S, busy_probe_s=BUSY_PROBE_S), owned=False,
+        say=said.put, give_up_s=1.0,
+    )  # fmt: skip
+    watch.start()
+    try:
+        os.kill(gw.proc.pid, signal.SIGSTOP)
+        with pytest.raises(GatewayStuck, match=rf"^the gateway at {gw.url} answered no health probe for \d+ s: ending"):
+            httpx.get(f"{gw.url}/healthz", timeout=120)  # the job's call, blocked on the stopped gateway
+        assert "for 1 s at most (it is not ours to restart)" in said.get(timeout=5)
+    finally:
+        watch.stop()
+        os.kill(gw.proc.pid, signal.SIGCONT)
+        stop_gateway(gw)
+    assert signal.getsignal(signal.SIGUSR2) == before  # the previous handler is back
+    assert gw.proc.returncode is not None and gw.proc.returncode != -signal.SIGKILL  # never killed by the watch

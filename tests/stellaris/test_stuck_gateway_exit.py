@@ -12,6 +12,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 from cache.server import EmbeddedRedis
 from tests.gateway.conftest import ROOT, TOKEN, start_gateway, stop_gateway
 
@@ -59,12 +61,15 @@ def test_the_exit_grace_is_read_from_the_environment(monkeypatch) -> None:
     assert cli.exit_grace_s() == 0.5
 
 
-def test_a_bad_exit_grace_stops_train_before_it_starts() -> None:
+@pytest.mark.parametrize(
+    ("name", "bounds"), [("STELLARIS_EXIT_GRACE_S", "0 to 3600"), ("STELLARIS_GIVEN_GATEWAY_WAIT_S", "1 to 86400")]
+)
+def test_a_bad_wait_limit_stops_train_before_it_starts(name: str, bounds: str) -> None:
     from typer.testing import CliRunner
 
     from stellaris.cli import app
 
     for bad in ("soon", "-1", "nan", "1e9"):
-        result = CliRunner().invoke(app, ["train", "--env", "CartPole-v1"], env={"STELLARIS_EXIT_GRACE_S": bad})
+        result = CliRunner().invoke(app, ["train", "--env", "CartPole-v1"], env={name: bad})
         assert result.exit_code == 2, result.output
-        assert f"STELLARIS_EXIT_GRACE_S must be a number of seconds from 0 to 3600, got {bad!r}" in result.output
+        assert f"{name} must be a number of seconds from {bounds}, got {bad!r}" in result.output
