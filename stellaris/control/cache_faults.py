@@ -10,11 +10,10 @@ first (a function's 502, a 404, NOGROUP on a stream):
 
 from __future__ import annotations
 
-import os
-
 import redis
 
 from cache import CacheError, JobCache
+from stellaris.control.env_limits import count_from_env
 
 RESUMES_ENV = "STELLARIS_CACHE_LOSS_RESUMES"
 DEFAULT_RESUMES = 3
@@ -32,16 +31,7 @@ class CacheFull(RuntimeError):
 
 def resumes_from_env() -> int:
     """How many cache losses one `stellaris train` resumes from: $STELLARIS_CACHE_LOSS_RESUMES, default 3."""
-    raw = os.environ.get(RESUMES_ENV)
-    if raw is None or raw.strip() == "":
-        return DEFAULT_RESUMES
-    try:
-        resumes = int(raw)
-    except ValueError as exc:
-        raise ValueError(f"{RESUMES_ENV} must be a whole number of resumes, got {raw!r}") from exc
-    if not 0 <= resumes <= MAX_RESUMES:
-        raise ValueError(f"{RESUMES_ENV} must be between 0 and {MAX_RESUMES}, got {raw!r}")
-    return resumes
+    return count_from_env(RESUMES_ENV, DEFAULT_RESUMES, 0, MAX_RESUMES)
 
 
 def refused_for_memory(exc: BaseException) -> bool:

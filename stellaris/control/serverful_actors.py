@@ -18,6 +18,7 @@ from cache.lifetime import die_with_parent
 from gateway.backends.zygote import ForkedProcess, ForkServer, ForkServerError
 from gateway.settings import HangSettings
 from stellaris.control.actor_watch import ActorWatch
+from stellaris.control.env_limits import count_from_env
 from stellaris.control.rounds import TrainingError
 
 ACTOR_MODULE = "functions.actor_loop"
@@ -37,16 +38,10 @@ ActorProcess = subprocess.Popen[bytes] | ForkedProcess
 
 
 def max_actor_restarts() -> int:
-    raw = os.environ.get(ACTOR_RESTARTS_ENV, "").strip()
-    if not raw:
-        return ACTOR_RESTARTS_DEFAULT
     try:
-        value = int(raw)
-    except ValueError:
-        value = 0
-    if not 1 <= value <= 1000:
-        raise TrainingError(f"{ACTOR_RESTARTS_ENV} must be a whole number from 1 to 1000, got {raw!r}")
-    return value
+        return count_from_env(ACTOR_RESTARTS_ENV, ACTOR_RESTARTS_DEFAULT, 1, 1000)
+    except ValueError as exc:
+        raise TrainingError(str(exc)) from exc
 
 
 def fork_from_env() -> bool:
