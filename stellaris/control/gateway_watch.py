@@ -69,11 +69,10 @@ class GatewayWatch:
     def _watch(self) -> None:
         with httpx.Client(timeout=self.hang.busy_probe_s) as client:
             if not self.owned:
-                meanwhile = "the job's calls through it wait until it answers"
-                if self._main is not None and self.give_up_s:
-                    meanwhile += f", for {self.give_up_s:g} s at most"
-                watched = Watched(f"the gateway at {self.current()[1]}", "health probe", meanwhile)
                 give_up = GiveUp(self.give_up_s, self._give_up) if self._main is not None and self.give_up_s else None
+                meanwhile = "the job's calls through it wait until it answers"
+                meanwhile += f", for {give_up.after_s:g} s at most" if give_up is not None else ""
+                watched = Watched(f"the gateway at {self.current()[1]}", "health probe", meanwhile)
                 name_silences(self._stop, self.hang, lambda: self._ask(client), watched, self.say, give_up)
                 return
             while (silent_s := probe_until_hung(self._stop, self.hang, lambda: self._ask(client))) is not None:
@@ -111,6 +110,7 @@ class GatewayWatch:
 
     def _interrupt(self, signum: int, frame: FrameType | None) -> None:
         with self._lock:
-            armed, self._main = self._main is not None, None  # once
-        if armed and self._reason:
-            raise GatewayStuck(self._reason)
+            if self._main is None or not self._reason:  # disarmed, or a SIGUSR2 not of ours: nothing to end
+                return
+            self._main = None  # once
+        raise GatewayStuck(self._reason)

@@ -165,7 +165,7 @@ def test_a_start_in_flight_when_its_function_is_deleted_is_stopped_before_the_ga
             c.delete("late")
         gw.proc.terminate()
         # Before the fix: never said, and the event loop ended, leaving the start to run on in its thread unwatched.
-        said = waiting.wait(timeout=5)
+        said = waiting.wait(timeout=20)
         cache_conn.client.rpush(f"{key}:release", 1)
         assert gw.proc.wait(timeout=60) == 0
     finally:
