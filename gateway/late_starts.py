@@ -14,14 +14,17 @@ _STARTS: set[asyncio.Future[Any]] = set()
 _STOPS: set[asyncio.Future[Any]] = set()
 
 
+def _hold(held: set[asyncio.Future[Any]], future: asyncio.Future[Any]) -> None:
+    held.add(future)  # the pool may be gone: held here until it is done
+    future.add_done_callback(held.discard)
+
+
 def hold_start(start: asyncio.Future[Any]) -> None:
-    _STARTS.add(start)
-    start.add_done_callback(_STARTS.discard)
+    _hold(_STARTS, start)
 
 
 def hold_stop(stop: asyncio.Future[Any]) -> None:
-    _STOPS.add(stop)  # the pool may be gone: held here until the stop is done
-    stop.add_done_callback(_STOPS.discard)
+    _hold(_STOPS, stop)
 
 
 def in_flight() -> int:

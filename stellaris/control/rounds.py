@@ -31,7 +31,8 @@ __all__ = ["Call", "Functions", "Role", "RoundStats", "Rounds", "TrainingError",
 
 MAX_RESTARTS = 64  # replacements of failed invocations (or dead actors) per round before the job gives up
 DRAIN_CHECK_S = 1.0  # while a sync step drains, how often finished invocations are looked at between versions
-CALL_THREADS = ("learn_", "act_")  # how the pools' threads are named: their prefixes, and the pool's "_"
+LEARN_THREADS, ACT_THREADS = "learn", "act"  # the call pools' thread names (ThreadPoolExecutor adds "_<n>")
+CALL_THREADS = (f"{LEARN_THREADS}_", f"{ACT_THREADS}_")
 
 
 class TrainingError(RuntimeError):
@@ -208,8 +209,8 @@ class Rounds:
         self.job, self.functions, self.mode, self.learners = job, functions, mode, learners
         self.invocations = learners if invocations is None else invocations
         self.enqueue_timeout_s = job.limits.backpressure_timeout_s if enqueue_timeout_s is None else enqueue_timeout_s
-        self.pool = ThreadPoolExecutor(max_workers=self.invocations + 1, thread_name_prefix=CALL_THREADS[0][:-1])
-        self.actor_pool = ThreadPoolExecutor(max_workers=max(1, actors), thread_name_prefix=CALL_THREADS[1][:-1])
+        self.pool = self._learner_pool()
+        self.actor_pool = ThreadPoolExecutor(max_workers=max(1, actors), thread_name_prefix=ACT_THREADS)
         # Invocations' holder ids: unique in the job, also across a resume by another control plane.
         self.holder_prefix, self.serial = uuid.uuid4().hex[:8], itertools.count(1)
         # Replacement learners still running when their round was done, with their holder ids: the next round's.
@@ -237,9 +238,11 @@ class Rounds:
         if self.invocations == self.learners:
             self.invocations = learners
         self.learners = learners
-        old = self.pool
-        self.pool = ThreadPoolExecutor(max_workers=self.invocations + 1, thread_name_prefix=CALL_THREADS[0][:-1])
+        old, self.pool = self.pool, self._learner_pool()
         old.shutdown(wait=False)
+
+    def _learner_pool(self) -> ThreadPoolExecutor:
+        return ThreadPoolExecutor(max_workers=self.invocations + 1, thread_name_prefix=LEARN_THREADS)
 
     def invoke_actors(self, actors: int, stats: RoundStats) -> list[ActorResult]:
         """One serverless actor invocation per actor, all at once on the actor pool; a call whose instance died is
