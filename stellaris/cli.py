@@ -259,8 +259,11 @@ def plot(
 def main() -> None:
     """The `stellaris` command: the app, then a quick exit (`cache.lifetime.quick_exit`), so that a finished job
     does not wait on the interpreter's teardown. An error that escapes the app leaves the usual way."""
+    import faulthandler
+
     from cache.lifetime import quick_exit
 
+    faulthandler.enable()  # a crash in native code (a signal such as SIGSEGV) prints every thread's stack to stderr
     code = 0
     try:
         app()  # click's standalone mode ends in SystemExit

@@ -94,7 +94,7 @@ def test_a_resume_while_the_run_still_goes_is_refused_and_the_run_loses_no_row(t
         one_error(second, 2, f"{out} is in use by another `stellaris train`")
         assert running.poll() is None  # it was refused by the lock, not because the run had ended
         running.send_signal(signal.SIGTERM)  # a clean stop: its checkpoint and rows agree
-        assert running.wait(timeout=120) in (130, 143)
+        assert running.wait(timeout=120) in (130, 143), (running.stderr.read() if running.stderr else "")[-4000:]
         done = json.loads((out / "state.json").read_text())["round"]
         # Rounds 1..done, and at most the one the stop caught between its row and its checkpoint (a resume rewinds it).
         logged = [int(r["round_id"]) for r in rows(out / "info.csv")]
