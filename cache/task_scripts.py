@@ -24,23 +24,25 @@ end
 # One round trip per task: store the finished task's gradient with its ack (when one is given), then claim the next.
 # KEYS: tasks, learners, deadlines, dead letters, version, aggregator, closed, wake, control, gradients
 # ARGV: group, me, lease ms, max attempts, ttl ms, dead-letter maxlen, pending scan count, held version,
-#       policy key prefix, gradient maxlen, finished task id ('' for none), then the gradient's fields
+#       policy key prefix, gradient maxlen, the task the caller computes meanwhile ('' for none: a learner that
+#       claims ahead holds it, and it is not handed out again), finished task id ('' for none), then the
+#       gradient's fields
 STEP = (
     _NOW
     + _WAKE
     + """
 local stored = false
-if ARGV[11] ~= '' then
-  local mine = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[11], ARGV[11], 1, ARGV[2])
+if ARGV[12] ~= '' then
+  local mine = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[12], ARGV[12], 1, ARGV[2])
   if #mine == 0 then
     stored = 'lost'
   elseif redis.call('XLEN', KEYS[10]) >= tonumber(ARGV[10]) then
     return {'full'}
   else
-    stored = redis.call('XADD', KEYS[10], '*', unpack(ARGV, 12))
+    stored = redis.call('XADD', KEYS[10], '*', unpack(ARGV, 13))
     redis.call('PEXPIRE', KEYS[10], ARGV[5])
-    redis.call('XACK', KEYS[1], ARGV[1], ARGV[11])
-    redis.call('XDEL', KEYS[1], ARGV[11])
+    redis.call('XACK', KEYS[1], ARGV[1], ARGV[12])
+    redis.call('XDEL', KEYS[1], ARGV[12])
     wake(KEYS[8], 1, ARGV[5])
   end
 end
@@ -62,9 +64,9 @@ if not ok then pending = {} end
 for _, p in ipairs(pending) do
   local id, owner, deliveries = p[1], p[2], tonumber(p[4])
   if owner == ARGV[2] then
-    -- Already ours, yet we ask for work: the reply that carried it was lost (a retry after a dropped connection).
-    -- Hand it out again, or it would stay ours, unworked, for as long as our lease lives.
-    if not claimed then
+    -- Already ours and not the one we compute, yet we ask for work: the reply that carried it was lost (a retry
+    -- after a dropped connection). Hand it out again, or it would stay ours, unworked, for as long as our lease lives.
+    if not claimed and id ~= ARGV[11] then
       local entries = redis.call('XRANGE', KEYS[1], id, id)
       if #entries > 0 then claimed = entries[1] end
     end

@@ -131,10 +131,12 @@ class TaskBoard:
         *,
         held_version: int | None = None,
         finished: tuple[str, GradientRecord] | None = None,
+        holding: str | None = None,
         timeout_s: float = 120.0,
     ) -> Claim:
         """Store `finished` (task id, gradient) with its task's ack if the task is still ours, then claim the next
         task: one round trip. Weights of the current version come back with a task unless it is `held_version`.
+        `holding`: a task of ours that we compute meanwhile (a learner claiming ahead), never handed back to us.
         A full gradient stream makes this wait for room (the task stays ours meanwhile), up to `timeout_s`."""
         self.stream.ensure_group()
         k = self.keys
@@ -144,7 +146,7 @@ class TaskBoard:
         ]  # fmt: skip
         args: list[Any] = [
             self.GROUP, learner_id, self.lease_ms, self.max_attempts, self.ttl_ms, self.dead_letter_maxlen, 256,
-            "" if held_version is None else str(held_version), k.policy(0)[:-1], self.gradient_maxlen,
+            "" if held_version is None else str(held_version), k.policy(0)[:-1], self.gradient_maxlen, holding or "",
         ]  # fmt: skip
         args += [finished[0], *finished[1].fields()] if finished else [""]
         deadline = time.monotonic() + timeout_s

@@ -7,7 +7,7 @@ tensors back to the CPU for the wire (no I/O)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from cache import GradientMeta, GradientRecord, JobCache, LearnerTask, VersionNotFound
@@ -24,27 +24,30 @@ from functions.policies import ActorCritic
 from functions.warm import policy_at
 
 
-def _policy_or_none(ctx: Context, job: JobCache, spec: JobSpec, version: int) -> ActorCritic | None:
+def _policy_or_none(
+    ctx: Context, job: JobCache, spec: JobSpec, version: int, keep: Collection[ActorCritic]
+) -> ActorCritic | None:
     try:
-        return policy_at(ctx, job, spec, version)
+        return policy_at(ctx, job, spec, version, keep=keep)
     except VersionNotFound:
         return None  # retired past the newest K versions
 
 
 def task_inputs(
     ctx: Context, job: JobCache, spec: JobSpec, *, version: int, weights: bytes | None, held: dict[str, int],
-    holder: str, kl_coef: float | None, target_version: int | None,
+    holder: str, kl_coef: float | None, target_version: int | None, keep: Collection[ActorCritic] = (),
 ) -> tuple[ActorCritic, LearnInputs]:  # fmt: skip
     """The policy of `version` (from `weights` when given) and what its gradient takes besides: the distinct
     versions other holders hold (`held`: holder id -> version; truncation, paper Eq. 2), the target network, the
-    aggregator's KL coefficient."""
-    policy = policy_at(ctx, job, spec, version, weights)
+    aggregator's KL coefficient. `keep`: modules in use meanwhile, not reloaded (`warm.policy_at`)."""
+    policy = policy_at(ctx, job, spec, version, weights, keep=keep)
+    keep = (*keep, policy)
     versions = sorted({v for hid, v in held.items() if hid != holder and v != version})
-    others = [p for p in (_policy_or_none(ctx, job, spec, v) for v in versions) if p is not None]
+    others = [p for p in (_policy_or_none(ctx, job, spec, v, keep) for v in versions) if p is not None]
     target = None
     if algorithm_of(spec.algo).uses_target(spec.algo):
         chosen = target_version if target_version is not None else version
-        target = _policy_or_none(ctx, job, spec, chosen) or policy
+        target = _policy_or_none(ctx, job, spec, chosen, (*keep, *others)) or policy
     return policy, LearnInputs(others=others, target=target, kl_coef=kl_coef, seed=spec.seed)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections import OrderedDict
+from collections.abc import Collection
 
 import gymnasium as gym
 import torch
@@ -54,9 +55,18 @@ def new_policy(ctx: Context, spec: JobSpec, *, device: torch.device | str = "cpu
     return policy
 
 
-def policy_at(ctx: Context, job: JobCache, spec: JobSpec, version: int, blob: bytes | None = None) -> ActorCritic:
+def policy_at(
+    ctx: Context,
+    job: JobCache,
+    spec: JobSpec,
+    version: int,
+    blob: bytes | None = None,
+    *,
+    keep: Collection[ActorCritic] = (),
+) -> ActorCritic:
     """The policy of `version` on the instance's device (learners), from a small per-instance LRU before the store
-    (or from `blob`, its weights when the caller already has them): weights load from the wire onto the device."""
+    (or from `blob`, its weights when the caller already has them): weights load from the wire onto the device.
+    `keep`: modules in use elsewhere meanwhile (a learner claiming ahead computes with them), never reloaded."""
     lru = ctx.memo.policies.setdefault(job.keys.job, OrderedDict())
     if version in lru:
         lru.move_to_end(version)
@@ -64,7 +74,18 @@ def policy_at(ctx: Context, job: JobCache, spec: JobSpec, version: int, blob: by
     if blob is None:
         blob = job.policies.get(version)
     # Reuse the least recently used module once the cache is full: building one costs more than loading weights.
-    policy = lru.popitem(last=False)[1] if len(lru) >= MAX_CACHED_POLICIES else new_policy(ctx, spec, device=ctx.device)
+    policy = _recycled(lru, keep) if len(lru) >= MAX_CACHED_POLICIES else None
+    policy = policy or new_policy(ctx, spec, device=ctx.device)
     load_policy_bytes(policy, blob)
     lru[version] = policy
     return policy
+
+
+def _recycled(lru: OrderedDict[int, ActorCritic], keep: Collection[ActorCritic]) -> ActorCritic | None:
+    """The least recently used module not in `keep`, taken out of `lru` (None when all are kept)."""
+    kept = {id(p) for p in keep}
+    for version, policy in lru.items():
+        if id(policy) not in kept:
+            del lru[version]
+            return policy
+    return None

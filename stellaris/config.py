@@ -205,9 +205,11 @@ class TrainConfig(StellarisKnobs, DistributionKnob, ElasticOptions, TriggerField
 
     def job_request(self, job: str) -> dict[str, Any]:
         """What the parameter function resolves into the job's spec (preset + overrides)."""
-        # The floor schedules' least β: with L learners applying as gradients land, the gradient that ends a
-        # round is about L + 1 versions old; a lower floor ends rounds in a liveness flush (README).
-        defaults = {"beta_floor": float(self.learners + 1)}
+        # The floor schedules' least β: with T tasks in flight whose gradients are applied as they land, the gradient
+        # that ends a round is about T + 1 versions old; a lower floor ends rounds in a liveness flush (README). A
+        # learner claiming ahead (the default) holds two tasks, one computed and one claimed.
+        ahead = self.overrides.get("stellaris", {}).get("claim_ahead", True)
+        defaults = {"beta_floor": float(self.learners * (2 if ahead else 1) + 1)}
         knobs = {knob: getattr(self, train_name(knob)) for knob in KNOB_NAMES}
         overrides = {**self.overrides, "stellaris": {**defaults, **self.overrides.get("stellaris", {}), **knobs}}
         return {

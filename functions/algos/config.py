@@ -60,6 +60,9 @@ class StellarisConfig(StellarisKnobs, _Frozen):
     # "aggregate": the H scaled gradients of an aggregation averaged into one optimizer step (SPEC §5, paper Eq. 4);
     # "each": one optimizer step per scaled gradient, in queue order, published as one version (a study option).
     optimizer_steps: Literal["aggregate", "each"] = "aggregate"
+    # A learner claims its next task (and stores its last gradient) on a thread of its own while it computes, so
+    # that the cache I/O is off the computation's path (`functions.claim_ahead`; never under the sync rule).
+    claim_ahead: bool = True
 
     def aggregation_rule(self) -> AggregationRule:
         return AggregationRule(

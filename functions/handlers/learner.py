@@ -3,7 +3,13 @@ newest policy version (weights reloaded only when the version changed), register
 truncate against it, computes one gradient with truncation, and stores it together with the task's ack. It
 leaves once the round is closed and no task is outstanding; while others still hold tasks it waits, so that it
 can take over the task of a learner that died (once its lease ran out, or sooner: the control plane evicts a
-learner whose instance the platform reports killed)."""
+learner whose instance the platform reports killed).
+
+Claiming ahead (`stellaris.claim_ahead`, every rule but sync): the round trip that stores a task's gradient and
+claims the next task, with that task's policies loaded, runs on a thread of its own (`functions.claim_ahead`)
+while the learner computes the task it already holds, so the cache I/O is off the computation's path. The next
+task's policy is then the newest when the claim ran, one gradient earlier than a claim made after it (about one
+version staler)."""
 
 from __future__ import annotations
 
@@ -11,13 +17,14 @@ import time
 from dataclasses import replace
 from typing import Any
 
-from cache import Claim, CodecError, GradientRecord, JobCache, LearnerTask, RecordError
+from cache import CodecError, GradientRecord, JobCache, LearnerTask, RecordError
 from cache.contract import LearnerResult
 from functions.algos.registry import algorithm_of
+from functions.claim_ahead import Ahead, Next, claims_ahead
 from functions.context import Context, PreparedRound
 from functions.device import to_device
 from functions.faults import fault_point
-from functions.gradient import gradient_record, task_inputs
+from functions.gradient import gradient_record
 from functions.handlers import EventError, Stopwatch, job_id_of
 from functions.jobspec import JobSpec
 from functions.policies import ActorCritic
@@ -60,21 +67,27 @@ def _prepared(
 
 
 def task_gradient(
-    ctx: Context, job: JobCache, spec: JobSpec, task_id: str, task: LearnerTask, claim: Claim, learner_id: str,
-    compute: Stopwatch,
-) -> GradientRecord:  # fmt: skip
-    """One task's gradient record at the claim's version, truncating against the other held versions, computed on
-    the instance's device; its tensors come back to the CPU for the wire, and its stats name the device."""
-    version = claim.version
-    policy, inputs = task_inputs(
-        ctx, job, spec, version=version, weights=claim.weights, held=claim.held, holder=learner_id,
-        kl_coef=claim.kl_coef, target_version=claim.target_version,
-    )  # fmt: skip
+    ctx: Context, job: JobCache, spec: JobSpec, nxt: Next, task: LearnerTask, learner_id: str, compute: Stopwatch
+) -> GradientRecord:
+    """One task's gradient record at its claim's version, truncating against the other held versions (the policies
+    `nxt` loaded), computed on the instance's device; its tensors come back to the CPU for the wire, and its stats
+    name the device."""
+    assert nxt.claim.task is not None and nxt.inputs is not None
+    policy, inputs = nxt.inputs
     prepared = _prepared(ctx, job, spec, task, policy, compute)
     return gradient_record(
         spec, policy, prepared.data, prepared.batches, task, inputs,
-        task_id=task_id, learner_id=learner_id, base_version=version, device=str(ctx.device), compute=compute,
+        task_id=nxt.claim.task.id, learner_id=learner_id, base_version=nxt.claim.version, device=str(ctx.device),
+        compute=compute,
     )  # fmt: skip
+
+
+def _counted(out: LearnerResult, nxt: Next) -> LearnerResult:
+    """`out` with what the claim `nxt` reports: the gradient it carried stored or lost (our lease ran out and the
+    task was taken over; its other holder stores it), and the orphans it gave up on."""
+    if nxt.carried is not None:
+        out = replace(out, lost=out.lost + 1) if nxt.claim.lost else out.with_gradient(nxt.carried.meta.stats)
+    return replace(out, dead_lettered=out.dead_lettered + nxt.claim.dead_lettered)
 
 
 def handle(event: dict[str, Any], ctx: Context) -> dict[str, Any]:
@@ -91,18 +104,16 @@ def handle(event: dict[str, Any], ctx: Context) -> dict[str, Any]:
     compute, waited = Stopwatch(), Stopwatch()
     out = LearnerResult()
     finished: tuple[str, GradientRecord] | None = None  # stored together with the next claim: one round trip
-    held: int | None = None
-    with board.leased(learner_id):
+    held: int | None = None  # the version of the last task's policy: a claim of the same version sends no weights
+    with board.leased(learner_id), Ahead(ctx, job, spec, learner_id, claims_ahead(spec)) as ahead:
+        nxt = ahead.now(held=held, finished=None)
         while time.monotonic() < deadline:
-            claim = board.claim(
-                learner_id, held_version=held, finished=finished, timeout_s=job.limits.backpressure_timeout_s
-            )
-            if finished is not None:
-                # Lost: our lease ran out and the task was taken over; its other holder stores it.
-                out = replace(out, lost=out.lost + 1) if claim.lost else out.with_gradient(finished[1].meta.stats)
-                finished = None
-            out = replace(out, dead_lettered=out.dead_lettered + claim.dead_lettered)
+            out = _counted(out, nxt)
+            claim = nxt.claim
             if claim.task is None:
+                if finished is not None:  # computed while the claim ran, which found no next task: store it now
+                    nxt, finished = ahead.now(held=held, finished=finished), None
+                    continue
                 if claim.closed_round >= round_k and claim.outstanding == 0:
                     break
                 # Others hold the remaining tasks (or more are coming): wait for an ack or an enqueue, at most
@@ -112,21 +123,31 @@ def handle(event: dict[str, Any], ctx: Context) -> dict[str, Any]:
                 )
                 with waited:
                     board.wait(min(IDLE_WAIT_S, max(until_expiry_s + 0.01, 0.01)))
+                nxt = ahead.now(held=held, finished=None)
                 continue
-            task_id = claim.task.id
+            task_id, held = claim.task.id, claim.version
+            # Store the last gradient and claim the next task while this one is computed (claiming ahead).
+            ahead.start(held=held, finished=finished, holding=nxt)
+            finished = None
+            record: GradientRecord | None = None
             try:
                 task = LearnerTask.from_fields(claim.task.fields)
-                record = task_gradient(ctx, job, spec, task_id, task, claim, learner_id, compute)
+                record = task_gradient(ctx, job, spec, nxt, task, learner_id, compute)
                 write_priorities(job, task, record.meta.stats)  # prioritized replay only (else no priorities)
             except (CodecError, RecordError, BatchGone) as exc:
                 # Poison: it would fail the same way on every attempt. Give up on it now, visibly.
                 ctx.log.warning("dead-lettering task %s: %s", task_id, exc)
                 gone = board.dead_letter(learner_id, task_id, f"{type(exc).__name__}: {exc}")
                 out = replace(out, dead_lettered=out.dead_lettered + int(gone))
-                continue
-            held = claim.version
-            fault_point("learner:before_complete")
-            finished = (task_id, record)
+            if record is not None:
+                fault_point("learner:before_complete")
+            done = (task_id, record) if record is not None else None
+            if ahead.started:
+                nxt, finished = ahead.result(), done  # the next task; ours is stored with the claim after it
+            else:
+                nxt = ahead.now(held=held, finished=done)
+        else:  # past the deadline: the last claim counted; an unsent gradient stays so (taken over once we leave)
+            out = _counted(out, nxt)
     return replace(
         out,
         status="done" if time.monotonic() < deadline else "timeout",

@@ -64,6 +64,28 @@ def test_a_claim_whose_reply_was_lost_hands_the_same_task_out_again(board_job: J
     assert nxt.stored is not None and nxt.task is not None and nxt.task.id == ids[1]
 
 
+def test_a_learner_claiming_ahead_gets_a_new_task_while_it_holds_one_and_stores_each_gradient_once(
+    board_job: JobCache,
+) -> None:
+    """Claiming ahead: the claim made while a task is computed (`holding` it) takes the next task, not the held one
+    again (as it would for a lost reply), and stores the gradient before that; each task yields one gradient."""
+    board = board_job.board
+    ids = board.enqueue(tasks(3), close_round=1, timeout_s=1)
+    first = board.claim("a")
+    assert first.task is not None and first.task.id == ids[0]
+    ahead = board.claim("a", held_version=0, holding=ids[0])  # computing ids[0]: the claim runs meanwhile
+    assert ahead.task is not None and ahead.task.id == ids[1] and ahead.outstanding == 3
+    again = board.claim("a", held_version=0, finished=(ids[0], gradient("a", ids[0])), holding=ids[1])
+    assert again.stored is not None and again.task is not None and again.task.id == ids[2]
+    # A lost reply while holding one: the other task of ours is handed out again, the held one never.
+    retried = board.claim("a", held_version=0, holding=ids[1])
+    assert retried.task is not None and retried.task.id == ids[2]
+    for tid, holding in ((ids[1], ids[2]), (ids[2], None)):
+        board.claim("a", held_version=0, finished=(tid, gradient("a", tid)), holding=holding)
+    assert [board_job.gradients.meta(e).task_id for e in board_job.gradients.read()] == ids
+    assert board.outstanding() == 0
+
+
 def test_a_live_learners_task_is_never_taken_over(board_job: JobCache) -> None:
     board = board_job.board
     [tid] = board.enqueue(tasks(1), close_round=1, timeout_s=1)

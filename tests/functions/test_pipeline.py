@@ -34,10 +34,11 @@ ROOT = Path(__file__).resolve().parents[2]
 LEASE_S = 0.6
 
 
-def small_spec(job: str, rule: Rule = Rule.STELLARIS) -> JobSpec:
+def small_spec(job: str, rule: Rule = Rule.STELLARIS, *, claim_ahead: bool = True) -> JobSpec:
     cfg = PPOConfig(
         lr=1e-3, train_batch_size=256, num_minibatches=4, num_epochs=2, clip=0.2, kl_coef=0.0, ent_coef=0.01,
-        network=NetworkConfig(kind="mlp", hidden=(32, 32)), stellaris=StellarisConfig(rule=rule),
+        network=NetworkConfig(kind="mlp", hidden=(32, 32)),
+        stellaris=StellarisConfig(rule=rule, claim_ahead=claim_ahead),
     )  # fmt: skip
     return JobSpec(job=job, env_id="CartPole-v1", algo=cfg, num_envs=2, actor_steps=64, seed=3)
 
@@ -121,10 +122,11 @@ def assert_exactly_once(job: JobCache, rounds: int, tasks_per_round: int, dead_l
     return log
 
 
+@pytest.mark.parametrize("claim_ahead", [True, False], ids=["claiming-ahead", "claiming-after"])
 def test_multi_task_learner_processes_with_the_parameter_function_applying_as_gradients_land(
-    redis_server, cache_conn: Cache, job_id: str, cleanup, monkeypatch: pytest.MonkeyPatch
+    redis_server, cache_conn: Cache, job_id: str, cleanup, monkeypatch: pytest.MonkeyPatch, claim_ahead: bool
 ) -> None:
-    driver = Driver(cache_conn, small_spec(job_id), actors=2)
+    driver = Driver(cache_conn, small_spec(job_id, claim_ahead=claim_ahead), actors=2)
     job = driver.job
     cleanup.append(job)
     # The parameter function's Redis calls, in order: Publish, Look at work in flight, Wait for gradients.
@@ -177,11 +179,15 @@ def test_sync_mode_applies_one_update_per_step_with_zero_staleness(redis_server,
 
 
 @pytest.mark.slow  # a fault run over 40 s (45 s here): CI's long stage (make test-long)
-def test_learners_killed_mid_task_lose_and_repeat_nothing(redis_server, cache_conn, job_id, cleanup) -> None:
+@pytest.mark.parametrize("claim_ahead", [True, False], ids=["claiming-ahead", "claiming-after"])
+def test_learners_killed_mid_task_lose_and_repeat_nothing(
+    redis_server, cache_conn, job_id, cleanup, claim_ahead: bool
+) -> None:
     """Learner invocations are killed with SIGKILL at random moments and replaced; their tasks are taken over once
-    their leases run out. Every task still yields exactly one applied gradient, and no live task is stolen."""
+    their leases run out. Every task still yields exactly one applied gradient, and no live task is stolen. Claiming
+    ahead, a learner holds two tasks (one computed, one claimed) when it is killed."""
     limits = JobLimits(learner_lease_s=LEASE_S, gradient_maxlen=1024)
-    spec = small_spec(job_id, Rule.STELLARIS)
+    spec = small_spec(job_id, Rule.STELLARIS, claim_ahead=claim_ahead)
     spec = spec.model_copy(update={"algo": spec.algo.model_copy(update={"num_epochs": 8})})  # 32 tasks a round
     driver = Driver(cache_conn, spec, actors=2, limits=limits)
     job = driver.job

@@ -95,12 +95,16 @@ def test_a_yaml_knob_may_be_spelled_as_the_job_specs_override_and_reaches_the_jo
     assert (stellaris.d, stellaris.rule, stellaris.beta_floor) == (0.5, "sync", 3.0)
 
 
-def test_the_floor_defaults_to_one_above_the_learner_count_and_a_set_floor_wins(tmp_path: Path) -> None:
-    # with L learners the gradient that ends a round is about L + 1 versions old: 3 learners → floor 4
+def test_the_floor_defaults_to_one_above_the_tasks_in_flight_and_a_set_floor_wins(tmp_path: Path) -> None:
+    # with T tasks in flight the gradient that ends a round is about T + 1 versions old: 3 learners claiming ahead
+    # hold 6 (floor 7), claiming after their computation 3 (floor 4)
     cfg = TrainConfig(env="Hopper-v5", preset="fast", rounds=10, learners=3)
     stellaris = resolve(JobRequest.model_validate(cfg.job_request("j1"))).algo.stellaris
-    assert (stellaris.schedule, stellaris.beta_floor) == ("horizon_floor", 4.0)
-    assert stellaris.aggregation_rule().beta_floor == 4.0
+    assert (stellaris.schedule, stellaris.beta_floor, stellaris.claim_ahead) == ("horizon_floor", 7.0, True)
+    assert stellaris.aggregation_rule().beta_floor == 7.0
+    after = load_config(_yaml(tmp_path, "learners: 3\noverrides: {stellaris: {claim_ahead: false}}\n"), {})
+    stellaris = resolve(JobRequest.model_validate(after.job_request("j3"))).algo.stellaris
+    assert (stellaris.beta_floor, stellaris.claim_ahead) == (4.0, False)
     set_floor = load_config(_yaml(tmp_path, "learners: 3\noverrides: {stellaris: {beta_floor: 1.5}}\n"), {})
     assert resolve(JobRequest.model_validate(set_floor.job_request("j2"))).algo.stellaris.beta_floor == 1.5
 

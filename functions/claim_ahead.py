@@ -1,0 +1,96 @@
+"""Claiming ahead: a learner's next claim (the round trip that stores its last gradient with the task's ack and takes
+the next task) and the loading of that task's policies run on a thread of their own while the learner computes
+the task it holds, so that the cache I/O is off the computation's path.
+
+The claimed task's policy is then the newest when the claim ran, one gradient earlier than a claim made after the
+computation: about one version staler. Sync's learners never claim ahead: each computes one task of a step, and
+one claiming ahead would take another's."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+
+from cache import Claim, GradientRecord, JobCache
+from functions.algos.algorithm import LearnInputs
+from functions.context import Context
+from functions.gradient import task_inputs
+from functions.jobspec import JobSpec
+from functions.policies import ActorCritic
+
+
+@dataclass(frozen=True)
+class Next:
+    """A claim's outcome: the claim, the claimed task's policy with what its gradient takes besides (None without a
+    task), and the gradient the claim carried (stored, or lost when `claim.lost`)."""
+
+    claim: Claim
+    inputs: tuple[ActorCritic, LearnInputs] | None
+    carried: GradientRecord | None
+
+    def policies(self) -> Iterable[ActorCritic]:
+        """The modules a computation of this task uses: not to be reloaded while it runs."""
+        if self.inputs is None:
+            return ()
+        policy, inputs = self.inputs
+        return (policy, *inputs.others, *([inputs.target] if inputs.target is not None else []))
+
+
+def claims_ahead(spec: JobSpec) -> bool:
+    stellaris = spec.algo.stellaris
+    return stellaris.claim_ahead and stellaris.rule != "sync"
+
+
+class Ahead:
+    """One learner invocation's claims: `now` claims on the caller's thread; `start` claims on the claiming thread
+    (when enabled) and `result` waits for it. One claim at a time."""
+
+    def __init__(self, ctx: Context, job: JobCache, spec: JobSpec, learner_id: str, enabled: bool) -> None:
+        self.ctx, self.job, self.spec, self.learner_id = ctx, job, spec, learner_id
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix=f"claim-{learner_id}") if enabled else None
+        self._future: Future[Next] | None = None
+
+    def __enter__(self) -> Ahead:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)  # a claim in flight ends before the learner leaves (its lease dropped)
+
+    def _claim(self, held: int | None, finished: tuple[str, GradientRecord] | None, holding: Next | None) -> Next:
+        holding_id = holding.claim.task.id if holding is not None and holding.claim.task is not None else None
+        claim = self.job.board.claim(
+            self.learner_id, held_version=held, finished=finished, holding=holding_id,
+            timeout_s=self.job.limits.backpressure_timeout_s,
+        )  # fmt: skip
+        inputs = None
+        if claim.task is not None:
+            inputs = task_inputs(
+                self.ctx, self.job, self.spec, version=claim.version, weights=claim.weights, held=claim.held,
+                holder=self.learner_id, kl_coef=claim.kl_coef, target_version=claim.target_version,
+                keep=tuple(holding.policies()) if holding is not None else (),
+            )  # fmt: skip
+        return Next(claim, inputs, finished[1] if finished is not None else None)
+
+    def now(self, *, held: int | None, finished: tuple[str, GradientRecord] | None) -> Next:
+        assert self._future is None, "a claim is in flight"
+        return self._claim(held, finished, None)
+
+    def start(self, *, held: int | None, finished: tuple[str, GradientRecord] | None, holding: Next) -> None:
+        """Claim on the claiming thread while `holding`'s task is computed; without claiming ahead, nothing (a
+        gradient is then always stored by `now`)."""
+        assert self._future is None, "a claim is in flight"
+        if self._pool is None:
+            assert finished is None, "without claiming ahead a gradient is stored by `now`"
+            return
+        self._future = self._pool.submit(self._claim, held, finished, holding)
+
+    @property
+    def started(self) -> bool:
+        return self._future is not None
+
+    def result(self) -> Next:
+        future, self._future = self._future, None
+        assert future is not None, "no claim in flight"
+        return future.result()
