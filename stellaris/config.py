@@ -205,11 +205,9 @@ class TrainConfig(StellarisKnobs, DistributionKnob, ElasticOptions, TriggerField
 
     def job_request(self, job: str) -> dict[str, Any]:
         """What the parameter function resolves into the job's spec (preset + overrides)."""
-        # The floor schedules' least β: with T tasks in flight whose gradients are applied as they land, the gradient
-        # that ends a round is about T + 1 versions old; a lower floor ends rounds in a liveness flush (README). A
-        # learner claiming ahead (the default) holds two tasks, one computed and one claimed.
+        # The floor schedules' least β: the tasks in flight (two a learner claiming ahead) + 1; lower flushes (README)
         ahead = self.overrides.get("stellaris", {}).get("claim_ahead", True)
-        defaults = {"beta_floor": float(self.learners * (2 if ahead else 1) + 1)}
+        defaults = {"beta_floor": float(self.learners * (1 + bool(ahead)) + 1)}
         knobs = {knob: getattr(self, train_name(knob)) for knob in KNOB_NAMES}
         overrides = {**self.overrides, "stellaris": {**defaults, **self.overrides.get("stellaris", {}), **knobs}}
         return {
