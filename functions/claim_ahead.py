@@ -19,6 +19,8 @@ from functions.gradient import task_inputs
 from functions.jobspec import JobSpec
 from functions.policies import ActorCritic
 
+Finished = tuple[str, GradientRecord]  # a computed task's id and gradient, stored with the next claim
+
 
 @dataclass(frozen=True)
 class Next:
@@ -44,7 +46,7 @@ def claims_ahead(spec: JobSpec) -> bool:
 
 class Ahead:
     """One learner invocation's claims: `now` claims on the caller's thread; `start` claims on the claiming thread
-    (when enabled) and `result` waits for it. One claim at a time."""
+    (when enabled) and `after` takes its outcome. One claim at a time."""
 
     def __init__(self, ctx: Context, job: JobCache, spec: JobSpec, learner_id: str, enabled: bool) -> None:
         self.ctx, self.job, self.spec, self.learner_id = ctx, job, spec, learner_id
@@ -58,10 +60,10 @@ class Ahead:
         if self._pool is not None:
             self._pool.shutdown(wait=True)  # a claim in flight ends before the learner leaves (its lease dropped)
 
-    def _claim(self, held: int | None, finished: tuple[str, GradientRecord] | None, holding: Next | None) -> Next:
-        holding_id = holding.claim.task.id if holding is not None and holding.claim.task is not None else None
+    def _claim(self, held: int | None, finished: Finished | None, holding: Next | None) -> Next:
         claim = self.job.board.claim(
-            self.learner_id, held_version=held, finished=finished, holding=holding_id,
+            self.learner_id, held_version=held, finished=finished,
+            holding=holding.claim.task.id if holding is not None and holding.claim.task is not None else None,
             timeout_s=self.job.limits.backpressure_timeout_s,
         )  # fmt: skip
         inputs = None
@@ -73,24 +75,24 @@ class Ahead:
             )  # fmt: skip
         return Next(claim, inputs, finished[1] if finished is not None else None)
 
-    def now(self, *, held: int | None, finished: tuple[str, GradientRecord] | None) -> Next:
+    def now(self, *, held: int | None, finished: Finished | None) -> Next:
         assert self._future is None, "a claim is in flight"
         return self._claim(held, finished, None)
 
-    def start(self, *, held: int | None, finished: tuple[str, GradientRecord] | None, holding: Next) -> None:
+    def start(self, *, held: int | None, finished: Finished | None, holding: Next) -> None:
         """Claim on the claiming thread while `holding`'s task is computed; without claiming ahead, nothing (a
-        gradient is then always stored by `now`)."""
+        gradient is then always stored by the claim `after` makes)."""
         assert self._future is None, "a claim is in flight"
         if self._pool is None:
-            assert finished is None, "without claiming ahead a gradient is stored by `now`"
+            assert finished is None, "without claiming ahead a gradient is stored by the claim after it"
             return
         self._future = self._pool.submit(self._claim, held, finished, holding)
 
-    @property
-    def started(self) -> bool:
-        return self._future is not None
-
-    def result(self) -> Next:
+    def after(self, *, held: int | None, done: Finished | None) -> tuple[Next, Finished | None]:
+        """Once a task is computed (`done`: its gradient, None when it was dead-lettered): the next claim, and the
+        gradient still to store. Claiming ahead, that is the claim `start` made, and `done` waits for the next one;
+        else a claim now, which stores `done`."""
         future, self._future = self._future, None
-        assert future is not None, "no claim in flight"
-        return future.result()
+        if future is None:
+            return self.now(held=held, finished=done), None
+        return future.result(), done

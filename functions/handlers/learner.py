@@ -20,7 +20,7 @@ from typing import Any
 from cache import CodecError, GradientRecord, JobCache, LearnerTask, RecordError
 from cache.contract import LearnerResult
 from functions.algos.registry import algorithm_of
-from functions.claim_ahead import Ahead, Next, claims_ahead
+from functions.claim_ahead import Ahead, Finished, Next, claims_ahead
 from functions.context import Context, PreparedRound
 from functions.device import to_device
 from functions.faults import fault_point
@@ -103,7 +103,7 @@ def handle(event: dict[str, Any], ctx: Context) -> dict[str, Any]:
     trips0 = ctx.instance.cache.round_trips
     compute, waited = Stopwatch(), Stopwatch()
     out = LearnerResult()
-    finished: tuple[str, GradientRecord] | None = None  # stored together with the next claim: one round trip
+    finished: Finished | None = None  # stored together with the next claim: one round trip
     held: int | None = None  # the version of the last task's policy: a claim of the same version sends no weights
     with board.leased(learner_id), Ahead(ctx, job, spec, learner_id, claims_ahead(spec)) as ahead:
         nxt = ahead.now(held=held, finished=None)
@@ -141,11 +141,7 @@ def handle(event: dict[str, Any], ctx: Context) -> dict[str, Any]:
                 out = replace(out, dead_lettered=out.dead_lettered + int(gone))
             if record is not None:
                 fault_point("learner:before_complete")
-            done = (task_id, record) if record is not None else None
-            if ahead.started:
-                nxt, finished = ahead.result(), done  # the next task; ours is stored with the claim after it
-            else:
-                nxt = ahead.now(held=held, finished=done)
+            nxt, finished = ahead.after(held=held, done=(task_id, record) if record is not None else None)
         else:  # past the deadline: the last claim counted; an unsent gradient stays so (taken over once we leave)
             out = _counted(out, nxt)
     return replace(
