@@ -92,12 +92,15 @@ class Cache:
             tune_allocator()
         url = self.settings.url
         if url is None:
-            self.server = EmbeddedRedis(maxmemory_bytes=self.settings.maxmemory_bytes).start()
+            self.server = EmbeddedRedis(maxmemory_bytes=self.settings.maxmemory_bytes, unix_socket=True).start()
             url = self.server.url
         elif not url.startswith(SCHEMES):
             accepted = f"{', '.join(SCHEMES[:-1])} or {SCHEMES[-1]}"
             raise CacheError(f"REDIS_URL must start with {accepted}, got {redact_url(url)!r}")
+        # `url` reaches the server from anywhere it can be reached (loopback TCP for an embedded one); `local_url`
+        # from this machine only, faster where the embedded server has a socket file: ours and local processes'.
         self.url = url
+        self.local_url = self.server.local_url if self.server is not None else url
         self.cluster = is_cluster_url(url)
         # One retry policy for every client of this cache; it arms once the server has been reached, so a wrong URL
         # or password fails at once while a restart later on is ridden out.
@@ -108,7 +111,7 @@ class Cache:
         )
         self._connect_hooks: list[Callable[[redis.connection.AbstractConnection], None]] = []
         try:
-            self.client: RedisClient = self._client(url)
+            self.client: RedisClient = self._client(self.local_url)
             self.client.ping()
             if not self.cluster:
                 _refuse_a_cluster_node(self.client)
@@ -165,7 +168,7 @@ class Cache:
 
     def new_client(self) -> RedisClient:
         """A separate client (own pool) on the same server or cluster, e.g. for a thread that blocks on reads."""
-        return self._client(self.url)
+        return self._client(self.local_url)
 
     def server_died(self) -> bool:
         """Whether this cache's embedded server exited on its own: everything in it is gone, so there is nothing

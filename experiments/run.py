@@ -38,7 +38,8 @@ def _deployment(stack: ExitStack, redis_url: str | None, gateway_url: str | None
         Platform(redis_url=redis_url, gateway_url=gateway_url, gateway_token=token, instance_env=threads_env())
     )
     assert platform.cache is not None and platform.gateway_url is not None
-    return Deployment(platform.cache.url, platform.gateway_url, platform.gateway_token)
+    # the suite's runs are processes on this machine: the embedded server's socket file
+    return Deployment(platform.cache.local_url, platform.gateway_url, platform.gateway_token)
 
 
 def make_figures(

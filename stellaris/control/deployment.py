@@ -170,7 +170,7 @@ class Deployment:
         # While the control plane only waits on invocations it sends nothing, so a restarted Redis would see no new
         # connection of the job's owner (and no re-grant) before the functions' retry window runs out.
         threading.Thread(target=self._watch_redis, name="redis-watch", daemon=True).start()
-        self.job_url = acl.url_as(self.cache.url, user, password)
+        self.job_url = acl.url_as(self.cache.local_url, user, password)  # for actors: processes on this machine
         return {REDIS_USER_ENV: user, REDIS_PASSWORD_ENV: password, JOB_ENV: self.job_id}
 
     def _watch_redis(self) -> None:
@@ -203,7 +203,7 @@ class Deployment:
     # -- serverful actors -------------------------------------------------------------------------------------
     def _actor_env(self) -> dict[str, str]:
         return {
-            "REDIS_URL": self.job_url or self.cache.url,
+            "REDIS_URL": self.job_url or self.cache.local_url,
             JOB_ENV: self.job_id,
             "STELLARIS_JOB_TRAJECTORY_MAXLEN": str(self.queue_bound),
             DEVICE_ENV: "cpu",

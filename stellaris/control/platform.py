@@ -118,7 +118,9 @@ class Platform:
         self.gateway_token = self.gateway_token or secrets.token_hex(16)
         env = {
             **os.environ,
-            "REDIS_URL": self.cache.url,
+            # Process instances run on this machine: the embedded server's socket file; containers and Ray nodes
+            # reach it over TCP.
+            "REDIS_URL": self.cache.local_url if self.backend == "process" else self.cache.url,
             "STELLARIS_GATEWAY_PORT": "0",
             "STELLARIS_GATEWAY_TOKEN": self.gateway_token,
             "STELLARIS_GATEWAY_NAMESPACE": self.namespace,

@@ -33,6 +33,38 @@ def test_lifecycle_leaves_no_process_or_directory() -> None:
     assert not workdir.exists()
 
 
+def test_embedded_cache_talks_over_its_socket_file_and_keeps_tcp_for_others() -> None:
+    with connect(None, maxmemory_bytes=32 * 1024**2) as cache:
+        assert cache.server is not None and cache.server.socket_path is not None
+        sock = cache.server.socket_path
+        assert cache.local_url.startswith("unix://") and str(sock) in cache.local_url
+        assert cache.url == cache.server.url and cache.url.startswith("redis://")  # containers, nodes: TCP
+        assert oct(sock.stat().st_mode & 0o777) == "0o700"  # the owner's alone
+        cache.client.set("k", "v")
+        assert cache.client.client_info()["laddr"].startswith(f"{sock}:")  # the server says where we came in
+        with redis.Redis.from_url(cache.url) as over_tcp:
+            assert over_tcp.get("k") == b"v"  # one server behind both
+        with pytest.raises(redis.AuthenticationError):  # the socket, too, needs the password
+            redis.Redis(unix_socket_path=str(sock), retry=Retry(NoBackoff(), 0)).ping()
+        # A restart (after a death) listens on the same socket file: clients reconnect where they were.
+        pid = cache.server.pid
+        assert pid is not None
+        os.kill(pid, signal.SIGKILL)
+        assert wait_pid_gone(pid, 10)
+        cache.server.restart()
+        with redis.Redis.from_url(cache.local_url) as again:
+            assert again.ping()
+
+
+def test_a_socket_path_too_long_for_the_kernel_falls_back_to_tcp(tmp_path: Path) -> None:
+    deep = tmp_path / ("d" * 120)
+    deep.mkdir()
+    with EmbeddedRedis(maxmemory_bytes=32 * 1024**2, unix_socket=True, parent_dir=deep) as server:
+        assert server.socket_path is None and server.local_url == server.url
+        with redis.Redis.from_url(server.local_url) as client:
+            assert client.ping()
+
+
 def test_server_death_is_reported_with_its_log_tail() -> None:
     with connect(None, maxmemory_bytes=32 * 1024**2) as cache:
         assert cache.server is not None

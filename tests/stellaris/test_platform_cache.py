@@ -1,0 +1,29 @@
+"""The platform's embedded Redis as its local processes reach it: over the server's socket file, not loopback TCP
+(a round trip there costs less; README, "The cache"). The local gateway, and with it every process instance it
+starts, gets the socket's URL; the URL for containers and Ray nodes stays TCP."""
+
+from __future__ import annotations
+
+import time
+
+from stellaris.control.platform import Platform
+
+
+def test_the_local_gateway_reaches_the_embedded_redis_over_its_socket_file() -> None:
+    with Platform(redis_url=None, gateway_url=None, gateway_token=None) as platform:
+        cache = platform.cache
+        assert cache is not None and cache.server is not None and cache.server.socket_path is not None
+        sock = str(cache.server.socket_path)
+        assert cache.local_url.startswith("unix://") and "@127.0.0.1:" in cache.url
+        ours = cache.client.client_id()
+        # The gateway connected before it said it was ready (its cache pings Redis on start); its pool may add
+        # connections later, so look until one of its own is seen.
+        deadline = time.monotonic() + 30
+        while True:
+            clients = cache.client.client_list()
+            theirs = [c for c in clients if int(c["id"]) != ours]
+            if theirs or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        assert theirs, "the local gateway never connected to the embedded Redis"
+        assert all(c["laddr"].startswith(f"{sock}:") for c in clients), [(c["addr"], c["laddr"]) for c in clients]
