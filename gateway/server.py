@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import faulthandler
 import os
 import signal
 import socket
@@ -15,6 +17,32 @@ from gateway.protocol import timed_httptools
 from gateway.settings import GatewaySettings
 
 BACKLOG = 2048  # uvicorn's own default
+
+
+class _Server(uvicorn.Server):
+    """A stop still under way `report_s` after it began prints every thread's stack and every pending task's to
+    stderr: a gateway that outlives its SIGTERM (seen twice in CI, over 30 s, never reproduced here) then says
+    where it waits."""
+
+    def __init__(self, config: uvicorn.Config, report_s: float) -> None:
+        super().__init__(config)
+        self.report_s = report_s
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        # The threads' stacks come from faulthandler's own thread, also when the event loop is blocked or gone
+        # (a stuck executor thread at the loop's end); never cancelled: the process is gone before unless it lingers.
+        faulthandler.dump_traceback_later(self.report_s, exit=False)
+        report = asyncio.ensure_future(self._report_tasks())
+        try:
+            await super().shutdown(sockets)
+        finally:
+            report.cancel()
+
+    async def _report_tasks(self) -> None:
+        await asyncio.sleep(self.report_s)
+        for task in asyncio.all_tasks():
+            if task is not asyncio.current_task():
+                task.print_stack(file=sys.stderr)
 
 
 def serve(settings: GatewaySettings, *, ready_line: bool = True, log_level: str = "warning") -> None:
@@ -43,7 +71,7 @@ def serve(settings: GatewaySettings, *, ready_line: bool = True, log_level: str 
         app, log_level=log_level, access_log=False, timeout_graceful_shutdown=30, backlog=BACKLOG,
         http=timed_httptools(settings.header_timeout_s),
     )  # fmt: skip
-    server = uvicorn.Server(config)
+    server = _Server(config, settings.stop_report_s)
     signal.signal(signal.SIGTERM, lambda *_: setattr(server, "should_exit", True))
     server.run(sockets=[sock])
     sys.stdout.flush()

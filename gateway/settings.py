@@ -106,6 +106,10 @@ class GatewaySettings(HangSettings):
     stop_timeout_s: float = Field(
         default=10.0, gt=0, le=3600, description="an instance's drain on stop (SIGTERM), then it is killed"
     )
+    stop_report_s: float = Field(
+        default=20.0, gt=0, le=3600,
+        description="a stop still under way this long after it began prints every thread's stack to stderr",
+    )  # fmt: skip
     late_start_wait_s: float = Field(
         default=20.0,
         ge=0,
