@@ -109,9 +109,7 @@ class EmbeddedRedis:
     def local_url(self) -> str:
         """The URL for clients on this machine: the socket file when it has one, else `url`."""
         path = self.socket_path
-        if path is None or self.port is None:
-            return self.url
-        return f"unix://:{self.password}@{path}?db=0"
+        return self.url if path is None else f"unix://:{self.password}@{path}?db=0"
 
     @property
     def pid(self) -> int | None:

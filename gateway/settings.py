@@ -108,7 +108,7 @@ class GatewaySettings(HangSettings):
     )
     stop_report_s: float = Field(
         default=20.0, gt=0, le=3600,
-        description="a stop still under way this long after it began prints every thread's stack to stderr",
+        description="a stop still under way this long after it began prints every thread's and task's stack to stderr",
     )  # fmt: skip
     late_start_wait_s: float = Field(
         default=20.0,
