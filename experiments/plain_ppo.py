@@ -72,66 +72,123 @@ class RoundResult:
     collect_cpu_seconds: float = 0.0  # of it, stepping the env with the policy's inference (the rest: GAE, update)
 
 
-def train(
-    env_id: str, rounds: int, seed: int = 0, h: Hyper = Hyper(), on_round: Callable[[RoundResult], None] | None = None
-) -> list[RoundResult]:
-    torch.manual_seed(seed)
-    torch.set_num_threads(1)  # small nets: one thread is fastest, and it is what each platform function gets
+@dataclass(frozen=True)
+class Batch:
+    """One round's samples, with GAE advantages and returns."""
+
+    obs: torch.Tensor
+    actions: torch.Tensor
+    logp: torch.Tensor
+    advantages: torch.Tensor
+    returns: torch.Tensor
+
+
+def make_env(env_id: str, h: Hyper) -> gym.Env:
     env = gym.make(env_id)
     env = gym.wrappers.RecordEpisodeStatistics(env)
     env = gym.wrappers.ClipAction(env)
     env = gym.wrappers.NormalizeObservation(env)
-    env = gym.wrappers.NormalizeReward(env, gamma=h.gamma)
+    return gym.wrappers.NormalizeReward(env, gamma=h.gamma)
+
+
+@dataclass(frozen=True)
+class Rollout:
+    """`h.steps` env steps as collected: observations, actions, log-probs, rewards, values and ends."""
+
+    obs: np.ndarray
+    actions: np.ndarray
+    logp: np.ndarray
+    rewards: np.ndarray
+    values: np.ndarray
+    done: np.ndarray
+
+
+def collect(env: gym.Env, agent: Agent, obs: np.ndarray, h: Hyper) -> tuple[Rollout, np.ndarray, list[float]]:
+    """`h.steps` env steps from `obs` with `agent`'s policy: the rollout, the observation to go on from, and the
+    returns of the episodes that ended."""
     obs_dim, act_dim = env.observation_space.shape[0], env.action_space.shape[0]
-    agent = Agent(obs_dim, act_dim)
+    o = np.zeros((h.steps, obs_dim), np.float32)
+    a = np.zeros((h.steps, act_dim), np.float32)
+    logp, rew, val = (np.zeros(h.steps, np.float32) for _ in range(3))
+    done = np.zeros(h.steps, bool)
+    returns: list[float] = []
+    for t in range(h.steps):
+        o[t] = obs
+        with torch.no_grad():
+            x = torch.as_tensor(obs, dtype=torch.float32)
+            d = agent.dist(x)
+            act = d.sample()
+            logp[t], val[t] = d.log_prob(act).sum().item(), agent.critic(x).item()
+        a[t] = act.numpy()
+        obs, r, term, trunc, info = env.step(a[t])
+        rew[t], done[t] = r, term
+        if term or trunc:
+            returns.append(float(info["episode"]["r"]))
+            obs, _ = env.reset()
+            done[t] = True  # truncation treated as an end, as CleanRL does
+    return Rollout(o, a, logp, rew, val, done), obs, returns
+
+
+def gae_batch(r: Rollout, next_value: float, h: Hyper) -> Batch:
+    """The rollout's samples with GAE(γ, λ) advantages and their returns; `next_value`: the value of the observation
+    after its last step."""
+    adv = np.zeros(h.steps, np.float32)
+    last = 0.0
+    for t in reversed(range(h.steps)):
+        nv = next_value if t == h.steps - 1 else r.values[t + 1]
+        nonterm = 1.0 - r.done[t]
+        delta = r.rewards[t] + h.gamma * nv * nonterm - r.values[t]
+        last = delta + h.gamma * h.lam * nonterm * last
+        adv[t] = last
+    ret = adv + r.values
+    return Batch(*(torch.as_tensor(x) for x in (r.obs, r.actions, r.logp, adv, ret)))
+
+
+def value_of(agent: Agent, obs: np.ndarray) -> float:
+    with torch.no_grad():
+        return agent.critic(torch.as_tensor(obs, dtype=torch.float32)).item()
+
+
+def minibatch_loss(agent: Agent, b: Batch, idx: torch.Tensor, h: Hyper) -> torch.Tensor:
+    """PPO's clipped surrogate plus the value loss over the samples `idx` of `b`, at `agent`'s parameters."""
+    d = agent.dist(b.obs[idx])
+    ratio = (d.log_prob(b.actions[idx]).sum(-1) - b.logp[idx]).exp()
+    adv_mb = (b.advantages[idx] - b.advantages[idx].mean()) / (b.advantages[idx].std() + 1e-8)
+    pg = torch.max(-adv_mb * ratio, -adv_mb * ratio.clamp(1 - h.clip, 1 + h.clip)).mean()
+    v_loss = 0.5 * ((agent.critic(b.obs[idx]).squeeze(-1) - b.returns[idx]) ** 2).mean()
+    return pg + h.vf_coef * v_loss
+
+
+def setup(env_id: str, seed: int, h: Hyper) -> tuple[gym.Env, Agent, torch.optim.Adam, np.ndarray]:
+    """The seeded env, agent, Adam and first observation of a run."""
+    torch.manual_seed(seed)
+    torch.set_num_threads(1)  # small nets: one thread is fastest, and it is what each platform function gets
+    env = make_env(env_id, h)
+    agent = Agent(env.observation_space.shape[0], env.action_space.shape[0])
     opt = torch.optim.Adam(agent.parameters(), lr=h.lr, eps=1e-5)
     obs, _ = env.reset(seed=seed)
+    return env, agent, opt, obs
+
+
+def annealed_lr(h: Hyper, i: int, rounds: int) -> float:
+    return h.lr * (1.0 - i / rounds) if h.anneal_lr else h.lr
+
+
+def train(
+    env_id: str, rounds: int, seed: int = 0, h: Hyper = Hyper(), on_round: Callable[[RoundResult], None] | None = None
+) -> list[RoundResult]:
+    env, agent, opt, obs = setup(env_id, seed, h)
     results = []
     for i in range(rounds):
         t0, c0 = time.perf_counter(), time.process_time()
-        if h.anneal_lr:
-            opt.param_groups[0]["lr"] = h.lr * (1.0 - i / rounds)
-        o = np.zeros((h.steps, obs_dim), np.float32)
-        a = np.zeros((h.steps, act_dim), np.float32)
-        logp, rew, val = (np.zeros(h.steps, np.float32) for _ in range(3))
-        done = np.zeros(h.steps, bool)
-        returns: list[float] = []
-        for t in range(h.steps):
-            o[t] = obs
-            with torch.no_grad():
-                x = torch.as_tensor(obs, dtype=torch.float32)
-                d = agent.dist(x)
-                act = d.sample()
-                logp[t], val[t] = d.log_prob(act).sum().item(), agent.critic(x).item()
-            a[t] = act.numpy()
-            obs, r, term, trunc, info = env.step(a[t])
-            rew[t], done[t] = r, term
-            if term or trunc:
-                returns.append(float(info["episode"]["r"]))
-                obs, _ = env.reset()
-                done[t] = True  # truncation treated as an end, as CleanRL does
+        opt.param_groups[0]["lr"] = annealed_lr(h, i, rounds)
+        rollout, obs, returns = collect(env, agent, obs, h)
         collect_cpu = time.process_time() - c0
-        with torch.no_grad():
-            next_v = agent.critic(torch.as_tensor(obs, dtype=torch.float32)).item()
-        adv = np.zeros(h.steps, np.float32)
-        last = 0.0
-        for t in reversed(range(h.steps)):
-            nv = next_v if t == h.steps - 1 else val[t + 1]
-            nonterm = 1.0 - done[t]
-            delta = rew[t] + h.gamma * nv * nonterm - val[t]
-            last = delta + h.gamma * h.lam * nonterm * last
-            adv[t] = last
-        ret = adv + val
-        bo, ba, blp, badv, bret = (torch.as_tensor(x) for x in (o, a, logp, adv, ret))
+        batch = gae_batch(rollout, value_of(agent, obs), h)
         mb = h.steps // h.minibatches
         for _ in range(h.epochs):
             for idx in torch.randperm(h.steps).split(mb):
-                d = agent.dist(bo[idx])
-                ratio = (d.log_prob(ba[idx]).sum(-1) - blp[idx]).exp()
-                adv_mb = (badv[idx] - badv[idx].mean()) / (badv[idx].std() + 1e-8)
-                pg = torch.max(-adv_mb * ratio, -adv_mb * ratio.clamp(1 - h.clip, 1 + h.clip)).mean()
-                v_loss = 0.5 * ((agent.critic(bo[idx]).squeeze(-1) - bret[idx]) ** 2).mean()
-                loss = pg + h.vf_coef * v_loss
+                loss = minibatch_loss(agent, batch, idx, h)
                 opt.zero_grad()
                 loss.backward()
                 nn.utils.clip_grad_norm_(agent.parameters(), h.max_grad_norm)
