@@ -32,6 +32,7 @@ from torch import nn
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from experiments.plain_ppo import Agent, Batch, Hyper, annealed_lr, collect, gae_batch, minibatch_loss, setup, value_of
+from experiments.summary import window_reward
 
 
 def closeness(fresh: torch.Tensor, other: torch.Tensor) -> tuple[float, float]:
@@ -77,13 +78,19 @@ class RoundCloseness:
     train_reward_mean: float
 
 
-def train_late(env_id: str, rounds: int, seed: int, delay: int, h: Hyper | None = None) -> list[RoundCloseness]:
-    """The loop trained with each gradient taken `delay` updates late; per round, the medians of `closeness`."""
+def train_late(
+    env_id: str, rounds: int, seed: int, delay: int, h: Hyper | None = None, *, compare: bool = True,
+    apply_lookahead: bool = False,
+) -> list[RoundCloseness]:  # fmt: skip
+    """The loop trained with each gradient taken `delay` updates late (at the look-ahead point with
+    `apply_lookahead`); per round, the medians of `closeness` (NaN without `compare`: then only the applied gradient
+    is computed, as fast as the plain loop)."""
     h = h or Hyper()
     if delay < 0:
         raise ValueError(f"delay must be >= 0, got {delay}")
     env, agent, opt, obs = setup(env_id, seed, h)
-    probe = Agent(env.observation_space.shape[0], env.action_space.shape[0])
+    with torch.random.fork_rng():  # its initial weights are never used: the run's random stream stays the loop's
+        probe = Agent(env.observation_space.shape[0], env.action_space.shape[0])
     history = deque([parameters_to_vector(agent.parameters()).detach().clone()] * (delay + 2), maxlen=delay + 2)
     draws = torch.Generator().manual_seed(seed)  # the other minibatches' own: the run's random stream stays the loop's
     rows = []
@@ -92,28 +99,39 @@ def train_late(env_id: str, rounds: int, seed: int, delay: int, h: Hyper | None 
         rollout, obs, returns = collect(env, agent, obs, h)
         batch = gae_batch(rollout, value_of(agent, obs), h)
         figures: list[tuple[float, ...]] = []
-        size = h.steps // h.minibatches
         for _ in range(h.epochs):
-            for idx in torch.randperm(h.steps).split(size):
+            for idx in torch.randperm(h.steps).split(h.steps // h.minibatches):
                 base, previous = history[-1 - delay], history[-2 - delay]
-                fresh = gradient_at(probe, history[-1], batch, idx, h)
-                stale = gradient_at(probe, base, batch, idx, h)
-                ahead = gradient_at(probe, extrapolated(base, previous, delay), batch, idx, h)
-                mask = torch.ones(h.steps, dtype=torch.bool)
-                mask[idx] = False
-                others = mask.nonzero().squeeze(-1)
-                others = others[torch.randperm(len(others), generator=draws)[:size]]
-                other = gradient_at(probe, history[-1], batch, others, h)
-                (c, e), (ca, ea), (co, eo) = closeness(fresh, stale), closeness(fresh, ahead), closeness(fresh, other)
-                figures.append((c, ca, e, ea, co, eo))
-                set_gradient(agent, stale)
+                point = extrapolated(base, previous, delay) if apply_lookahead else base
+                applied = gradient_at(probe, point, batch, idx, h)
+                set_gradient(agent, applied)
+                if compare:
+                    figures.append(_figures(probe, history[-1], base, previous, delay, batch, idx, draws, h))
                 opt.step()
                 history.append(parameters_to_vector(agent.parameters()).detach().clone())
         mean = float(np.mean(returns)) if returns else math.nan
-        medians = [statistics.median(col) for col in zip(*figures, strict=True)]
+        medians = [statistics.median(col) for col in zip(*figures, strict=True)] if figures else [math.nan] * 6
         rows.append(RoundCloseness(i + 1, *medians, episodes=len(returns), train_reward_mean=mean))
     env.close()
     return rows
+
+
+def _figures(
+    probe: Agent, current: torch.Tensor, base: torch.Tensor, previous: torch.Tensor, delay: int, batch: Batch,
+    idx: torch.Tensor, draws: torch.Generator, h: Hyper,
+) -> tuple[float, ...]:  # fmt: skip
+    """`closeness` to the fresh gradient (at `current`, over `idx`) of the stale one, the look-ahead one and another
+    minibatch's, as (cos stale, cos look-ahead, err stale, err look-ahead, cos other, err other)."""
+    size = len(idx)
+    fresh = gradient_at(probe, current, batch, idx, h)
+    stale = gradient_at(probe, base, batch, idx, h)
+    ahead = gradient_at(probe, extrapolated(base, previous, delay), batch, idx, h)
+    mask = torch.ones(h.steps, dtype=torch.bool)
+    mask[idx] = False
+    others = mask.nonzero().squeeze(-1)
+    other = gradient_at(probe, current, batch, others[torch.randperm(len(others), generator=draws)[:size]], h)
+    (c, e), (ca, ea), (co, eo) = closeness(fresh, stale), closeness(fresh, ahead), closeness(fresh, other)
+    return c, ca, e, ea, co, eo
 
 
 def quarter_medians(rows: list[RoundCloseness]) -> list[tuple[int, int, RoundCloseness]]:
@@ -143,21 +161,31 @@ def main(
     rounds: int = typer.Option(120, min=1, help="rounds of 2048 env steps (the learning rate anneals over them)"),
     seed: int = 1,
     csv_path: Path | None = typer.Option(None, "--csv", help="write a row per round"),
+    compare: bool = typer.Option(True, help="take the other gradients too (--no-compare: train only, 4x faster)"),
+    apply_lookahead: bool = typer.Option(False, help="apply the look-ahead gradient instead of the stale one"),
 ) -> None:
-    rows = train_late(env, rounds, seed, delay)
+    rows = train_late(env, rounds, seed, delay, compare=compare, apply_lookahead=apply_lookahead)
     if csv_path is not None:
         with csv_path.open("w", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=list(asdict(rows[0])))
             writer.writeheader()
             writer.writerows(asdict(r) for r in rows)
-    print(f"{env}, gradients {delay} updates late, seed {seed}: medians over each quarter's minibatches' rounds")
+    applied = "look-ahead" if apply_lookahead else "stale"
+    print(f"{env}, {applied} gradients {delay} updates late, seed {seed}: medians of each quarter's rounds")
     for first, last, s in quarter_medians(rows):
-        print(
-            f"rounds {first}-{last}: cosine with the fresh gradient stale {s.cos_stale:.4f}, look-ahead "
-            f"{s.cos_lookahead:.4f}, another minibatch {s.cos_other:.4f}; relative error stale {s.err_stale:.4f}, "
-            f"look-ahead {s.err_lookahead:.4f}, another minibatch {s.err_other:.4f}; mean training return "
-            f"{s.train_reward_mean:,.0f}"
+        figures = (
+            f"cosine with the fresh gradient stale {s.cos_stale:.4f}, look-ahead {s.cos_lookahead:.4f}, another "
+            f"minibatch {s.cos_other:.4f}; relative error stale {s.err_stale:.4f}, look-ahead {s.err_lookahead:.4f}, "
+            f"another minibatch {s.err_other:.4f}; "
         )
+        print(f"rounds {first}-{last}: {figures if compare else ''}mean training return {s.train_reward_mean:,.0f}")
+    steps = [
+        {"env_steps": r.round * Hyper.steps, "episodes": r.episodes, "train_reward_mean": r.train_reward_mean}
+        for r in rows
+    ]
+    end = steps[-1]["env_steps"]
+    print(f"mean training return of the episodes in the 50k env steps before {end / 2:,.0f}: "
+          f"{window_reward(steps, end / 2):,.0f}; before {end:,.0f}: {window_reward(steps, end):,.0f}")  # fmt: skip
 
 
 if __name__ == "__main__":

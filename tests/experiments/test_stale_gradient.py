@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
+from experiments.plain_ppo import train
 from experiments.stale_gradient import closeness, extrapolated, quarter_medians, train_late
 
 
@@ -43,3 +45,14 @@ def test_quarters_cover_the_rounds_in_order() -> None:
     assert (first, last) == (1, 1) and summary.cos_stale == rows[0].cos_stale
     with pytest.raises(ValueError, match="delay must be >= 0"):
         train_late("Hopper-v5", rounds=1, seed=1, delay=-1)
+
+
+def test_on_time_without_comparisons_is_the_plain_loop_to_the_digit() -> None:
+    plain = train("Hopper-v5", rounds=2, seed=3)
+    (first, second) = train_late("Hopper-v5", rounds=2, seed=3, delay=0, compare=False)
+    assert [first.train_reward_mean, second.train_reward_mean] == [float(np.mean(r.episode_returns)) for r in plain]
+    assert math.isnan(first.cos_stale)
+    # Applying the look-ahead gradient changes the run (its second round's episodes differ).
+    (_, moved) = train_late("Hopper-v5", rounds=2, seed=3, delay=2, compare=False, apply_lookahead=True)
+    (_, stale) = train_late("Hopper-v5", rounds=2, seed=3, delay=2, compare=False)
+    assert moved.train_reward_mean != stale.train_reward_mean
