@@ -65,6 +65,9 @@ def set_gradient(agent: Agent, flat: torch.Tensor) -> None:
         at += p.numel()
 
 
+FIGURES = ("cos_stale", "cos_lookahead", "err_stale", "err_lookahead", "cos_other", "err_other")
+
+
 @dataclass(frozen=True)
 class RoundCloseness:
     round: int
@@ -106,11 +109,13 @@ def train_late(
                 applied = gradient_at(probe, point, batch, idx, h)
                 set_gradient(agent, applied)
                 if compare:
-                    figures.append(_figures(probe, history[-1], base, previous, delay, batch, idx, draws, h))
+                    figures.append(_figures(probe, history[-1], base, previous, delay, batch, idx, draws, h, applied,
+                                            apply_lookahead))  # fmt: skip
                 opt.step()
                 history.append(parameters_to_vector(agent.parameters()).detach().clone())
         mean = float(np.mean(returns)) if returns else math.nan
-        medians = [statistics.median(col) for col in zip(*figures, strict=True)] if figures else [math.nan] * 6
+        columns = zip(*figures, strict=True)
+        medians = [statistics.median(c) for c in columns] if figures else [math.nan] * len(FIGURES)
         rows.append(RoundCloseness(i + 1, *medians, episodes=len(returns), train_reward_mean=mean))
     env.close()
     return rows
@@ -118,14 +123,15 @@ def train_late(
 
 def _figures(
     probe: Agent, current: torch.Tensor, base: torch.Tensor, previous: torch.Tensor, delay: int, batch: Batch,
-    idx: torch.Tensor, draws: torch.Generator, h: Hyper,
+    idx: torch.Tensor, draws: torch.Generator, h: Hyper, applied: torch.Tensor, applied_lookahead: bool,
 ) -> tuple[float, ...]:  # fmt: skip
     """`closeness` to the fresh gradient (at `current`, over `idx`) of the stale one, the look-ahead one and another
-    minibatch's, as (cos stale, cos look-ahead, err stale, err look-ahead, cos other, err other)."""
+    minibatch's, as (cos stale, cos look-ahead, err stale, err look-ahead, cos other, err other); `applied`, the
+    gradient the run applies (the look-ahead one when `applied_lookahead`), is not taken again."""
     size = len(idx)
     fresh = gradient_at(probe, current, batch, idx, h)
-    stale = gradient_at(probe, base, batch, idx, h)
-    ahead = gradient_at(probe, extrapolated(base, previous, delay), batch, idx, h)
+    stale = gradient_at(probe, base, batch, idx, h) if applied_lookahead else applied
+    ahead = applied if applied_lookahead else gradient_at(probe, extrapolated(base, previous, delay), batch, idx, h)
     mask = torch.ones(h.steps, dtype=torch.bool)
     mask[idx] = False
     others = mask.nonzero().squeeze(-1)
@@ -142,10 +148,7 @@ def quarter_medians(rows: list[RoundCloseness]) -> list[tuple[int, int, RoundClo
         part = rows[q * n // 4 : (q + 1) * n // 4]
         if not part:
             continue
-        med = {
-            f: statistics.median(getattr(r, f) for r in part)
-            for f in ("cos_stale", "cos_lookahead", "err_stale", "err_lookahead", "cos_other", "err_other")
-        }
+        med = {f: statistics.median(getattr(r, f) for r in part) for f in FIGURES}
         rewards = [r.train_reward_mean for r in part if not math.isnan(r.train_reward_mean)]
         summary = RoundCloseness(
             part[-1].round, **med, episodes=sum(r.episodes for r in part),
