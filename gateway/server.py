@@ -17,6 +17,7 @@ from gateway.protocol import timed_httptools
 from gateway.settings import GatewaySettings
 
 BACKLOG = 2048  # uvicorn's own default
+FALLBACK_S = 5.0  # how late a stop's report may come from a blocked event loop before faulthandler's thread writes it
 
 
 class _Server(uvicorn.Server):
@@ -29,20 +30,25 @@ class _Server(uvicorn.Server):
         self.report_s = report_s
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
-        # The threads' stacks come from faulthandler's own thread, also when the event loop is blocked or gone
-        # (a stuck executor thread at the loop's end); never cancelled: the process is gone before unless it lingers.
-        faulthandler.dump_traceback_later(self.report_s, exit=False)
-        report = asyncio.ensure_future(self._report_tasks())
+        # The event loop writes both reports, one after the other (two writers at once interleave their lines). A
+        # loop too blocked to write them by `report_s + FALLBACK_S` leaves the threads' stacks to faulthandler's
+        # own thread; never cancelled otherwise: the process is gone before unless it lingers.
+        faulthandler.dump_traceback_later(self.report_s + FALLBACK_S, exit=False)
+        report = asyncio.ensure_future(self._report())
         try:
             await super().shutdown(sockets)
         finally:
             report.cancel()
 
-    async def _report_tasks(self) -> None:
+    async def _report(self) -> None:
         await asyncio.sleep(self.report_s)
+        faulthandler.cancel_dump_traceback_later()
+        sys.stderr.flush()
+        faulthandler.dump_traceback(all_threads=True)
         for task in asyncio.all_tasks():
             if task is not asyncio.current_task():
                 task.print_stack(file=sys.stderr)
+        sys.stderr.flush()
 
 
 def serve(settings: GatewaySettings, *, ready_line: bool = True, log_level: str = "warning") -> None:

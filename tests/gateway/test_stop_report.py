@@ -1,5 +1,6 @@
 """A gateway whose stop lingers says where it waits: `stop_report_s` after its stop began it prints every thread's
-stack and every pending task's to stderr (gateway/server.py), and the stop still ends as it would have."""
+stack and every pending task's to stderr (gateway/server.py), one report after the other (their lines whole), and
+the stop still ends as it would have."""
 
 from __future__ import annotations
 
@@ -33,8 +34,8 @@ def test_a_stop_that_lingers_prints_every_threads_stack_and_still_ends(
             assert cache_conn.client.blpop([f"{key}:started"], timeout=30) is not None
             gw.proc.terminate()  # the call in flight holds the stop (uvicorn waits for it)
             seen = []
-            while not any(line.startswith("Timeout (") for line in seen):
-                seen.append(lines.get(timeout=30))  # the report: faulthandler's header, then each thread's stack
+            while not any(line.startswith("Current thread 0x") for line in seen):
+                seen.append(lines.get(timeout=30))  # the report: each thread's stack (faulthandler's), the loop's first
             while not any(line.startswith("Stack for <Task") and "_wait_tasks_to_complete" in line for line in seen):
                 seen.append(lines.get(timeout=10))  # and the pending tasks': uvicorn's wait for the call among them
             assert gw.proc.poll() is None, "the report came only after the gateway had stopped"
