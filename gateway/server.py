@@ -30,9 +30,9 @@ class _Server(uvicorn.Server):
         self.report_s = report_s
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
-        # The event loop writes both reports, one after the other (two writers at once interleave their lines). A
-        # loop too blocked to write them by `report_s + FALLBACK_S` leaves the threads' stacks to faulthandler's
-        # own thread; never cancelled otherwise: the process is gone before unless it lingers.
+        # The event loop writes both reports, one after the other (two writers at once interleave their lines), and
+        # cancels faulthandler's timer; a loop too blocked to do so by `report_s + FALLBACK_S` leaves the threads'
+        # stacks to faulthandler's own thread. A stop that ends sooner needs no cancel: the process is gone.
         faulthandler.dump_traceback_later(self.report_s + FALLBACK_S, exit=False)
         report = asyncio.ensure_future(self._report())
         try:
