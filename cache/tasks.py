@@ -28,6 +28,7 @@ from typing import Any
 import redis
 
 from cache import task_scripts as scripts
+from cache.deferred import Deferred
 from cache.errors import BackpressureTimeout
 from cache.keys import JobKeys
 from cache.records import GradientRecord, LearnerTask
@@ -55,6 +56,58 @@ class Claim:
 
 def _s(v: bytes | str) -> str:
     return v.decode() if isinstance(v, bytes) else v
+
+
+def _claim_of(raw: list[Any]) -> Claim:
+    stored, entry, version, outstanding, expiry, held, kl, target, closed, dropped, now, weights = raw
+    task = None
+    if entry:
+        flat = entry[1] or []
+        task = Entry(_s(entry[0]), {flat[i]: flat[i + 1] for i in range(0, len(flat), 2)})
+    return Claim(
+        task=task,
+        version=int(version or 0),
+        outstanding=int(outstanding),
+        next_expiry_ms=int(expiry) if expiry else None,
+        held={_s(held[i]): int(held[i + 1]) for i in range(0, len(held), 2)},
+        kl_coef=float(kl) if kl else None,
+        target_version=int(float(target)) if target else None,
+        closed_round=int(closed) if closed else 0,
+        dead_lettered=int(dropped),
+        now_ms=int(now),
+        weights=bytes(weights) if weights else None,
+        stored=None if not stored or stored == b"lost" else _s(stored),
+        lost=stored == b"lost",
+    )
+
+
+class PendingClaim:
+    """A claim sent and not yet read (`TaskBoard.send_claim`). A full gradient stream, which the claim's reply
+    reports without storing or claiming anything, is waited out by `result`, up to the claim's `timeout_s`."""
+
+    def __init__(self, board: TaskBoard, keys: list[str], args: list[Any], timeout_s: float, *, now: bool) -> None:
+        self._board, self._keys, self._args = board, keys, args
+        self._deadline = time.monotonic() + timeout_s
+        self._timeout_s = timeout_s
+        script = board._step
+        self._call = None if now else Deferred(board.client, script, keys, args)
+        self._claim: Claim | None = None
+
+    def result(self) -> Claim:
+        if self._claim is not None:
+            return self._claim
+        board, k = self._board, self._board.keys
+        raw = self._call.result() if self._call is not None else board._step(keys=self._keys, args=self._args)
+        while raw[0] == b"full":
+            remaining = self._deadline - time.monotonic()
+            if remaining <= 0:
+                raise BackpressureTimeout(
+                    f"gradient stream {k.grad} stayed full ({board.gradient_maxlen}) for {self._timeout_s:.1f} s"
+                )
+            board.client.blpop([k.freed(k.grad)], timeout=blpop_timeout(remaining))
+            raw = board._step(keys=self._keys, args=self._args)
+        self._claim = _claim_of(raw)
+        return self._claim
 
 
 class TaskBoard:
@@ -138,6 +191,22 @@ class TaskBoard:
         task: one round trip. Weights of the current version come back with a task unless it is `held_version`.
         `holding`: a task of ours that we compute meanwhile (a learner claiming ahead), never handed back to us.
         A full gradient stream makes this wait for room (the task stays ours meanwhile), up to `timeout_s`."""
+        return self.send_claim(
+            learner_id, held_version=held_version, finished=finished, holding=holding, timeout_s=timeout_s, now=True
+        ).result()
+
+    def send_claim(
+        self,
+        learner_id: str,
+        *,
+        held_version: int | None = None,
+        finished: tuple[str, GradientRecord] | None = None,
+        holding: str | None = None,
+        timeout_s: float = 120.0,
+        now: bool = False,
+    ) -> PendingClaim:
+        """`claim`, sent now and read by the returned claim's `result()` (`cache.deferred`): a learner claiming
+        ahead computes its task meanwhile. `now`: made on the client's ordinary path at once instead."""
         self.stream.ensure_group()
         k = self.keys
         keys = [
@@ -149,37 +218,7 @@ class TaskBoard:
             "" if held_version is None else str(held_version), k.policy(0)[:-1], self.gradient_maxlen, holding or "",
         ]  # fmt: skip
         args += [finished[0], *finished[1].fields()] if finished else [""]
-        deadline = time.monotonic() + timeout_s
-        while True:
-            raw = self._step(keys=keys, args=args)
-            if raw[0] != b"full":
-                break
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise BackpressureTimeout(
-                    f"gradient stream {k.grad} stayed full ({self.gradient_maxlen}) for {timeout_s:.1f} s"
-                )
-            self.client.blpop([k.freed(k.grad)], timeout=blpop_timeout(remaining))
-        stored, entry, version, outstanding, expiry, held, kl, target, closed, dropped, now, weights = raw
-        task = None
-        if entry:
-            flat = entry[1] or []
-            task = Entry(_s(entry[0]), {flat[i]: flat[i + 1] for i in range(0, len(flat), 2)})
-        return Claim(
-            task=task,
-            version=int(version or 0),
-            outstanding=int(outstanding),
-            next_expiry_ms=int(expiry) if expiry else None,
-            held={_s(held[i]): int(held[i + 1]) for i in range(0, len(held), 2)},
-            kl_coef=float(kl) if kl else None,
-            target_version=int(float(target)) if target else None,
-            closed_round=int(closed) if closed else 0,
-            dead_lettered=int(dropped),
-            now_ms=int(now),
-            weights=bytes(weights) if weights else None,
-            stored=None if not stored or stored == b"lost" else _s(stored),
-            lost=stored == b"lost",
-        )
+        return PendingClaim(self, keys, args, timeout_s, now=now)
 
     def dead_letter(self, learner_id: str, task_id: str, reason: str) -> bool:
         k = self.keys

@@ -1,6 +1,8 @@
 """Claiming ahead: a learner's next claim (the round trip that stores its last gradient with the task's ack and takes
-the next task) and the loading of that task's policies run on a thread of their own while the learner computes
-the task it holds, so that the cache I/O is off the computation's path.
+the next task) is sent before the learner computes the task it holds and read once it has (`cache.deferred`): Redis
+runs it meanwhile, and its reply waits in the socket, so the round trip is off the computation's path. The claimed
+task's policies are loaded after the read. (A thread that made the claim cost more: its wake-ups across the two
+cores and its contention for the interpreter lock; README, "Claiming ahead".)
 
 The claimed task's policy is then the newest when the claim ran, one gradient earlier than a claim made after the
 computation: about one version staler. Sync's learners never claim ahead: each computes one task of a step, and
@@ -8,11 +10,12 @@ one claiming ahead would take another's."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 from cache import Claim, GradientRecord, JobCache
+from cache.tasks import PendingClaim
 from functions.algos.algorithm import LearnInputs
 from functions.context import Context
 from functions.gradient import task_inputs
@@ -45,27 +48,33 @@ def claims_ahead(spec: JobSpec) -> bool:
 
 
 class Ahead:
-    """One learner invocation's claims: `now` claims on the caller's thread; `start` claims on the claiming thread
-    (when enabled) and `after` takes its outcome. One claim at a time."""
+    """One learner invocation's claims: `now` claims at once; `start` sends a claim (when claiming ahead) and
+    `after` reads it. One claim at a time."""
 
     def __init__(self, ctx: Context, job: JobCache, spec: JobSpec, learner_id: str, enabled: bool) -> None:
         self.ctx, self.job, self.spec, self.learner_id = ctx, job, spec, learner_id
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix=f"claim-{learner_id}") if enabled else None
-        self._future: Future[Next] | None = None
+        self.enabled = enabled
+        self._sent: tuple[PendingClaim, Finished | None, Next] | None = None
 
     def __enter__(self) -> Ahead:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)  # a claim in flight ends before the learner leaves (its lease dropped)
+        sent, self._sent = self._sent, None
+        if sent is not None:
+            # A claim in flight is read before the learner leaves (its lease dropped); its failure is no news to a
+            # learner already leaving on an error of its own, as a claiming thread's was not.
+            with contextlib.suppress(Exception):
+                sent[0].result()
 
-    def _claim(self, held: int | None, finished: Finished | None, holding: Next | None) -> Next:
-        claim = self.job.board.claim(
+    def _send(self, held: int | None, finished: Finished | None, holding: Next | None, *, now: bool) -> PendingClaim:
+        return self.job.board.send_claim(
             self.learner_id, held_version=held, finished=finished,
             holding=holding.claim.task.id if holding is not None and holding.claim.task is not None else None,
-            timeout_s=self.job.limits.backpressure_timeout_s,
+            timeout_s=self.job.limits.backpressure_timeout_s, now=now,
         )  # fmt: skip
+
+    def _next(self, claim: Claim, finished: Finished | None, holding: Next | None) -> Next:
         inputs = None
         if claim.task is not None:
             inputs = task_inputs(
@@ -76,23 +85,24 @@ class Ahead:
         return Next(claim, inputs, finished[1] if finished is not None else None)
 
     def now(self, *, held: int | None, finished: Finished | None) -> Next:
-        assert self._future is None, "a claim is in flight"
-        return self._claim(held, finished, None)
+        assert self._sent is None, "a claim is in flight"
+        return self._next(self._send(held, finished, None, now=True).result(), finished, None)
 
     def start(self, *, held: int | None, finished: Finished | None, holding: Next) -> None:
-        """Claim on the claiming thread while `holding`'s task is computed; without claiming ahead, nothing (a
-        gradient is then always stored by the claim `after` makes)."""
-        assert self._future is None, "a claim is in flight"
-        if self._pool is None:
+        """Send a claim while `holding`'s task is computed; without claiming ahead, nothing (a gradient is then
+        always stored by the claim `after` makes)."""
+        assert self._sent is None, "a claim is in flight"
+        if not self.enabled:
             assert finished is None, "without claiming ahead a gradient is stored by the claim after it"
             return
-        self._future = self._pool.submit(self._claim, held, finished, holding)
+        self._sent = (self._send(held, finished, holding, now=False), finished, holding)
 
     def after(self, *, held: int | None, done: Finished | None) -> tuple[Next, Finished | None]:
         """Once a task is computed (`done`: its gradient, None when it was dead-lettered): the next claim, and the
-        gradient still to store. Claiming ahead, that is the claim `start` made, and `done` waits for the next one;
+        gradient still to store. Claiming ahead, that is the claim `start` sent, and `done` waits for the next one;
         else a claim now, which stores `done`."""
-        future, self._future = self._future, None
-        if future is None:
+        sent, self._sent = self._sent, None
+        if sent is None:
             return self.now(held=held, finished=done), None
-        return future.result(), done
+        pending, finished, holding = sent
+        return self._next(pending.result(), finished, holding), done

@@ -6,8 +6,8 @@ can take over the task of a learner that died (once its lease ran out, or sooner
 learner whose instance the platform reports killed).
 
 Claiming ahead (`stellaris.claim_ahead`, every rule but sync): the round trip that stores a task's gradient and
-claims the next task, with that task's policies loaded, runs on a thread of its own (`functions.claim_ahead`)
-while the learner computes the task it already holds, so the cache I/O is off the computation's path. The next
+claims the next task is sent before the learner computes the task it already holds and read after
+(`functions.claim_ahead`), so the cache I/O is off the computation's path. The next
 task's policy is then the newest when the claim ran, one gradient earlier than a claim made after it (about one
 version staler)."""
 
