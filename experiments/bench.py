@@ -3,7 +3,9 @@
 1. cache: our codec (SET/GET and the stream path) vs pickle + Redis and vs raw bytes, same Redis;
 2. gateway: warm no-op invocations through the gateway vs direct to the same instance;
 3. actor sampling: the actor function's env steps/s vs a bare gymnasium loop with the same policy;
-4. end-to-end: `stellaris train` env steps/s vs a single-process PPO loop written the plain way (plain_ppo.py),
+4. cores: Redis round trips with the client and the server on two cores vs on one (bench_cores.py): the price of a
+   wake-up across cores, which every synchronous call to Redis pays twice;
+5. end-to-end: `stellaris train` env steps/s vs a single-process PPO loop written the plain way (plain_ppo.py),
    same hyperparameters (fast preset), same machine, alternated A B A B A B and reported as the median ratio over
    the pairs with its min–max. The same `stellaris train` runs give the platform overhead share of a round's
    function time, when info.csv has the columns the Redis round trips per applied gradient, and the CPU per env
@@ -34,11 +36,11 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from experiments import bench_actor, bench_cache, bench_gateway, plain_ppo
+from experiments import bench_actor, bench_cache, bench_cores, bench_gateway, plain_ppo
 from experiments.proc_cpu import tree_cpu_by_kind
 from experiments.summary import read_info
 
-PARTS = ("cache", "gateway", "actor", "end-to-end")
+PARTS = ("cache", "gateway", "actor", "cores", "end-to-end")
 SIDES = ("ours", "plain")  # A, B of each end-to-end pair
 REPORT_PAIRS_MIN = 3  # fewer A/B pairs than this and the end-to-end rows are marked preliminary
 REPORT_STEADY_ROUNDS_MIN = 20  # likewise for steady rounds (rounds 2..N) per side
@@ -110,6 +112,31 @@ def cache_rows(seconds: float, repeats: int, console: Console) -> list[Row]:
                         ours.trips_per_s / base.trips_per_s,
                     )
                 )
+    return rows
+
+
+def cores_rows(seconds: float, repeats: int, console: Console) -> list[Row]:
+    """Round trips to Redis with the client and the server on two cores (as a run places them) against one."""
+    if len(os.sched_getaffinity(0)) < 2:
+        console.log("cores: skipped, this process may run on one core only")
+        return []
+    with bench_cache.connect() as cache:
+        results = bench_cores.measure(cache, seconds, max(repeats, 3), console)
+    by = {(r.path, r.side): r for r in results}
+    rows = []
+    for path in dict.fromkeys(r.path for r in results):
+        two, one = by[(path, "two cores")], by[(path, "one core")]
+        rows.append(
+            Row(
+                f"Redis round trip {path}: client and server on two cores vs on one",
+                f"{1e6 / two.median_us:,.0f} trips/s ({two.median_us:.0f} µs)",
+                f"{1e6 / one.median_us:,.0f} trips/s ({one.median_us:.0f} µs)",
+                one.median_us / two.median_us,
+                f"alternated {len(two.latencies_us)} times (one core first), medians; two cores min–max "
+                f"{min(two.latencies_us):.0f}–{max(two.latencies_us):.0f} µs, one core "
+                f"{min(one.latencies_us):.0f}–{max(one.latencies_us):.0f} µs",
+            )
+        )
     return rows
 
 
@@ -498,6 +525,8 @@ def main(
     if "actor" in parts:
         console.log("actor sampling")
         rows += actor_rows(env, repeats)
+    if "cores" in parts:
+        rows += cores_rows(seconds, repeats, console)
     if "end-to-end" in parts:
         rows += training_rows(env, rounds, pairs, console, extra)
     out = Console()

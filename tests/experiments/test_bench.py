@@ -239,7 +239,7 @@ def test_select_parts() -> None:
     assert select_parts(None, None) == list(PARTS)
     assert select_parts("end-to-end", None) == ["end-to-end"]
     assert select_parts("end-to-end, cache", None) == ["cache", "end-to-end"]
-    assert select_parts(None, "cache,gateway") == ["actor", "end-to-end"]
+    assert select_parts(None, "cache,gateway") == ["actor", "cores", "end-to-end"]
     with pytest.raises(typer.BadParameter):
         select_parts("e2e", None)
 
