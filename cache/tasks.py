@@ -89,8 +89,7 @@ class PendingClaim:
         self._board, self._keys, self._args = board, keys, args
         self._deadline = time.monotonic() + timeout_s
         self._timeout_s = timeout_s
-        script = board._step
-        self._call = None if now else Deferred(board.client, script, keys, args)
+        self._call = None if now else Deferred(board.client, board._step, keys, args)
         self._claim: Claim | None = None
 
     def result(self) -> Claim:
