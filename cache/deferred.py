@@ -1,13 +1,13 @@
 """A script call sent now and read later: the server runs it while the caller computes, and its reply waits in the
-socket. No thread and no wake-up: on this project's 2-vCPU machines a round trip across cores costs 116 µs
-(redis-py PING; 28 µs with both ends on one core), most of it the kernel waking the other side, and a thread that
-makes the call for the caller adds its own wake-ups and contends for the interpreter lock.
+socket. No thread and no wake-up: on this project's 2-vCPU machines a PING across the cores costs 91-113 µs against
+22-32 µs with both ends on one core (`experiments.bench_cores`), most of it the kernel waking the other side, and a
+thread that makes the call for the caller adds its own wake-ups and contends for the interpreter lock.
 
 The call has a connection of its own from the client's pool until it is read. Whatever goes wrong before its reply
 is read (a lost connection, a script the server no longer has) runs the call again through the client's ordinary
 path, retry policy included: the same as a call whose reply was lost (cache/retry.py), which the hot-path scripts
-are written to survive. A client without a pool of single connections (a Redis Cluster client) runs the call when it
-is sent.
+are written to survive. A client that is not a plain pooled `redis.Redis` (a Redis Cluster client, a single-connection
+client) runs the call when it is sent.
 """
 
 from __future__ import annotations
@@ -28,15 +28,14 @@ class Deferred:
         self._value: Any = None
         self._error: Exception | None = None  # the call's failure, raised by `result` (as a sent call's would be)
         self._done = False
-        pool = getattr(client, "connection_pool", None)
-        if not isinstance(client, redis.Redis) or client.connection is not None or pool is None:
+        if not isinstance(client, redis.Redis) or client.connection is not None:
             self._done = True
             try:
                 self._value = self._again()
             except Exception as exc:
                 self._error = exc
             return
-        lost = (redis.ConnectionError, redis.TimeoutError, OSError)
+        pool, lost = client.connection_pool, (redis.ConnectionError, redis.TimeoutError, OSError)
         try:
             conn = pool.get_connection()  # connects when the pool has no connection open
         except lost:
