@@ -18,12 +18,16 @@ from typing import Any, NoReturn
 _PR_SET_PDEATHSIG = 1
 
 
-def die_with_parent() -> None:
+def die_with_parent(parent: int | None = None) -> None:
     """For `Popen(preexec_fn=...)`: SIGKILL when the parent (the thread that forked) dies, and a new session so
-    a terminal's Ctrl-C reaches only the parent, which then stops its children in order."""
+    a terminal's Ctrl-C reaches only the parent, which then stops its children in order. With `parent` (the pid
+    that forked us), a parent already gone before the signal was set (killed between its fork and this call) ends
+    us at once: its death signal never comes, and we would run on as an orphan."""
     if sys.platform.startswith("linux"):
         with contextlib.suppress(OSError):
             ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if parent is not None and os.getppid() != parent:
+        os.kill(os.getpid(), signal.SIGKILL)
     os.setsid()
 
 

@@ -21,6 +21,15 @@ def pid_alive(pid: int) -> bool:
         return False
 
 
+def parent_pid(pid: int) -> int | None:
+    """The parent of `pid` as /proc says (None once it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (FileNotFoundError, ProcessLookupError, IndexError, ValueError):
+        return None
+
+
 def wait_pid_gone(pid: int, timeout_s: float) -> bool:
     """Block until `pid` exits (pidfd becomes readable) or `timeout_s` passes; True when it is gone."""
     try:

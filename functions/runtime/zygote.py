@@ -63,10 +63,10 @@ def _cuda_initialised() -> bool:
     return bool(torch is not None and torch.cuda.is_initialized())
 
 
-def _become_instance(request: SpawnRequest, stdout_fd: int, inherited: set[int], became: int) -> int:
+def _become_instance(request: SpawnRequest, stdout_fd: int, inherited: set[int], became: int, server: int) -> int:
     """In the child: put on the instance's process state (then close `became`, which the server waits on), then
     run its module as `python -m` runs one; its exit code."""
-    die_with_parent()  # the server's death (or its SIGKILL of us) ends us; and a session of our own
+    die_with_parent(server)  # the server's death, also one before this line, ends us; and a session of our own
     for fd in inherited:
         with contextlib.suppress(OSError):
             os.close(fd)
@@ -174,6 +174,7 @@ class Server:
         # full collection otherwise took 230-340 ms here (torch's objects), mid-round in actors and learners.
         gc.freeze()
         waiting, became = os.pipe()
+        server = os.getpid()
         pid = os.fork()
         if pid == 0:
             code = 1
@@ -181,7 +182,7 @@ class Server:
                 # The server's descriptors: an instance holding them would keep the server's sockets open.
                 inherited = {self.control.fileno(), status.fileno(), self.selector.fileno(), *self.children}
                 inherited |= {s.fileno() for _, s in self.children.values()} | {waiting}
-                code = _become_instance(request, stdout_fd, inherited, became)
+                code = _become_instance(request, stdout_fd, inherited, became, server)
             except SystemExit as exc:  # bad arguments: argparse has said why on stderr
                 code = exc.code if isinstance(exc.code, int) else 1
             except BaseException:

@@ -216,15 +216,17 @@ class ForkServer:
         read_fd, write_fd = os.pipe() if stdout is None else (None, stdout)
         try:
             socket.send_fds(control, [json.dumps(request).encode()], [theirs.fileno(), write_fd])
-            msg = _message(ours, self.startup_timeout_s)
         except OSError as exc:
-            msg, gone = {}, str(exc)
+            sent, gone = False, str(exc)
         else:
-            gone = "its socket closed"
+            sent, gone = True, "its socket closed"
         finally:
+            # Before the wait: the server, then the child, holds the only other end, so the server's death reads as
+            # the end of `ours` at once, not as silence until the startup timeout (62 s in a chaos run).
             theirs.close()
             if stdout is None:
                 os.close(write_fd)
+        msg = _message(ours, self.startup_timeout_s) if sent else {}
         pid = (msg or {}).get("pid")
         if not isinstance(pid, int):
             ours.close()

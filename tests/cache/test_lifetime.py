@@ -91,3 +91,28 @@ def test_a_function_instance_stopped_by_sigterm_drains_logs_and_exits_0() -> Non
         proc.kill()
     assert proc.returncode == 0, err
     assert "drained" in err  # the last log line before the quick exit reached stderr
+
+
+def test_die_with_parent_ends_a_child_whose_parent_was_gone_before_it_asked(tmp_path: Path) -> None:
+    """A parent killed between its fork and the child's call never sends the death signal: told whom it was forked
+    from, the child sees another parent and ends itself rather than run on as an orphan."""
+    forked_from_us = _run(
+        """
+        import os
+        from cache.lifetime import die_with_parent
+        die_with_parent(os.getppid())
+        print("alive")
+        """,
+        tmp_path,
+    )
+    assert forked_from_us.returncode == 0 and forked_from_us.stdout == "alive\n", forked_from_us.stderr
+    orphaned = _run(
+        """
+        import os
+        from cache.lifetime import die_with_parent
+        die_with_parent(os.getppid() + 1_000_000)  # a parent that is not ours: ours is gone, as it reads here
+        print("alive")
+        """,
+        tmp_path,
+    )
+    assert orphaned.returncode == -signal.SIGKILL and orphaned.stdout == ""

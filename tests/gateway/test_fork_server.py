@@ -9,21 +9,26 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
+from redis import Redis
 
+from cache.contract.runtime_http import READY_PREFIX, RUNTIME_MODULE, runtime_argv
 from cache.contract.zygote import SpawnRequest, load_time_changes
 from cache.server import EmbeddedRedis
 from gateway.backends.base import InstanceHandle
 from gateway.backends.process import ProcessBackend
 from gateway.backends.process_tree import descendants, wait_gone
-from gateway.backends.zygote import ForkedProcess, ForkServer
+from gateway.backends.zygote import ForkedProcess, ForkServer, first_line
 from gateway.models import FunctionSpec
 from tests.gateway.conftest import start_gateway, stop_gateway
+from tests.procs import parent_pid
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -110,6 +115,49 @@ def test_a_kill_9_of_the_server_takes_its_instances_and_the_next_start_brings_a_
     again = backend.start(_spec(), instance_id="s-2")
     assert _server_pid(backend) != server
     assert _call(again, {"env": []})["ppid"] == _server_pid(backend)
+
+
+def test_a_server_killed_while_it_serves_a_start_is_replaced_for_that_start(redis_server: EmbeddedRedis) -> None:
+    """Killed between a request and its answer (here: while it imports the request's handler), the server's end of
+    the start's status socket goes with it; the waiting start sees that at once, brings a new server and asks it. It
+    never waits out the startup timeout for an answer that cannot come (62 s in a chaos run, then a fresh
+    interpreter), which reads here as the start failing: "no answer"."""
+    key = f"test:{uuid.uuid4().hex}"
+    env = {**os.environ, "STELLARIS_TEST_HELD_START_KEY": key, "STELLARIS_TEST_HELD_START_REDIS": redis_server.url}
+    server = ForkServer(sys.executable, str(ROOT), env, 20.0)
+    handler = "tests.functions.held_start_handlers:pid"
+    argv = ["-m", RUNTIME_MODULE, *runtime_argv(handler, port=0, concurrency=1, timeout_s=60)]
+    request = SpawnRequest(module=RUNTIME_MODULE, argv=argv[2:], env=env, cwd=str(ROOT), memory_bytes=None, title=key)
+    got: list[ForkedProcess | BaseException] = []
+
+    def start() -> None:
+        try:
+            got.append(server.spawn(request))
+        except BaseException as exc:  # the test reads it
+            got.append(exc)
+
+    redis = Redis.from_url(redis_server.url, socket_timeout=90)  # the BLPOPs below have their own
+    starting = threading.Thread(target=start)
+    try:
+        starting.start()
+        _, first = redis.blpop([f"{key}:started"], timeout=60) or (None, None)
+        assert first is not None, "the server never began to import the handler"
+        os.kill(int(first), signal.SIGKILL)  # the server itself imports the handler a request names, then forks
+        _, second = redis.blpop([f"{key}:started"], timeout=60) or (None, None)
+        assert second is not None and int(second) != int(first), f"no new server took the start: {got}"
+        redis.rpush(f"{key}:release", 1)
+        starting.join(60)
+        [child] = got
+        assert isinstance(child, ForkedProcess), child
+        assert child.stdout is not None and first_line(child.stdout, 30).startswith(READY_PREFIX)
+        assert parent_pid(child.pid) == int(second)
+        child.kill()
+        assert child.wait(timeout=10) == -signal.SIGKILL
+    finally:
+        redis.rpush(f"{key}:release", 1, 1)
+        starting.join(60)
+        server.close()
+        redis.delete(f"{key}:started", f"{key}:release")
 
 
 def test_a_load_time_env_gets_a_fork_server_started_with_it(backend: ProcessBackend) -> None:

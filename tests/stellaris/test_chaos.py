@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from gateway.backends.process_tree import descendants
-from tests.procs import pid_alive, wait_pid_gone
+from tests.procs import parent_pid, pid_alive, wait_pid_gone
 from tests.stellaris.test_train import ROOT, rows
 
 ROUNDS = 30
@@ -35,14 +35,6 @@ KILLS = {
 # Longer than the job may run (proc.wait below): a killed instance's task or update lease is freed only by the control
 # plane, once the gateway reports the instance gone, never by a lease running out.
 LEASE_S = 1200.0
-
-
-def _parent(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return int(f.read().rsplit(")", 1)[1].split()[1])
-    except (FileNotFoundError, ProcessLookupError, IndexError, ValueError):
-        return None
 
 
 def _cmdline(pid: int) -> str:
@@ -62,7 +54,7 @@ def _role(pid: int, job: int) -> str | None:
     if "functions.actor_loop" in cmd:
         return "actor"
     if "functions.runtime.zygote" in cmd:  # the actors' is the control plane's child, the other the gateway's
-        return "actor fork server" if _parent(pid) == job else "gateway fork server"
+        return "actor fork server" if parent_pid(pid) == job else "gateway fork server"
     if cmd.split()[1:3] == ["-m", "gateway"]:
         return "gateway"
     if cmd and Path(cmd.split()[0]).name == "redis-server":
