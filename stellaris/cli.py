@@ -164,10 +164,11 @@ def _train(**given: Any) -> None:
     _sigterm_as_exit()
     config, resume, sets = given.pop("config"), given.pop("resume"), given.pop("sets")
     try:
-        from stellaris.control.platform import given_gateway_wait_s
+        from stellaris.control.platform import gateway_start_attempts, given_gateway_wait_s
 
         exit_grace_s()
         given_gateway_wait_s()
+        gateway_start_attempts()
     except ValueError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from exc

@@ -18,7 +18,7 @@ from cache import Cache, CacheSettings
 from cache.lifetime import die_with_parent, stop_process
 from gateway.client import GatewayClient, Recovered
 from gateway.settings import HangSettings
-from stellaris.control.env_limits import seconds_from_env
+from stellaris.control.env_limits import count_from_env, seconds_from_env
 from stellaris.control.gateway_watch import GatewayWatch
 
 if TYPE_CHECKING:
@@ -34,6 +34,9 @@ GATEWAY_PROBE_S = 10.0  # how long a given gateway has to answer its first healt
 GATEWAY_RECOVER_S = 120.0  # default: how long a job waits for a given gateway that went away or answers nothing
 GATEWAY_RECOVER_ENV = "STELLARIS_GIVEN_GATEWAY_WAIT_S"
 MAX_GATEWAY_RECOVER_S = 86_400.0
+# Starts of the local gateway in a row that may be ended by a signal (a kill as it starts, say) before the job gives up.
+GATEWAY_START_ATTEMPTS_ENV = "STELLARIS_GATEWAY_START_ATTEMPTS"
+GATEWAY_START_ATTEMPTS = 3
 DOCKER_NETWORK_ENV = "STELLARIS_DOCKER_NETWORK"  # the docker backend's network (gateway/backends/docker.py)
 LOCAL_RAY_CPUS_PER_CORE = 4  # logical CPUs a private local Ray declares per core (a function asks for 1)
 
@@ -41,6 +44,11 @@ LOCAL_RAY_CPUS_PER_CORE = 4  # logical CPUs a private local Ray declares per cor
 def given_gateway_wait_s() -> float:
     """$STELLARIS_GIVEN_GATEWAY_WAIT_S, default GATEWAY_RECOVER_S; `stellaris train` checks it before it starts."""
     return seconds_from_env(GATEWAY_RECOVER_ENV, GATEWAY_RECOVER_S, 1.0, MAX_GATEWAY_RECOVER_S)
+
+
+def gateway_start_attempts() -> int:
+    """$STELLARIS_GATEWAY_START_ATTEMPTS (1-100), default GATEWAY_START_ATTEMPTS."""
+    return count_from_env(GATEWAY_START_ATTEMPTS_ENV, GATEWAY_START_ATTEMPTS, 1, 100)
 
 
 class Platform:
@@ -77,6 +85,7 @@ class Platform:
         self.namespace = f"local-{secrets.token_hex(4)}"
         self.gateway_restarts = 0
         self.recover_s = given_gateway_wait_s()
+        self.start_attempts = gateway_start_attempts()
         self.watch = GatewayWatch(
             lambda: (self.gateway_proc, self.gateway_url), HangSettings(), owned=gateway_url is None,
             give_up_s=self.recover_s,
@@ -134,20 +143,34 @@ class Platform:
             # The job's containers reach this machine's Redis (an embedded one listens on loopback only) on the
             # host's network, unless the environment names another network for them.
             env.setdefault(DOCKER_NETWORK_ENV, "host")
+        for attempt in range(1, self.start_attempts + 1):
+            proc, line = self._spawn_gateway(env)
+            if line.startswith("READY "):
+                break
+            code = proc.wait()
+            # An exit of its own (a bad setting, a port in use) says why on stderr and would say it again; a signal
+            # (a kill as it started) is a fault like a kill after it started.
+            if code >= 0 or attempt == self.start_attempts:
+                of = f" (start {attempt} of ${GATEWAY_START_ATTEMPTS_ENV}={self.start_attempts})" if code < 0 else ""
+                raise PlatformError(f"the local gateway did not start (exit code {code}){of}")
+            print(f"the local gateway was ended by signal {-code} as it started; starting it again", file=sys.stderr,
+                  flush=True)  # fmt: skip
+        # Published together once it is ready: the watch (gateway_watch.py) must not probe a starting gateway, nor
+        # the new process at its predecessor's URL (it took that silence for a hang and killed it as it started).
+        self.gateway_proc, self.gateway_url = proc, f"http://127.0.0.1:{int(line.split()[1])}"
+
+    @staticmethod
+    def _spawn_gateway(env: dict[str, str]) -> tuple[subprocess.Popen[str], str]:
+        """A gateway process and the first line it printed ("" when it ended first)."""
         proc = subprocess.Popen(
             [sys.executable, "-m", "gateway"], env=env, stdout=subprocess.PIPE, text=True, preexec_fn=die_with_parent
         )
         assert proc.stdout is not None
         try:
-            line = proc.stdout.readline()
+            return proc, proc.stdout.readline()
         except BaseException:
             proc.kill()
             raise
-        if not line.startswith("READY "):
-            raise PlatformError(f"the local gateway did not start (exit code {proc.wait()})")
-        # Published together once it is ready: the watch (gateway_watch.py) must not probe a starting gateway, nor
-        # the new process at its predecessor's URL (it took that silence for a hang and killed it as it started).
-        self.gateway_proc, self.gateway_url = proc, f"http://127.0.0.1:{int(line.split()[1])}"
 
     def _start_private_ray(self) -> None:
         """A one-node Ray of this machine, owned like the embedded Redis: it outlives a gateway restart (the new
