@@ -21,7 +21,7 @@ from redis.backoff import NoBackoff
 from cache.acl import url_as
 from cache.allocator import tune_allocator
 from cache.cluster_client import CLUSTER_RETRY_ON, CLUSTER_SCHEMES, GuardedCluster, is_cluster_url, node_url
-from cache.errors import CacheError
+from cache.errors import CacheError, RedisServerDied
 from cache.retry import ReconnectRetry, window_from_env
 from cache.server import EmbeddedRedis
 
@@ -174,6 +174,16 @@ class Cache:
         """Whether this cache's embedded server exited on its own: everything in it is gone, so there is nothing
         left for anyone to finish (an external server may come back, and is never reported here)."""
         return self.server is not None and not self.server.is_alive()
+
+    def server_death(self) -> RedisServerDied | None:
+        """How the embedded server died (its exit and log tail), while it is still ours to ask; None while it runs,
+        or for an external server."""
+        try:
+            if self.server is not None:
+                self.server.raise_if_dead()
+        except RedisServerDied as died:
+            return died
+        return None
 
     def close(self) -> None:
         client = getattr(self, "client", None)

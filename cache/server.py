@@ -89,6 +89,8 @@ class EmbeddedRedis:
         self._port_clash = False
         self._reader: threading.Thread | None = None
         self._killed_for: str | None = None  # why its owner killed it (`kill`), for the death's message
+        self._last_pid: int | None = None  # of the last start that failed, and the signal that ended it (if one did)
+        self._start_signal: int | None = None
 
     # -- properties -------------------------------------------------------------------------------------------
     @property
@@ -161,8 +163,13 @@ class EmbeddedRedis:
                 return self
             if not self._port_clash:
                 break
-        tail = self.log_tail()
+        tail, pid, signalled = self.log_tail(), self._last_pid, self._start_signal
         self.stop()
+        if signalled is not None:  # a fault, not a failure of its own: whoever started it may start it again
+            raise RedisServerDied(
+                f"embedded redis-server (pid {pid}, port {self.port}) was ended by signal {signalled} as it started",
+                tail,
+            )
         raise RedisStartError(f"could not start {self.binary}; last log lines:\n{tail}")
 
     def _try_start(self, port: int) -> bool:
@@ -199,6 +206,8 @@ class EmbeddedRedis:
         self._reader.start()
         if self._ready.wait(self.startup_timeout_s) and self.is_alive():
             return True
+        code = self._proc.poll()  # None: not ready in time (killed below, by us)
+        self._last_pid, self._start_signal = self._proc.pid, -code if code is not None and code < 0 else None
         self._kill()
         return False
 

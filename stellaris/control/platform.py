@@ -105,8 +105,13 @@ class Platform:
             self.gateway = GatewayClient(
                 self.gateway_url, token=self.gateway_token, timeout_s=3600, on_unreachable=self.recover_gateway
             )
-        except BaseException:
+        except BaseException as exc:
+            # The embedded Redis killed as the job starts (the gateway then cannot reach it, and says only that):
+            # a cache loss, which the run starts again from (stellaris/control/run.py).
+            died = self.cache.server_death() if self.cache is not None else None
             self.close()
+            if died is not None and not isinstance(exc, KeyboardInterrupt):
+                raise died from exc
             raise
         return self
 

@@ -137,3 +137,59 @@ def test_owner_exit_takes_the_server_down(sig: signal.Signals) -> None:
         proc.wait()
         if pid_alive(server_pid):
             os.kill(server_pid, signal.SIGKILL)
+
+
+def _kill_each_server_as_it_starts(monkeypatch: pytest.MonkeyPatch, *, after_ready: bool) -> list[int]:
+    """kill -9 of each embedded redis-server the moment its process exists (before its ready line), or the moment
+    its start returned (ready, before its owner's first command)."""
+    killed: list[int] = []
+    if after_ready:
+        start = EmbeddedRedis.start
+
+        def started(self: EmbeddedRedis) -> EmbeddedRedis:
+            server = start(self)
+            assert server.pid is not None
+            os.kill(server.pid, signal.SIGKILL)
+            killed.append(server.pid)
+            assert wait_pid_gone(server.pid, 10)
+            return server
+
+        monkeypatch.setattr(EmbeddedRedis, "start", started)
+        return killed
+    popen = subprocess.Popen
+
+    def spawned(args: list[str], *rest: object, **kwargs: object) -> subprocess.Popen[str]:
+        proc = popen(args, *rest, **kwargs)  # type: ignore[call-overload]
+        if Path(args[0]).name == "redis-server":
+            proc.kill()
+            killed.append(proc.pid)
+        return proc  # type: ignore[no-any-return]
+
+    monkeypatch.setattr("cache.server.subprocess.Popen", spawned)
+    return killed
+
+
+@pytest.mark.parametrize("after_ready", [False, True], ids=["before-ready", "after-ready"])
+def test_a_server_killed_as_it_starts_is_a_death_not_a_bad_setting(
+    monkeypatch: pytest.MonkeyPatch, after_ready: bool
+) -> None:
+    """A kill as the embedded server starts (before it is ready, or before the cache's first command) is reported as
+    its death, which `stellaris train` starts the run again from, not as a server that cannot start ("could not
+    start") or a wrong URL ("cannot reach Redis"), which would end the run."""
+    killed = _kill_each_server_as_it_starts(monkeypatch, after_ready=after_ready)
+    with pytest.raises(RedisServerDied, match=r"embedded redis-server \(pid \d+, port \d+\)") as died:
+        Cache(CacheSettings(url=None))
+    assert len(killed) == 1 and f"pid {killed[0]}," in str(died.value)
+    when = "exited with code -9" if after_ready else "was ended by signal 9 as it started"
+    assert when in died.value.headline
+    assert not pid_alive(killed[0])
+
+
+def test_a_server_that_cannot_start_is_still_a_start_error(tmp_path: Path) -> None:
+    """Its own exit (here: a binary that is not a Redis at all) is not a death to start again from."""
+    fake = tmp_path / "redis-server"
+    fake.write_text("#!/bin/sh\necho 'not a redis'\nexit 1\n")
+    fake.chmod(0o755)
+    with pytest.raises(CacheError, match="could not start") as failed:
+        EmbeddedRedis(binary=str(fake)).start()
+    assert not isinstance(failed.value, RedisServerDied)

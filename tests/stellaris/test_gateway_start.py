@@ -1,22 +1,28 @@
-"""Starting `stellaris train`'s local gateway again after a crash (stellaris/control/platform.py): a new gateway
-killed as it starts, before it says READY, is started again, up to $STELLARIS_GATEWAY_START_ATTEMPTS starts in a row.
-Before, one such kill ended the job with "the local gateway did not start (exit code -9)" (a fault probe's kill of
-the gateway that had just replaced a killed one)."""
+"""Kills as `stellaris train`'s platform starts (stellaris/control/platform.py), found by a fault probe:
+
+- A new local gateway killed as it starts, before it says READY, is started again, up to
+  $STELLARIS_GATEWAY_START_ATTEMPTS starts in a row. Before, one such kill (of the gateway that had just replaced a
+  killed one) ended the job with "the local gateway did not start (exit code -9)".
+- The embedded Redis killed as the job starts is a cache loss, which the run starts again from. Before, the gateway,
+  unable to reach it, exited, and the job ended with "the local gateway did not start (exit code 3)"."""
 
 from __future__ import annotations
 
 import os
 import signal
 import subprocess
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
 import stellaris.control.platform as platform_module
+from cache import RedisServerDied
 from cache.server import EmbeddedRedis
 from stellaris.control.platform import Platform, PlatformError
-from tests.procs import wait_pid_gone
+from tests.procs import pid_alive, wait_pid_gone
+from tests.stellaris.test_train import check_each_task_applied_once, rows, run_train, train_cmd
 
 
 class _KillStarts:
@@ -91,3 +97,41 @@ def test_a_bad_start_attempts_setting_stops_train_before_it_starts() -> None:
     result = CliRunner().invoke(app, ["train", "--env", "CartPole-v1"], env={"STELLARIS_GATEWAY_START_ATTEMPTS": "0"})
     assert result.exit_code == 2, result.output
     assert "STELLARIS_GATEWAY_START_ATTEMPTS must be a whole number from 1 to 100, got '0'" in result.output
+
+
+def test_the_embedded_redis_killed_as_the_gateway_starts_is_a_death_of_the_cache(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    platform = Platform(redis_url=None, gateway_url=None, gateway_token=None)
+    popen, killed = subprocess.Popen, list[int]()
+
+    def spawned(args: Any, *rest: Any, **kwargs: Any) -> subprocess.Popen[Any]:
+        if list(args)[1:3] == ["-m", "gateway"] and platform.cache is not None and platform.cache.server is not None:
+            pid = platform.cache.server.pid
+            assert pid is not None
+            os.kill(pid, signal.SIGKILL)
+            assert wait_pid_gone(pid, 10)
+            killed.append(pid)
+        return popen(args, *rest, **kwargs)
+
+    monkeypatch.setattr(platform_module.subprocess, "Popen", spawned)
+    with pytest.raises(
+        RedisServerDied, match=r"embedded redis-server \(pid \d+, port \d+\) exited with code -9"
+    ) as died:
+        platform.__enter__()
+    assert len(killed) == 1 and f"pid {killed[0]}," in str(died.value)
+    assert isinstance(died.value.__cause__, PlatformError)  # what noticed first: the gateway could not start
+    assert platform.gateway_proc is None or not pid_alive(platform.gateway_proc.pid)
+
+
+def test_a_job_whose_redis_is_killed_as_it_starts_starts_again_and_completes(tmp_path: Path) -> None:
+    out, rounds = tmp_path / "run", 3
+    cmd = train_cmd(tmp_path, "--rounds", str(rounds), "--out", str(out))
+    cmd[1:3] = ["-m", "tests.stellaris.redis_killed_at_start"]
+    done = run_train(cmd)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lost = [line for line in done.stderr.splitlines() if line.startswith("cache lost: ")]
+    assert len(lost) == 1 and "exited with code -9" in lost[0], done.stderr[-3000:]
+    assert "resuming from the start (no checkpoint yet) (1 of at most 3 such resumes)" in lost[0]
+    assert [int(r["round_id"]) for r in rows(out / "info.csv")] == list(range(1, rounds + 1))
+    check_each_task_applied_once(out, rounds)
