@@ -6,6 +6,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import ctypes
+import functools
 import logging
 import os
 import signal
@@ -13,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any, NoReturn
 
 _PR_SET_PDEATHSIG = 1
@@ -29,6 +31,12 @@ def die_with_parent(parent: int | None = None) -> None:
     if parent is not None and os.getppid() != parent:
         os.kill(os.getpid(), signal.SIGKILL)
     os.setsid()
+
+
+def dies_with_us() -> Callable[[], None]:
+    """For `Popen(preexec_fn=...)`: `die_with_parent` told our pid, so that a child whose parent (we) died between
+    its fork and its call ends at once rather than run on as an orphan."""
+    return functools.partial(die_with_parent, os.getpid())
 
 
 def stop_process(proc: subprocess.Popen[Any], timeout_s: float) -> None:

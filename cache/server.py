@@ -23,7 +23,7 @@ from pathlib import Path
 from types import TracebackType
 
 from cache.errors import RedisServerDied, RedisStartError
-from cache.lifetime import die_with_parent, stop_process
+from cache.lifetime import dies_with_us, stop_process
 
 _READY = "Ready to accept connections"
 _PORT_IN_USE = "Address already in use"
@@ -199,7 +199,7 @@ class EmbeddedRedis:
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             text=True,
-            preexec_fn=die_with_parent,  # PDEATHSIG has no Popen argument
+            preexec_fn=dies_with_us(),  # PDEATHSIG has no Popen argument
             close_fds=True,
         )
         self._reader = threading.Thread(target=self._drain, args=(self._proc,), daemon=True)

@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from cache.lifetime import die_with_parent
+from cache.lifetime import dies_with_us
 from experiments.runner import Outcome, run_dir
 from experiments.suites import RunPlan, plan
 from experiments.summary import write_csv
@@ -196,7 +196,7 @@ def _run_one(root: Path, p: RunPlan, python: Path, echo: Callable[[str], None], 
         log.write(f"$ {' '.join(cmd)}\n")
         log.flush()
         proc = subprocess.Popen(
-            cmd, stdout=subprocess.PIPE, stderr=log, text=True, env={**os.environ, **env}, preexec_fn=die_with_parent
+            cmd, stdout=subprocess.PIPE, stderr=log, text=True, env={**os.environ, **env}, preexec_fn=dies_with_us()
         )
 
         def pump() -> None:  # the script's own lines (progress) to the console and the log; Ray's logging is stderr

@@ -19,7 +19,7 @@ from pathlib import Path
 import yaml
 
 from cache.connection import redact_url
-from cache.lifetime import die_with_parent
+from cache.lifetime import dies_with_us
 from experiments.suites import RunPlan
 
 
@@ -113,7 +113,7 @@ def execute(
             with lock:
                 if stop.is_set():
                     return Outcome(plan, "interrupted", detail="not started")
-                proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent)
+                proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, preexec_fn=dies_with_us())
                 running.add(proc)
             code = proc.wait()
             with lock:

@@ -31,10 +31,12 @@ Process = subprocess.Popen[bytes] | ForkedProcess
 
 
 def _preexec(memory_bytes: int) -> Callable[[], None]:
+    gateway = os.getpid()
+
     def setup() -> None:  # runs in the child between fork and exec
         with contextlib.suppress(ValueError, OSError):
             resource.setrlimit(resource.RLIMIT_DATA, (memory_bytes, memory_bytes))
-        die_with_parent()  # and a terminal's Ctrl-C reaches the gateway, which drains its instances
+        die_with_parent(gateway)  # and a terminal's Ctrl-C reaches the gateway, which drains its instances
 
     return setup
 

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
-from cache.lifetime import die_with_parent
+from cache.lifetime import dies_with_us
 from gateway.backends.process_tree import (
     SessionWatchdog,
     SpawnThread,
@@ -199,7 +199,7 @@ class LocalRayCluster:
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 text=True,
-                preexec_fn=die_with_parent,
+                preexec_fn=dies_with_us(),
             )
         )
         watchdog.watch(proc.pid)  # its session: die_with_parent made `ray start` a session leader

@@ -25,7 +25,7 @@ from cache.contract.zygote import (
     ZYGOTE_PRELOAD_ENV,
     SpawnRequest,
 )
-from cache.lifetime import die_with_parent, stop_process
+from cache.lifetime import dies_with_us, stop_process
 from gateway.backends.process_tree import SpawnThread
 
 log = logging.getLogger("stellaris.gateway")
@@ -174,7 +174,7 @@ class ForkServer:
                         pass_fds=(theirs.fileno(),),
                         stdin=subprocess.DEVNULL,
                         stdout=subprocess.PIPE,
-                        preexec_fn=die_with_parent,
+                        preexec_fn=dies_with_us(),
                     )
                 )
         except OSError as exc:  # no such interpreter or working directory, out of processes

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import httpx
 
 from cache import Cache, CacheSettings
-from cache.lifetime import die_with_parent, stop_process
+from cache.lifetime import dies_with_us, stop_process
 from gateway.client import GatewayClient, Recovered
 from gateway.settings import HangSettings
 from stellaris.control.env_limits import count_from_env, seconds_from_env
@@ -168,7 +168,7 @@ class Platform:
     def _spawn_gateway(env: dict[str, str]) -> tuple[subprocess.Popen[str], str]:
         """A gateway process and the first line it printed ("" when it ended first)."""
         proc = subprocess.Popen(
-            [sys.executable, "-m", "gateway"], env=env, stdout=subprocess.PIPE, text=True, preexec_fn=die_with_parent
+            [sys.executable, "-m", "gateway"], env=env, stdout=subprocess.PIPE, text=True, preexec_fn=dies_with_us()
         )
         assert proc.stdout is not None
         try:

@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 from cache import JobCache
 from cache.contract.zygote import SpawnRequest
-from cache.lifetime import die_with_parent
+from cache.lifetime import dies_with_us
 from gateway.backends.zygote import ForkedProcess, ForkServer, ForkServerError
 from gateway.settings import HangSettings
 from stellaris.control.actor_watch import ActorWatch
@@ -95,7 +95,7 @@ class ServerfulActors:
                 return self.forks.spawn(request, stdout=1)  # our stdout, which a child we started would inherit
             except ForkServerError as exc:
                 log.warning("starting actor-%d without its fork server: %s", index, exc)
-        return subprocess.Popen(cmd, env=env, preexec_fn=die_with_parent)
+        return subprocess.Popen(cmd, env=env, preexec_fn=dies_with_us())
 
     def start(self, count: int) -> None:
         self.procs = [self._start(i) for i in range(count)]

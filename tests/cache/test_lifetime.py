@@ -116,3 +116,16 @@ def test_die_with_parent_ends_a_child_whose_parent_was_gone_before_it_asked(tmp_
         tmp_path,
     )
     assert orphaned.returncode == -signal.SIGKILL and orphaned.stdout == ""
+
+
+def test_dies_with_us_names_this_process_as_the_parent() -> None:
+    from cache.lifetime import dies_with_us
+
+    child = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getppid())"],
+        preexec_fn=dies_with_us(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert child.returncode == 0 and child.stdout == f"{os.getpid()}\n", child.stderr
