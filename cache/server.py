@@ -89,8 +89,7 @@ class EmbeddedRedis:
         self._port_clash = False
         self._reader: threading.Thread | None = None
         self._killed_for: str | None = None  # why its owner killed it (`kill`), for the death's message
-        self._last_pid: int | None = None  # of the last start that failed, and the signal that ended it (if one did)
-        self._start_signal: int | None = None
+        self._start_death: RedisServerDied | None = None  # the last start's, when a signal ended it before ready
 
     # -- properties -------------------------------------------------------------------------------------------
     @property
@@ -163,13 +162,10 @@ class EmbeddedRedis:
                 return self
             if not self._port_clash:
                 break
-        tail, pid, signalled = self.log_tail(), self._last_pid, self._start_signal
+        tail, death = self.log_tail(), self._start_death
         self.stop()
-        if signalled is not None:  # a fault, not a failure of its own: whoever started it may start it again
-            raise RedisServerDied(
-                f"embedded redis-server (pid {pid}, port {self.port}) was ended by signal {signalled} as it started",
-                tail,
-            )
+        if death is not None:  # a fault, not a failure of its own: whoever started it may start it again
+            raise death
         raise RedisStartError(f"could not start {self.binary}; last log lines:\n{tail}")
 
     def _try_start(self, port: int) -> bool:
@@ -178,6 +174,7 @@ class EmbeddedRedis:
         self._ready.clear()
         self._port_clash = False
         self._killed_for = None
+        self._start_death = None
         args = [
             self.binary,
             "--port", str(port),
@@ -206,9 +203,13 @@ class EmbeddedRedis:
         self._reader.start()
         if self._ready.wait(self.startup_timeout_s) and self.is_alive():
             return True
-        code = self._proc.poll()  # None: not ready in time (killed below, by us)
-        self._last_pid, self._start_signal = self._proc.pid, -code if code is not None and code < 0 else None
-        self._kill()
+        code, pid = self._proc.poll(), self._proc.pid  # code None: not ready in time (killed below, by us)
+        self._kill()  # also waits for the log reader: the tail below is whole
+        if code is not None and code < 0:
+            self._start_death = RedisServerDied(
+                f"embedded redis-server (pid {pid}, port {port}) was ended by signal {-code} as it started",
+                self.log_tail(),
+            )
         return False
 
     def _socket_args(self) -> list[str]:

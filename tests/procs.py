@@ -1,9 +1,11 @@
-"""Process helpers for tests: wait for any process (not only our children) to exit, without polling."""
+"""Process helpers for tests: what a process is (command line, parent), and waiting for any process (not only our
+children) to exit, without polling."""
 
 from __future__ import annotations
 
 import os
 import select
+from pathlib import Path
 
 
 def pid_alive(pid: int) -> bool:
@@ -19,6 +21,22 @@ def pid_alive(pid: int) -> bool:
             return f.read().split(")")[-1].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+def cmdline(pid: int) -> str:
+    """The command line of `pid`, its arguments joined by spaces ("" once it is gone)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")
+    except (FileNotFoundError, ProcessLookupError):
+        return ""
+
+
+def is_redis_server(pid: int) -> bool:
+    """Whether `pid` is a redis-server: it rewrites its title ("/path/redis-server 127.0.0.1:PORT"), so the first
+    word of its command line names it."""
+    words = cmdline(pid).split()
+    return bool(words) and Path(words[0]).name == "redis-server"
 
 
 def parent_pid(pid: int) -> int | None:

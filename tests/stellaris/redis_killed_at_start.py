@@ -7,25 +7,12 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-from pathlib import Path
 from typing import Any
 
 from gateway.backends.process_tree import descendants
-from tests.procs import wait_pid_gone
+from tests.procs import is_redis_server, wait_pid_gone
 
 _killed: list[int] = []
-
-
-def _redis_servers() -> list[int]:
-    found = []
-    for pid in descendants(os.getpid()):
-        try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if cmdline.split() and Path(cmdline.split()[0]).name == "redis-server":  # it rewrites its title, spaces in
-            found.append(pid)
-    return found
 
 
 class _Popen(subprocess.Popen):  # type: ignore[type-arg]
@@ -34,7 +21,7 @@ class _Popen(subprocess.Popen):  # type: ignore[type-arg]
 
     def __init__(self, args: Any, *rest: Any, **kwargs: Any) -> None:
         if not _killed and list(args)[1:3] == ["-m", "gateway"]:
-            for pid in _redis_servers():
+            for pid in filter(is_redis_server, descendants(os.getpid())):
                 os.kill(pid, signal.SIGKILL)
                 assert wait_pid_gone(pid, 10)
                 _killed.append(pid)

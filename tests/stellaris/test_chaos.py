@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from gateway.backends.process_tree import descendants
-from tests.procs import parent_pid, pid_alive, wait_pid_gone
+from tests.procs import cmdline, is_redis_server, parent_pid, pid_alive, wait_pid_gone
 from tests.stellaris.test_train import ROOT, rows
 
 ROUNDS = 30
@@ -37,16 +37,8 @@ KILLS = {
 LEASE_S = 1200.0
 
 
-def _cmdline(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read().replace(b"\0", b" ").decode(errors="replace")
-    except (FileNotFoundError, ProcessLookupError):
-        return ""
-
-
 def _role(pid: int, job: int) -> str | None:
-    cmd = _cmdline(pid)
+    cmd = cmdline(pid)
     if "functions.handlers.learner:handle" in cmd:
         return "learner"
     if "functions.handlers.parameter:handle" in cmd:
@@ -57,7 +49,7 @@ def _role(pid: int, job: int) -> str | None:
         return "actor fork server" if parent_pid(pid) == job else "gateway fork server"
     if cmd.split()[1:3] == ["-m", "gateway"]:
         return "gateway"
-    if cmd and Path(cmd.split()[0]).name == "redis-server":
+    if is_redis_server(pid):
         return "redis-server"
     return None
 
@@ -169,7 +161,7 @@ def test_training_survives_kill_9_of_learners_parameter_functions_and_actors(tmp
     assert proc.returncode == 0, output.text()[-3000:]
     assert killed == Counter(KILLS), f"the job ended before every kill: {killed}"
     for pid in seen:  # gateway, instances, actors, redis-server: all gone with the job
-        assert wait_pid_gone(pid, 30) or not pid_alive(pid), f"pid {pid} ({_cmdline(pid)}) outlived the job"
+        assert wait_pid_gone(pid, 30) or not pid_alive(pid), f"pid {pid} ({cmdline(pid)}) outlived the job"
 
     info = rows(out / "info.csv")
     assert [int(r["round_id"]) for r in info] == list(range(1, ROUNDS + 1))
