@@ -11,6 +11,7 @@ import os
 from collections.abc import Callable
 from types import TracebackType
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 import redis
 import redis.cluster
@@ -225,6 +226,15 @@ def redact_url(url: str) -> str:
     creds, host = rest.rsplit("@", 1)
     user = creds.split(":", 1)[0]
     return f"{scheme}://{user}:***@{host}"
+
+
+def credentials_env(url: str) -> dict[str, str]:
+    """The credentials in `url` as an instance's environment names them (`connect` puts them back in the URL), for a
+    registration that must reach the cache as the URL's user; empty when it has no password."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return {}
+    return {REDIS_USER_ENV: unquote(parts.username or "default"), REDIS_PASSWORD_ENV: unquote(parts.password)}
 
 
 def connect(url: str | None = None, **settings: Any) -> Cache:

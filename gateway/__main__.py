@@ -24,12 +24,14 @@ def main() -> None:
         parser.exit(2, f"invalid gateway settings: {exc}\n")
     if settings.fork_server_env is not None and settings.fork_servers > 0:
         from gateway.backends.fork_servers import STARTUP_TIMEOUT_S, start_early
+        from gateway.backends.process import instances_base_env
 
         # Before the gateway's own imports: the fork server's import as many again, meanwhile (gateway/service.py
-        # would start it only once those are done and Redis is reached).
-        start_early(
-            sys.executable, os.environ, settings.fork_server_env, STARTUP_TIMEOUT_S, settings.fork_server_retry_s
-        )
+        # would start it only once those are done and Redis is reached). Its environment is the one the process
+        # backend will ask for, with the Redis URL the gateway will use (an embedded one's is not known yet).
+        redis_url = settings.redis_url or os.environ.get("REDIS_URL")
+        base = instances_base_env(os.environ, settings.instance_env_inherit, {}, redis_url)
+        start_early(sys.executable, base, settings.fork_server_env, STARTUP_TIMEOUT_S, settings.fork_server_retry_s)
     from gateway.server import serve
 
     serve(settings, log_level=args.log_level)

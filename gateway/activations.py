@@ -4,10 +4,13 @@ dropped); any worker can answer for any activation and wait for its end."""
 from __future__ import annotations
 
 import asyncio
+import json
+import logging
 import time
 from typing import Any
 
 import redis.asyncio as aioredis
+from pydantic import ValidationError
 
 from cache.keys import GatewayKeys
 from gateway.models import Activation, Status
@@ -17,6 +20,7 @@ FINAL = {Status.SUCCESS, Status.ERROR, Status.TIMEOUT, Status.REJECTED}
 # just after its answer leaves, by whichever worker answered, so a caller reading it at once from another worker can
 # get there first. The write is one event-loop turn away; a record still absent after this is unknown or expired.
 UNWRITTEN_GRACE_S = 1.0
+log = logging.getLogger("stellaris.gateway")
 
 # Drop the oldest records beyond the cap, and index entries older than the TTL (their records are gone). KEYS: index.
 # ARGV: cap, record key prefix, ttl ms, oldest creation time kept (s). The record keys share the index's hash tag
@@ -89,7 +93,7 @@ class ActivationStore:
 
     async def get(self, activation_id: str) -> Activation | None:
         raw = await self.client.get(self.keys.activation(activation_id))
-        return None if raw is None else Activation.model_validate_json(raw)
+        return None if raw is None else read_record(raw)
 
     async def wait(self, activation_id: str, timeout_s: float) -> Activation | None:
         """The record once final, or as it stands after `timeout_s` (blocks on a list, no polling)."""
@@ -106,6 +110,26 @@ class ActivationStore:
         done = self.keys.activation_done(activation_id)
         await self.client.blmove(done, done, timeout_s, "LEFT", "RIGHT")  # leaves the wake-up for other readers
         return await self.get(activation_id)
+
+
+def read_record(raw: str | bytes) -> Activation:
+    """A stored record, even one with fields that no longer validate (a record written before registrations were
+    bounded: an infinite price stored its cost as `null`): those fields take their defaults, so that a reader gets
+    the rest of the record rather than a 500. A record without a valid id, function or status still raises."""
+    try:
+        return Activation.model_validate_json(raw)
+    except ValidationError:
+        data = json.loads(raw)  # Python's decoder reads a bare Infinity or NaN too
+        if not isinstance(data, dict):
+            raise
+    try:
+        return Activation.model_validate(data)
+    except ValidationError as exc:
+        bad = {e["loc"][0] for e in exc.errors() if e["loc"]}
+        if not bad or bad & {"id", "function", "status"}:
+            raise
+    log.warning("activation record %r: unreadable %s read as the default", data["id"], ", ".join(map(str, bad)))
+    return Activation.model_validate({k: v for k, v in data.items() if k not in bad})
 
 
 def _issued_here(activation_id: str) -> bool:

@@ -22,13 +22,23 @@ METER_FIELDS = {
     *("start", "end", "cold", "init_s", "wait_s", "duration_s"),
     *("instance", "container_id", "image", "node", "resource_seconds", "cost_usd", "found_dead"),
 }
+# A registration's numbers are finite (NaN and +-Infinity are a 422, `allow_inf_nan=False` on each model) and bounded:
+# a price of 1e308 would make every charge, and the records that carry it, infinite.
+MAX_MEMORY_BYTES = 1 << 44  # 16 TiB: more than any one host offers (the gateway caps it lower, to its own host's)
+MAX_USD_PER_HOUR = 10_000.0  # the dearest cloud instances cost a few hundred dollars an hour
+MAX_FUNCTIONS_PER_INSTANCE = 100_000
+# Environment variable names as a shell (and execve's NAME=value strings) take them: an '=', NUL or newline in a
+# name, or a NUL in a value, cannot reach an instance's environment, which would fail to start (a 502 per call).
+ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 class Resources(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     cpus: float = Field(default=1.0, gt=0, le=1024, description="CPU cores (process: affinity; docker: nano_cpus)")
-    memory_bytes: int = Field(default=2 * 1024**3, gt=0, description="memory limit of one instance")
+    memory_bytes: int = Field(
+        default=2 * 1024**3, gt=0, le=MAX_MEMORY_BYTES, description="memory limit of one instance (at most 16 TiB)"
+    )
     gpus: float = Field(
         default=0, ge=0, le=64, description="GPUs per instance (docker: whole GPUs; ray: fractions too, e.g. 0.25)"
     )
@@ -52,11 +62,11 @@ class Resources(BaseModel):
 class Pricing(BaseModel):
     """SPEC §7: price per resource-second = instance price per second / functions per instance."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     instance_type: str = "c6a.32xlarge"
-    instance_usd_per_hour: float = Field(default=4.896, ge=0)
-    functions_per_instance: int = Field(default=128, gt=0)
+    instance_usd_per_hour: float = Field(default=4.896, ge=0, le=MAX_USD_PER_HOUR, description="at most 10,000")
+    functions_per_instance: int = Field(default=128, gt=0, le=MAX_FUNCTIONS_PER_INSTANCE, description="at most 1e5")
 
     @property
     def usd_per_second(self) -> float:
@@ -70,7 +80,7 @@ ACTOR_PRICING = Pricing()
 class FunctionSpec(BaseModel):
     """A registered function: what to run, with which resources and limits."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     name: str = Field(description="lowercase letters, digits and '-', at most 63 characters")
     target: str | None = Field(default=None, description="module:handler (process backend)")
@@ -86,7 +96,9 @@ class FunctionSpec(BaseModel):
     queue_max: int = Field(default=64, ge=0, le=100_000, description="calls waiting beyond max_concurrency")
     min_warm: int = Field(default=0, ge=0, le=1024)
     keep_alive_s: float = Field(default=600.0, gt=0, le=86400)
-    env: dict[str, str] = Field(default_factory=dict)
+    env: dict[str, str] = Field(
+        default_factory=dict, description="names like [A-Za-z_][A-Za-z0-9_]*, values without a NUL character"
+    )
     pricing: Pricing = Pricing()
 
     @field_validator("name")
@@ -101,6 +113,16 @@ class FunctionSpec(BaseModel):
     def _target(cls, v: str | None) -> str | None:
         if v is not None and not re.match(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$", v):
             raise ValueError(f"target {v!r} must look like package.module:function")
+        return v
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, v: dict[str, str]) -> dict[str, str]:
+        for name, value in v.items():
+            if not ENV_NAME_RE.fullmatch(name):
+                raise ValueError(f"env name {name!r} must be letters, digits and '_', not starting with a digit")
+            if "\x00" in value:
+                raise ValueError(f"env {name!r}: its value contains a NUL character")
         return v
 
     @model_validator(mode="after")
@@ -139,7 +161,10 @@ class Status(StrEnum):
 
 
 class Activation(BaseModel):
-    """One invocation, as OpenWhisk records it."""
+    """One invocation, as OpenWhisk records it. Its numbers are finite: a record holding another is read with that
+    field at its default (gateway/activations.py), never answered as JSON no client can parse."""
+
+    model_config = ConfigDict(allow_inf_nan=False)
 
     id: str
     function: str

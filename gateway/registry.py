@@ -2,10 +2,20 @@
 
 from __future__ import annotations
 
+import logging
+
 import redis.asyncio as aioredis
+from pydantic import ValidationError
+from starlette.exceptions import HTTPException
 
 from cache.keys import GatewayKeys
 from gateway.models import FunctionSpec
+
+log = logging.getLogger("stellaris.gateway")
+
+
+def _problems(exc: ValidationError) -> str:
+    return "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
 
 
 class Registry:
@@ -23,11 +33,29 @@ class Registry:
 
     async def get(self, name: str) -> FunctionSpec | None:
         raw = await self.client.hget(self.keys.functions, name)
-        return None if raw is None else FunctionSpec.model_validate_json(raw)
+        if raw is None:
+            return None
+        try:
+            return FunctionSpec.model_validate_json(raw)
+        except ValidationError as exc:  # stored before a bound it breaks: kept, for its owner to register again
+            why = f"function {name!r} is stored as this gateway no longer accepts: {_problems(exc)}"
+            raise HTTPException(409, f"{why}; register it again (PUT) or delete it") from exc
 
     async def all(self) -> list[FunctionSpec]:
-        raw = await self.client.hgetall(self.keys.functions)
-        return sorted((FunctionSpec.model_validate_json(v) for v in raw.values()), key=lambda s: s.name)
+        """Every registration this gateway can read; one it cannot (stored before a bound it breaks) is named in the
+        log and left as it is, for its owner to register again, rather than keep the gateway from starting."""
+        specs = []
+        for name, raw in (await self.client.hgetall(self.keys.functions)).items():
+            try:
+                specs.append(FunctionSpec.model_validate_json(raw))
+            except ValidationError as exc:
+                log.warning(
+                    "function %r is stored as this gateway no longer accepts, left out: %s", name, _problems(exc)
+                )
+        return sorted(specs, key=lambda s: s.name)
+
+    async def exists(self, name: str) -> bool:
+        return bool(await self.client.hexists(self.keys.functions, name))
 
     async def names(self) -> set[str]:
         return {n.decode() if isinstance(n, bytes) else str(n) for n in await self.client.hkeys(self.keys.functions)}

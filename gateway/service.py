@@ -57,6 +57,7 @@ class Gateway:
         self.http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=None))
         process = ProcessBackend(
             redis_url=self.cache.url,
+            inherit_env=self.settings.instance_env_inherit,
             fork_servers=self.settings.fork_servers,
             fork_server_retry_s=self.settings.fork_server_retry_s,
         )
@@ -205,7 +206,7 @@ class Gateway:
     async def replace(self, spec: FunctionSpec) -> tuple[FunctionSpec, int]:
         """Update a registered function; its old pool drains in the background."""
         spec = self.resolve(spec)
-        if await self.registry.get(spec.name) is None:
+        if not await self.registry.exists(spec.name):  # (one stored unreadable may be replaced)
             raise HTTPException(404, f"no function named {spec.name!r}")
         await self.registry.put(spec, create=False)
         old = self.pools.pop(spec.name, None)

@@ -9,6 +9,7 @@ import socket
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from cache.contract.instance_env import INHERITED_ENV
 from gateway.models import BackendName
 
 
@@ -95,6 +96,11 @@ class GatewaySettings(HangSettings):
     env_allow: list[str] = Field(
         default_factory=lambda: list(DEFAULT_ENV_ALLOW),
         description="env variable names (fnmatch patterns) a registration may set; the deny list always wins",
+    )
+    instance_env_inherit: list[str] = Field(
+        default_factory=lambda: list(INHERITED_ENV),
+        description="process backend: the gateway's env variables (fnmatch patterns) its instances inherit (a private "
+        "Ray's nodes inherit the default's); credentials (tokens, passwords, REDIS_URL, STELLARIS_GATEWAY_*) never are",
     )
     public_docs: bool = Field(default=False, description="serve /openapi.json and /docs without the token")
     redis_max_connections: int = Field(default=64, ge=1, le=10_000, description="the gateway's cache connections")

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import secrets
+from collections.abc import Callable, Coroutine
 from typing import Annotated, Any
 
-from fastapi import Depends, Request
+from fastapi import Depends, Request, Response
+from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException
 
 from gateway.instances import affinity_key
@@ -38,6 +40,36 @@ def may_invoke(request: Request) -> None:
     settings = get_gateway(request).settings
     if settings.token is not None and not _bearer_matches(request, settings.token, settings.invoke_token):
         raise HTTPException(401, "missing or bad bearer token", headers={"WWW-Authenticate": "Bearer"})
+
+
+def is_admin(request: Request) -> bool:
+    """Whether the caller holds the admin token, or the gateway has none (an open loopback gateway: all are admin)."""
+    token = get_gateway(request).settings.token
+    return token is None or _bearer_matches(request, token)
+
+
+def shown_error(request: Request, error: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A failed call's error as this caller may see it: all of it (the handler's traceback too) for the admin; its
+    type and message only for an invoke-token caller, whom file paths and code of the handler do not concern."""
+    if error is None or is_admin(request):
+        return error
+    return {"type": error.get("type"), "message": error.get("message")}
+
+
+class AuthFirst(APIRoute):
+    """A route whose token is checked before its body is read: FastAPI parses a body (a 422 when it is not JSON)
+    before it solves any dependency, which would tell a caller without a token how its body fares."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+        checks = [c for c in (authorised, may_invoke) if any(d.call is c for d in self.dependant.dependencies)]
+
+        async def checked(request: Request) -> Response:
+            for check in checks:
+                check(request)  # raises the 401, answered by the app's handler like any other
+            return await handler(request)
+
+        return checked
 
 
 async def read_event(request: Request) -> dict[str, Any]:

@@ -12,6 +12,8 @@ from typing import Any
 
 from docker.types import DeviceRequest
 
+from cache.acl import url_without_credentials
+from cache.connection import REDIS_URL_ENV
 from cache.contract.runtime_http import HEALTH_PATH, RUNTIME_MODULE, runtime_argv
 from gateway.backends.base import LABEL_APP, LABEL_FUNCTION, LABEL_GATEWAY, LABEL_NAMESPACE, LABEL_SPEC, BackendError
 from gateway.models import FunctionSpec
@@ -86,7 +88,9 @@ class ContainerTemplate:
             concurrency=spec.concurrency_per_instance,
             timeout_s=spec.timeout_s,
         )
-        env = {**self.extra_env, **({"REDIS_URL": self.redis_url} if self.redis_url else {}), **spec.env}
+        # The cache's address without the deployment's credentials: a registration brings its job's own Redis user.
+        address = {REDIS_URL_ENV: url_without_credentials(self.redis_url)} if self.redis_url else {}
+        env = {**self.extra_env, **address, **spec.env}
         env[INSTANCE_ENV] = instance_id
         env.setdefault("PYTHONUNBUFFERED", "1")
         probe_timeout_s = max(1, math.ceil(self.health_interval_s / 2))

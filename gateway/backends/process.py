@@ -14,9 +14,12 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+from cache.acl import url_without_credentials
+from cache.connection import REDIS_URL_ENV
+from cache.contract.instance_env import INHERITED_ENV, inherited_env
 from cache.contract.runtime_http import READY_PREFIX, RUNTIME_MODULE, runtime_argv
 from cache.contract.zygote import SpawnRequest
 from cache.lifetime import die_with_parent, stop_process
@@ -41,6 +44,18 @@ def _preexec(memory_bytes: int) -> Callable[[], None]:
     return setup
 
 
+def instances_base_env(
+    parent: Mapping[str, str], inherit: Sequence[str], extra: Mapping[str, str], redis_url: str | None
+) -> dict[str, str]:
+    """What every instance's environment starts from (its fork server's too): the variables of the gateway's
+    environment `inherit` allows, less every secret (cache/contract/instance_env.py), `extra`, and the cache's
+    address without the deployment's credentials (a registration brings its job's own Redis user)."""
+    env = {**inherited_env(parent, inherit), **extra}
+    if redis_url:
+        env[REDIS_URL_ENV] = url_without_credentials(redis_url)
+    return env
+
+
 class ProcessBackend:
     name = "process"
 
@@ -54,10 +69,12 @@ class ProcessBackend:
         extra_env: dict[str, str] | None = None,
         fork_servers: int = 2,
         fork_server_retry_s: float = 10.0,
+        inherit_env: Sequence[str] = INHERITED_ENV,
     ) -> None:
         self.python = python
         self.cwd = str(cwd) if cwd else None
         self.redis_url = redis_url
+        self.inherit_env = tuple(inherit_env)
         self.startup_timeout_s = startup_timeout_s
         self.extra_env = extra_env or {}
         self.forks: ForkServers | None = None
@@ -115,10 +132,7 @@ class ProcessBackend:
         )
 
     def _env(self, own: dict[str, str]) -> dict[str, str]:
-        env = {**os.environ, **self.extra_env, **own}
-        if self.redis_url and "REDIS_URL" not in own:  # a spec's own env wins, as on the docker backend
-            env["REDIS_URL"] = self.redis_url
-        return env
+        return {**instances_base_env(os.environ, self.inherit_env, self.extra_env, self.redis_url), **own}
 
     def _fork(self, cmd: list[str], env: dict[str, str], spec: FunctionSpec) -> ForkedProcess | None:
         """The instance forked from the fork server for its environment; None where it must start the usual way

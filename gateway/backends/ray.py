@@ -34,6 +34,7 @@ import ray
 from ray.actor import ActorHandle
 from ray.exceptions import GetTimeoutError, RayError
 
+from cache.acl import url_without_credentials
 from cache.contract.runtime_http import HEALTH_PATH, SECRET_ENV, SECRET_HEADER
 from gateway.backends.base import LABEL_APP, LABEL_FUNCTION, LABEL_NAMESPACE, LABEL_SPEC, BackendError, InstanceHandle
 from gateway.backends.ray_checks import refuse_loopback_cache, unplaced_reason
@@ -48,7 +49,7 @@ DRAIN_MARGIN_S = 5.0  # beyond the drain's own bound: the actor call's round tri
 
 class RayBackend:
     """Instances as Ray actors. `namespace`: the gateway's registry namespace. `redis_url`: every instance's
-    REDIS_URL (a spec's own env wins). `startup_timeout_s` bounds a start (placement, then serving);
+    REDIS_URL, less its credentials (a spec's own env wins). `startup_timeout_s` bounds a start (placement, serving);
     `call_timeout_s` bounds a ping or describe. `cluster_env` is added to a private cluster's nodes' environment."""
 
     name = "ray"
@@ -137,9 +138,8 @@ class RayBackend:
         started = time.perf_counter()
         self.connect()
         refuse_loopback_cache(self.redis_url, self.node_addresses())
-        env = {**self.extra_env, **spec.env, INSTANCE_ENV: instance_id, SECRET_ENV: self.secret}
-        if self.redis_url and "REDIS_URL" not in spec.env:
-            env["REDIS_URL"] = self.redis_url
+        address = {"REDIS_URL": url_without_credentials(self.redis_url)} if self.redis_url else {}  # job's user: spec
+        env = {**self.extra_env, **address, **spec.env, INSTANCE_ENV: instance_id, SECRET_ENV: self.secret}
         config = HostConfig(
             instance=instance_id,
             function=spec.name,

@@ -32,11 +32,12 @@ import subprocess
 import sys
 import tempfile
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
+from cache.contract.instance_env import INHERITED_ENV, RAY_ENV, inherited_env
 from cache.lifetime import dies_with_us
 from gateway.backends.process_tree import (
     SessionWatchdog,
@@ -115,10 +116,12 @@ class LocalRayCluster:
         fast_failure_detection: bool = True,
         start_timeout_s: float = 120.0,
         stop_timeout_s: float = 30.0,
+        inherit_env: Sequence[str] = INHERITED_ENV,
     ) -> None:
         self._own_temp_dir = temp_dir is None
         self.temp_dir = Path(temp_dir or tempfile.mkdtemp(prefix="ray-", dir="/tmp")).resolve()
-        self.env = {**os.environ, **NODE_ENV, **(env or {})}
+        # Ray's own variables and the allowed part of ours, never our credentials: every actor's process inherits it.
+        self.env = {**inherited_env(os.environ, (*inherit_env, RAY_ENV)), **NODE_ENV, **(env or {})}
         if fast_failure_detection:
             self.env = {**FAST_FAILURE_ENV, **self.env}
         self.start_timeout_s = start_timeout_s

@@ -4,8 +4,9 @@ node's address; the actor answers the gateway's questions about it (describe, pi
 The gateway never imports functions/ (SPEC §1): the actor reaches the runtime by the name the contract gives
 (EMBEDDED_RUNTIME), in the worker process on the node, where functions/ is importable like on any node that runs
 our instances. Everything the runtime reads from its environment (REDIS_URL, STELLARIS_INSTANCE_ID, the secret in
-SECRET_ENV, the spec's env) is set in the actor's process before the runtime starts; the actor's process is its
-own (an actor never shares its worker), so nothing leaks between instances.
+SECRET_ENV, the spec's env) is set in the actor's process before the runtime starts, over the allowed part of the
+node's environment (cache/contract/instance_env.py); the actor's process is its own (an actor never shares its
+worker), so nothing leaks between instances.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 
 import ray
 
+from cache.contract.instance_env import INHERITED_ENV, RAY_ENV, inherited_env
 from cache.contract.runtime_http import EMBEDDED_RUNTIME
 
 # describe/ping must answer while drain() runs: a threaded actor with a few threads.
@@ -49,7 +51,11 @@ class RuntimeHost:
 
     def __init__(self, config: dict[str, Any]) -> None:
         self.config = HostConfig(**config)
-        os.environ.update(self.config.env)
+        # The worker's process inherits its node's environment (a cluster's we did not start, perhaps): only its
+        # allowed part stays, and the instance's own is added.
+        kept = inherited_env(os.environ, (*INHERITED_ENV, RAY_ENV))
+        os.environ.clear()
+        os.environ.update({**kept, **self.config.env})
         module, _, entry = EMBEDDED_RUNTIME.partition(":")
         start = getattr(importlib.import_module(module), entry)
         self.node = ray.util.get_node_ip_address()

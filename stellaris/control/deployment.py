@@ -14,7 +14,7 @@ import redis
 
 from cache import Cache, CacheError, JobCache, acl
 from cache.acl import JOB_ENV
-from cache.connection import REDIS_PASSWORD_ENV, REDIS_USER_ENV
+from cache.connection import REDIS_PASSWORD_ENV, REDIS_USER_ENV, credentials_env
 from cache.contract.runtime_http import DEVICE_ENV
 from gateway.client import GatewayClient, GatewayError
 from gateway.models import ACTOR_PRICING, LEARNER_PRICING, BackendName, FunctionSpec, Resources
@@ -163,15 +163,17 @@ class Deployment:
         """The job's own Redis user (cache/acl.py) for its functions and actors, bound to this job: they can reach
         no other job's keys and serve no other job's events. None where Redis has no ACLs."""
         if not acl.supported(self.cache.client):
-            return {}
-        user, password = acl.grant_job(self.cache.client, self.job_id)
-        self.regrant = acl.regrant_on_connect(self.job_id, password)
+            # No per-job user: the functions get the deployment's own credentials, named in their registration (the
+            # gateway hands none on), and nothing keeps one job from another's keys there.
+            return credentials_env(self.cache.url)
+        grant = acl.grant_job(self.cache.client, self.job_id)
+        self.regrant = acl.regrant_on_connect(grant)
         self.cache.on_connect(self.regrant)
         # While the control plane only waits on invocations it sends nothing, so a restarted Redis would see no new
         # connection of the job's owner (and no re-grant) before the functions' retry window runs out.
         threading.Thread(target=self._watch_redis, name="redis-watch", daemon=True).start()
-        self.job_url = acl.url_as(self.cache.local_url, user, password)  # for actors: processes on this machine
-        return {REDIS_USER_ENV: user, REDIS_PASSWORD_ENV: password, JOB_ENV: self.job_id}
+        self.job_url = acl.url_as(self.cache.local_url, grant.user, grant.password)  # for actors: on this machine
+        return {REDIS_USER_ENV: grant.user, REDIS_PASSWORD_ENV: grant.password, JOB_ENV: self.job_id}
 
     def _watch_redis(self) -> None:
         while not self.closed.wait(REDIS_WATCH_S):

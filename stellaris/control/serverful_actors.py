@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 
 from cache import JobCache
+from cache.contract.instance_env import inherited_env
 from cache.contract.zygote import SpawnRequest
 from cache.lifetime import dies_with_us
 from gateway.backends.zygote import ForkedProcess, ForkServer, ForkServerError
@@ -71,7 +72,9 @@ class ServerfulActors:
         self.deaths: dict[str, int] = {}  # by actor id: deaths since its last landed batch
         self.max_restarts = max_actor_restarts()
         self.stopping: list[ActorProcess] = []  # scaled-down actors finishing the batch in hand
-        base = {**os.environ, **ACTOR_THREADS_ENV}
+        # Like a function instance, an actor inherits only the allowed part of our environment (never the gateway's
+        # token or the deployment's Redis password) and gets the job's own Redis user from `env`.
+        base = {**inherited_env(os.environ), **ACTOR_THREADS_ENV}
         fork = fork_from_env() if fork is None else fork
         self.forks = ForkServer(sys.executable, None, base, STARTUP_TIMEOUT_S, (ACTOR_MODULE,)) if fork else None
 
@@ -84,7 +87,7 @@ class ServerfulActors:
         if self.job is not None:  # what an earlier process of this actor beat says nothing of this one
             self.watch.forget(f"actor-{index}")
             self.job.client.hdel(self.job.keys.actor_beats, f"actor-{index}")
-        env = {**os.environ, **ACTOR_THREADS_ENV, **self.env()}
+        env = {**inherited_env(os.environ), **ACTOR_THREADS_ENV, **self.env()}
         argv = [self.job_id, f"actor-{index}", str(index), str(self.run_ahead)]
         cmd = [sys.executable, "-m", ACTOR_MODULE, *argv]
         if self.forks is not None and not self.forks.failed:

@@ -12,6 +12,7 @@ import httpx
 import pytest
 
 from cache import Cache
+from cache.connection import credentials_env
 from gateway.client import GatewayClient, GatewayError
 from gateway.liveness import PROBE_IDLE_AFTER_S
 from gateway.models import FunctionSpec
@@ -115,7 +116,9 @@ def _blocked_calls(client: GatewayClient, name: str, n: int, cache: Cache, key: 
 
 
 def test_concurrency_limit_and_queue_give_429(client: GatewayClient, fname: str, cache_conn: Cache) -> None:
-    client.register(spec(fname, "wait_for_release", max_concurrency=1, queue_max=0))
+    client.register(
+        spec(fname, "wait_for_release", max_concurrency=1, queue_max=0, env=credentials_env(cache_conn.url))
+    )
     key = f"test:{uuid.uuid4().hex}"
     threads = _blocked_calls(client, fname, 1, cache_conn, key)
     resp = client.http.post(f"/function/{fname}", json={})
@@ -167,7 +170,7 @@ def test_an_affinity_key_brings_its_calls_back_to_the_instance_that_served_it(
 def test_killed_instance_fails_its_call_with_502_and_is_replaced(
     client: GatewayClient, fname: str, cache_conn: Cache
 ) -> None:
-    client.register(spec(fname, "wait_for_release"))
+    client.register(spec(fname, "wait_for_release", env=credentials_env(cache_conn.url)))
     key = f"test:{uuid.uuid4().hex}"
     result: list[httpx.Response] = []
     event = {"started_key": f"{key}:started", "release_key": f"{key}:release", "timeout_s": 30}

@@ -18,6 +18,7 @@ from docker.client import DockerClient
 from docker.errors import NotFound
 
 from cache import Cache
+from cache.connection import credentials_env
 from gateway.backends.base import LABEL_GATEWAY
 from gateway.models import FunctionSpec
 from tests.gateway.conftest import RunningGateway, start_gateway, stop_gateway
@@ -112,7 +113,7 @@ def test_killed_container_fails_its_call_with_502_and_is_replaced(
     event = {"started_key": f"{key}:started", "release_key": f"{key}:release", "timeout_s": 30}
     try:
         with gw.client() as c:
-            c.register(dspec("victim", "wait_for_release"))
+            c.register(dspec("victim", "wait_for_release", env=credentials_env(cache_conn.url)))
             result: list[httpx.Response] = []
             t = threading.Thread(target=lambda: result.append(c.http.post("/function/victim", json=event)))
             t.start()

@@ -19,11 +19,12 @@ import httpx
 import pytest
 from redis import Redis
 
+from cache.contract.instance_env import INHERITED_ENV
 from cache.contract.runtime_http import READY_PREFIX, RUNTIME_MODULE, runtime_argv
 from cache.contract.zygote import SpawnRequest, load_time_changes
 from cache.server import EmbeddedRedis
 from gateway.backends.base import InstanceHandle
-from gateway.backends.process import ProcessBackend
+from gateway.backends.process import ProcessBackend, instances_base_env
 from gateway.backends.process_tree import descendants, wait_gone
 from gateway.backends.zygote import ForkedProcess, ForkServer, first_line
 from gateway.models import FunctionSpec
@@ -307,7 +308,8 @@ def test_a_server_started_early_is_adopted_by_the_backend_that_asks_for_its_envi
 
     url = "redis://127.0.0.1:1/0"  # the backend's base environment names its Redis; nothing is asked of it here
     told = {"OMP_NUM_THREADS": "1"}
-    early = start_early(sys.executable, {**os.environ, "REDIS_URL": url}, told, 60.0, 10.0)
+    base = instances_base_env(os.environ, INHERITED_ENV, {}, url)  # what `python -m gateway` gives it
+    early = start_early(sys.executable, base, told, 60.0, 10.0)
     b = ProcessBackend(redis_url=url)
     try:
         assert b.forks is not None

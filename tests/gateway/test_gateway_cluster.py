@@ -13,6 +13,7 @@ import redis.cluster
 
 from cache import Cache, CacheSettings
 from cache.cluster_server import EmbeddedRedisCluster
+from cache.connection import credentials_env
 from cache.keys import GatewayKeys
 from gateway.client import GatewayClient
 from gateway.models import FunctionSpec
@@ -44,7 +45,11 @@ def test_register_invoke_and_activation_records_through_a_gateway_on_a_cluster(
     echo, waiter = f"echo-{uuid.uuid4().hex[:8]}", f"wait-{uuid.uuid4().hex[:8]}"
     with cluster_gateway.client() as gw:
         gw.register(FunctionSpec(name=echo, target=f"{H}:echo"))
-        gw.register(FunctionSpec(name=waiter, target=f"{H}:wait_for_release", timeout_s=30))
+        gw.register(
+            FunctionSpec(
+                name=waiter, target=f"{H}:wait_for_release", timeout_s=30, env=credentials_env(cluster_cache.url)
+            )
+        )
         assert {echo, waiter} <= {name.decode() for name in client.hkeys(keys.functions)}
 
         call_id, body = gw.invoke_with_id(echo, {"x": 1})

@@ -14,6 +14,7 @@ import httpx
 import pytest
 
 from cache import Cache
+from cache.connection import credentials_env
 from gateway.client import GatewayClient
 from gateway.hung import Silence
 from gateway.models import FunctionSpec
@@ -52,7 +53,9 @@ def _call_in_background(client: GatewayClient, fname: str, event: dict) -> tuple
 def test_a_stopped_instance_under_a_call_is_killed_and_its_call_ends_with_502(
     client: GatewayClient, fname: str, cache_conn: Cache
 ) -> None:
-    client.register(spec(fname, "wait_for_release", timeout_s=600))  # its own timeout would take 10 minutes
+    client.register(
+        spec(fname, "wait_for_release", timeout_s=600, env=credentials_env(cache_conn.url))
+    )  # its own timeout would take 10 minutes
     key = f"test:{uuid.uuid4().hex}"
     event = {"started_key": f"{key}:started", "release_key": f"{key}:release", "timeout_s": 600}
     t, answers = _call_in_background(client, fname, event)
@@ -82,7 +85,8 @@ def test_a_busy_instance_that_answers_its_probes_is_left_alone(
 ) -> None:
     """Calls three times as long as `hung_after_s`: one blocked in Redis, one on the CPU in pure Python (its handler
     thread wants the GIL all the time, and the runtime's event loop still answers)."""
-    client.register(FunctionSpec(name=fname, target=f"tests.functions.sample_handlers:{handler}", timeout_s=60))
+    target = f"tests.functions.sample_handlers:{handler}"
+    client.register(FunctionSpec(name=fname, target=target, timeout_s=60, env=credentials_env(cache_conn.url)))
     key = f"test:{uuid.uuid4().hex}"
     seconds = 3 * HUNG_AFTER_S
     if handler == "spin":

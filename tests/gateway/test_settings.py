@@ -11,6 +11,7 @@ import httpx
 import pytest
 
 from cache import Cache
+from cache.connection import credentials_env
 from gateway.client import GatewayClient, GatewayError
 from gateway.models import FunctionSpec
 from gateway.settings import GatewaySettings
@@ -60,7 +61,11 @@ def test_stop_timeout_bounds_the_drain_of_a_busy_instance(redis_server, cache_co
     key = f"test:{uuid.uuid4().hex}"
     try:
         with gw.client() as c:
-            c.register(FunctionSpec(name=fname, target=f"{H}:wait_for_release", timeout_s=60))
+            c.register(
+                FunctionSpec(
+                    name=fname, target=f"{H}:wait_for_release", timeout_s=60, env=credentials_env(cache_conn.url)
+                )
+            )
             event = {"started_key": f"{key}:started", "release_key": f"{key}:release", "timeout_s": 60}
             answers: list[httpx.Response] = []
             call = threading.Thread(target=lambda: answers.append(c.http.post(f"/function/{fname}", json=event)))

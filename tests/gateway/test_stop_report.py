@@ -12,6 +12,7 @@ import uuid
 import httpx
 
 from cache import Cache
+from cache.connection import credentials_env
 from gateway.models import FunctionSpec
 from tests.gateway.conftest import start_gateway, stop_gateway
 
@@ -28,7 +29,8 @@ def test_a_stop_that_lingers_prints_every_threads_stack_and_still_ends(
     answers: list[httpx.Response] = []
     try:
         with gw.client() as client:
-            client.register(FunctionSpec(name=fname, target="tests.functions.sample_handlers:wait_for_release"))
+            target = "tests.functions.sample_handlers:wait_for_release"
+            client.register(FunctionSpec(name=fname, target=target, env=credentials_env(cache_conn.url)))
             call = threading.Thread(target=lambda: answers.append(client.http.post(f"/function/{fname}", json=event)))
             call.start()
             assert cache_conn.client.blpop([f"{key}:started"], timeout=30) is not None

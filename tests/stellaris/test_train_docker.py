@@ -22,24 +22,35 @@ import pytest
 import yaml
 from docker.client import DockerClient
 
+from cache import Cache
 from gateway.backends.base import LABEL_FUNCTION, LABEL_GATEWAY
 from gateway.backends.docker_config import LABEL_INSTANCE
 from tests.gateway.conftest import TOKEN, stop_gateway
 from tests.gateway.test_docker_backend import IMAGE, REPO, engine, host_python_mounts  # noqa: F401 (fixture)
 from tests.gateway.test_docker_gateway import containers, docker_gateway, gateway_id  # noqa: F401 (fixture)
+from tests.stellaris.test_isolation import (
+    INVOKE_TOKEN,
+    PROBE_ENV,
+    assert_nothing_got_through,
+    probe_reports,
+    victim_job,
+)
 from tests.stellaris.test_train import FAST_CARTPOLE, ROOT
 
 ROUNDS = 2
 
 
-def train(tmp_path: Path, *args: str, **env: str) -> tuple[subprocess.CompletedProcess[str], Path]:
-    """`stellaris train --backend docker` of a short CartPole job with serverless actors, all on the test image."""
+def train(
+    tmp_path: Path, *args: str, config: dict[str, object] | None = None, **env: str
+) -> tuple[subprocess.CompletedProcess[str], Path]:
+    """`stellaris train --backend docker` of a short CartPole job (`config` over it) with serverless actors, all on
+    the test image."""
     out = tmp_path / "run"
-    config = tmp_path / "config.yaml"
-    config.write_text(yaml.safe_dump({**FAST_CARTPOLE, "actors": 1}))
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump({**FAST_CARTPOLE, "actors": 1, **(config or {})}))
     cmd = [
-        sys.executable, "-m", "stellaris.cli", "train", "--config", str(config), "--env", "CartPole-v1",
-        "--backend", "docker", "--image", IMAGE, "--actor-kind", "serverless", "--out", str(out), *args,
+        sys.executable, "-m", "stellaris.cli", "train", "--config", str(path), "--backend", "docker",
+        "--image", IMAGE, "--actor-kind", "serverless", "--out", str(out), *args,
     ]  # fmt: skip
     base = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "STELLARIS_GATEWAY_URL")}
     proc = subprocess.run(cmd, cwd=ROOT, env={**base, **env}, capture_output=True, text=True, timeout=600)
@@ -137,3 +148,27 @@ def test_a_docker_job_on_the_local_gateway_runs_its_functions_in_containers_on_t
     assert {c["function"].rsplit("-", 1)[1] for c in started.values()} == roles
     assert {c["image"] for c in started.values()} == {IMAGE}
     assert containers(engine, gateway_id) == []
+
+
+def test_code_in_a_docker_job_reaches_nothing_outside_it(
+    tmp_path: Path,
+    redis_server,
+    cache_conn: Cache,
+    engine: DockerClient,  # noqa: F811
+    gateway_id: str,  # noqa: F811
+) -> None:
+    """tests/stellaris/test_isolation.py's probe, made inside the job's containers (learner, parameter and
+    serverless actor): nothing in their environment reaches another job's keys, the keyspace or the gateway."""
+    victim, theirs = victim_job(cache_conn)
+    gw = docker_gateway(redis_server.url, gateway_id, STELLARIS_GATEWAY_INVOKE_TOKEN=INVOKE_TOKEN)
+    try:
+        with probe_reports(cache_conn.client) as reports:
+            train(
+                tmp_path, "--gateway-url", gw.url, "--gateway-token", TOKEN, "--redis-url", redis_server.url,
+                "--rounds", "2", config={"env": PROBE_ENV, "env_kwargs": {"victim": victim, "gateway_url": gw.url}},
+            )  # fmt: skip
+        secrets = [TOKEN, INVOKE_TOKEN, redis_server.password]
+        assert_nothing_got_through(reports, secrets, {"learner", "parameter", "actor"}, theirs)
+    finally:
+        stop_gateway(gw)
+        theirs.delete()

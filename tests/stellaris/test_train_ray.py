@@ -20,9 +20,18 @@ import pytest
 import ray
 import yaml
 
+from cache import Cache
 from gateway.backends.process_tree import descendants
 from gateway.backends.ray_cluster import LocalRayCluster, RayNode
+from tests.gateway.conftest import TOKEN, start_gateway, stop_gateway
 from tests.procs import pid_alive
+from tests.stellaris.test_isolation import (
+    INVOKE_TOKEN,
+    PROBE_ENV,
+    assert_nothing_got_through,
+    probe_reports,
+    victim_job,
+)
 from tests.stellaris.test_train import (
     FAST_CARTPOLE,
     ROOT,
@@ -44,9 +53,13 @@ PLACEMENT = [
 ]  # fmt: skip
 
 
+# A credential the nodes' environment holds (a cluster's operator set it): no instance may see it.
+NODE_SECRET = {"STELLARIS_GATEWAY_TOKEN": "a-token-the-ray-nodes-hold"}
+
+
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[LocalRayCluster]:
-    cluster = LocalRayCluster()
+    cluster = LocalRayCluster(env=NODE_SECRET)
     try:
         cluster.start_head(node_ip=HEAD_IP, num_cpus=4, resources={"cpu_node": 100})
         cluster.add_node(node_ip=GPU_IP, **GPU_NODE)
@@ -147,3 +160,33 @@ def test_a_job_survives_losing_the_gpu_node_and_applies_every_task_once(
     # Learners after the loss ran on the spare GPU node (and never on the CPU node).
     nodes = {r["node"] for r in rows(out / "invocations.csv") if r["function"].endswith("-learner") and r["node"]}
     assert spare.ip in nodes and HEAD_IP not in nodes, nodes
+
+
+def test_code_in_a_ray_job_reaches_nothing_outside_it(
+    tmp_path: Path, cluster: LocalRayCluster, redis_server, cache_conn: Cache
+) -> None:
+    """tests/stellaris/test_isolation.py's probe, made inside the job's Ray actors (learner, parameter and serverless
+    actor) on a given cluster whose nodes hold a token: nothing in their environment reaches another job's keys, the
+    keyspace or the gateway, and the nodes' token is not theirs."""
+    victim, theirs = victim_job(cache_conn)
+    gw = start_gateway(
+        redis_server.url, STELLARIS_GATEWAY_RAY_ADDRESS=cluster.address, STELLARIS_GATEWAY_INVOKE_TOKEN=INVOKE_TOKEN
+    )
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        yaml.safe_dump({**FAST_CARTPOLE, "env": PROBE_ENV, "env_kwargs": {"victim": victim, "gateway_url": gw.url}})
+    )
+    cmd = [
+        sys.executable, "-m", "stellaris.cli", "train", "--config", str(config), "--backend", "ray",
+        "--actor-kind", "serverless", "--device", "cpu", "--gateway-url", gw.url, "--gateway-token", TOKEN,
+        "--redis-url", redis_server.url, "--rounds", "2", "--out", str(tmp_path / "run"),
+    ]  # fmt: skip
+    try:
+        with probe_reports(cache_conn.client) as reports:
+            proc = subprocess.run(cmd, cwd=ROOT, env=clean_env(), capture_output=True, text=True, timeout=600)
+            assert proc.returncode == 0, proc.stderr[-3000:]
+        secrets = [TOKEN, INVOKE_TOKEN, redis_server.password, *NODE_SECRET.values()]
+        assert_nothing_got_through(reports, secrets, {"learner", "parameter", "actor"}, theirs)
+    finally:
+        stop_gateway(gw)
+        theirs.delete()

@@ -7,10 +7,10 @@ from typing import Any
 from fastapi import APIRouter, Request, Response
 from fastapi.openapi.docs import get_swagger_ui_html
 
-from gateway.api.deps import Auth
+from gateway.api.deps import Auth, AuthFirst
 
 OPENAPI_URL = "/openapi.json"
-router = APIRouter(include_in_schema=False)
+router = APIRouter(include_in_schema=False, route_class=AuthFirst)
 
 
 @router.get(OPENAPI_URL)

@@ -5,18 +5,23 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException
 
-from gateway.api.deps import Auth, GatewayDep
+from gateway.api.deps import Auth, AuthFirst, GatewayDep
 from gateway.models import FunctionSpec
 
-router = APIRouter(prefix="/system/functions")
+router = APIRouter(prefix="/system/functions", route_class=AuthFirst)
+PREWARM_BY_MAX_S = 86400.0
 
 
 class PrewarmRequest(BaseModel):
+    model_config = ConfigDict(allow_inf_nan=False)
+
     count: int = Field(ge=1, le=1024, description="instances wanted warm")
-    by_s: float | None = Field(default=None, ge=0, description="seconds from now; None: as soon as possible")
+    by_s: float | None = Field(
+        default=None, ge=0, le=PREWARM_BY_MAX_S, description="seconds from now (at most a day); None: at once"
+    )
     wait_s: float = Field(default=0.0, ge=0, le=600, description="hold the answer until they are up (bounded)")
 
 

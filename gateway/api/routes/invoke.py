@@ -6,21 +6,30 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Request, Response
+from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 from starlette.routing import Route
 
 from cache.contract.runtime_http import CALL_ID_HEADER, RETRY_AFTER_HEADER
 from gateway.admission import PoolFull
-from gateway.api.deps import GatewayDep, InvokeAuth, get_gateway, may_invoke, read_affinity, read_event
+from gateway.api.deps import (
+    AuthFirst,
+    GatewayDep,
+    InvokeAuth,
+    get_gateway,
+    may_invoke,
+    read_affinity,
+    read_event,
+    shown_error,
+)
 from gateway.api.errors import error_response, http_error
 from gateway.models import METER_FIELDS, METER_HEADER, Activation, Status
 
 ACTIVATION_WAIT_MAX_S = 60.0
-router = APIRouter()
+router = APIRouter(route_class=AuthFirst)
 
 
 def _too_many(full: PoolFull, headers: dict[str, str]) -> JSONResponse:
@@ -49,6 +58,8 @@ async def invoke(request: Request) -> Response:
         return _too_many(full, headers)
     gw.activations.save_later(act)
     headers[METER_HEADER] = act.model_dump_json(include=METER_FIELDS)
+    if code != 200:  # a failure: the record keeps all of its error, the caller sees what its token may
+        body = {"error": shown_error(request, body.get("error"))}
     return Response(json.dumps(body), status_code=code, media_type="application/json", headers=headers)
 
 
@@ -80,8 +91,14 @@ async def invoke_async(name: str, request: Request, gw: GatewayDep, _: InvokeAut
 
 
 @router.get("/activations/{activation_id}")
-async def activation(activation_id: str, gw: GatewayDep, _: InvokeAuth, wait_s: float = 0.0) -> dict[str, Any]:
+async def activation(
+    activation_id: str,
+    request: Request,
+    gw: GatewayDep,
+    _: InvokeAuth,
+    wait_s: Annotated[float, Query(allow_inf_nan=False, description="clamped to 0..60")] = 0.0,
+) -> dict[str, Any]:
     act = await gw.activations.wait(activation_id, min(max(wait_s, 0.0), ACTIVATION_WAIT_MAX_S))
     if act is None:
         raise HTTPException(404, f"no activation {activation_id!r} (unknown or expired)")
-    return act.model_dump()
+    return {**act.model_dump(), "error": shown_error(request, act.error)}

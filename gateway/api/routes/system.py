@@ -7,9 +7,9 @@ from typing import Any
 from fastapi import APIRouter, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from gateway.api.deps import Auth, GatewayDep
+from gateway.api.deps import Auth, AuthFirst, GatewayDep
 
-router = APIRouter()
+router = APIRouter(route_class=AuthFirst)
 
 
 @router.get("/healthz")
