@@ -56,9 +56,7 @@ class TrainConfig(StellarisKnobs, DistributionKnob, ElasticOptions, TriggerField
     algo: Literal["ppo", "impact", "appo"] = Field(default="ppo", description="the learning algorithm")
     preset: Literal["paper", "fast"] = Field(
         default="fast",
-        description="hyperparameters: paper (the Stellaris paper's; PPO: lr 5e-5, 4096-step batches, 256x256 net) "
-        "or fast (CleanRL/SB3's PPO: lr 3e-4 annealed over the run, 2048-step batches, 32 minibatches, 10 epochs, "
-        "64x64 net)",
+        description="hyperparameters: paper (the Stellaris paper's) or fast (CleanRL/SB3's PPO, annealed lr)",
     )
     mode: Mode = rule_field()
     rounds: int | None = Field(default=None, gt=0, description="stop after this many rounds")

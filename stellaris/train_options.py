@@ -36,6 +36,29 @@ EXTRA_OPTIONS: dict[str, Any] = {
     ),
 }  # fmt: skip
 EXTRA_TYPES: dict[str, Any] = {"config": Path | None, "resume": Path | None, "sets": list[str] | None}
+# `--help` in panels, essentials first (in this order); a field no panel names goes to the last, "More".
+PANELS: dict[str, tuple[str, ...]] = {
+    "Essentials": ("env", "algo", "preset", "mode", "total_steps", "rounds", "max_minutes", "seed", "out", "resume",
+                   "config"),
+    "Environment": ("env_module", "env_kwargs"),
+    "Algorithm and the paper's knobs": ("sets", "overrides", "d", "v", "rho", "truncation", "softsync_k", "ssp_bound",
+                                        "learner_schedule", "distribution"),
+    "Actors and learners": ("actors", "actor_kind", "envs_per_actor", "actor_run_ahead", "actor_policy_refresh",
+                            "learners", "standby", "torch_threads"),
+    "Elastic actors and triggers": ("elastic_actors", "min_actors", "max_actors", "elastic_window", "elastic_lambda",
+                                    "triggers"),
+    "Evaluation": ("eval_every", "eval_episodes", "eval_max_episode_steps"),
+    "Where it runs": ("backend", "device", "image", "learner_image", "parameter_image", "actor_image", "learner_gpus",
+                      "parameter_gpus", "ray_address", "learner_resources", "parameter_resources", "actor_resources",
+                      "redis_url", "gateway_url", "gateway_token", "billing"),
+}  # fmt: skip
+MORE = "More"
+
+
+def panel_of(name: str) -> str:
+    return next((panel for panel, names in PANELS.items() if name in names), MORE)
+
+
 _NUMBER = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")  # YAML 1.1 reads 1e-4 as a string
 
 
@@ -93,13 +116,18 @@ def field_order() -> list[str]:
 
 
 def train_signature() -> inspect.Signature:
-    """`train`'s parameters: the extra options, then each TrainConfig field (`field_order`)."""
-    params = [
-        inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=EXTRA_TYPES[name])
-        for name, option in EXTRA_OPTIONS.items()
+    """`train`'s parameters: the extra options and each TrainConfig field (`field_order`), panel by panel (`PANELS`:
+    typer shows the panels in the order their first option comes)."""
+    options = {name: (EXTRA_TYPES[name], option) for name, option in EXTRA_OPTIONS.items()}
+    options |= {name: field_option(name, TrainConfig.model_fields[name]) for name in field_order()}
+    order = [
+        *(n for names in PANELS.values() for n in names if n in options),
+        *(n for n in options if panel_of(n) == MORE),
     ]
-    for name in field_order():
-        annotation, option = field_option(name, TrainConfig.model_fields[name])
+    params = []
+    for name in order:
+        annotation, option = options[name]
+        option.rich_help_panel = panel_of(name)
         params.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=annotation))
     return inspect.Signature(params, return_annotation=None)
 

@@ -20,8 +20,8 @@ RULE_NAMES: tuple[str, ...] = get_args(RuleName)
 _RULE = Field(
     default="stellaris",
     validate_default=True,  # so that a model narrowing the type (an enum of these names) gets its member
-    description="aggregation rule: stellaris (staleness-aware: a threshold β_k on staleness and gradients scaled by "
-    "1/δ^(1/v)), or the baselines sync, async, softsync (K gradients per update), ssp (staleness bound s)",
+    description="aggregation rule: stellaris (staleness-aware: threshold β_k, scale 1/δ^(1/v)), or the baselines "
+    "sync, async, softsync (K gradients an update), ssp (staleness bound s)",
 )
 
 

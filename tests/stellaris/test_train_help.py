@@ -124,3 +124,19 @@ def test_no_pointer_to_a_document_the_repository_does_not_ship(source: str) -> N
         # SPEC.md and the papers (seeds/) are not shipped; a paper's table is cited by what it holds
         unshipped = re.compile(r"\bSPEC\b|\bseeds/|\bTable [IVX]+\b")
         assert not unshipped.search(text), (where, [ln for ln in text.splitlines() if unshipped.search(ln)])
+
+
+def test_the_first_panel_holds_the_essentials_and_fits_a_screen() -> None:
+    """At 80 columns, everything from the top of `--help` to the end of its Essentials panel fits 50 lines, and the
+    panel holds what a first run needs; every other flag is in a later panel."""
+    result = CliRunner().invoke(app, ["train", "--help"], env={"COLUMNS": "80", "TERMINAL_WIDTH": "80"})
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    top = next(i for i, line in enumerate(lines) if "Essentials" in line)
+    end = next(i for i in range(top, len(lines)) if lines[i].startswith("╰"))
+    assert end + 1 <= 50, f"the Essentials panel ends on line {end + 1} at 80 columns"
+    panel = "\n".join(lines[top:end])
+    for essential in ("--env ", "--algo", "--preset", "--mode", "--total-steps", "--seed", "--out", "--resume"):
+        assert essential in panel
+    assert "--redis-url" not in panel and "--d " not in panel
+    assert all(f in result.output for f in ("Where it runs", "Algorithm and the paper's knobs", "Actors and learners"))
