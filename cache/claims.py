@@ -6,17 +6,30 @@ through the group (XREADGROUP). The group's last-delivered id moves in that same
 one claim: two triggers racing over one stream never both get a batch, and a trigger that needs N batches never
 takes fewer and strands them. Waiting is event-driven: a refused claim blocks on the stream (XREAD from its newest
 entry) until something lands, then tries again.
+
+Every claimed entry is checked before it is handed out (`cache.batch_checks`): one that cannot be trained on (an
+undecodable header, a behaviour version never published, a header without its arrays) is given up on into the job's
+dead letters at once, and the claim returns the others: a poisoned batch costs itself, not the claim or the round.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 
+from cache.batch_checks import checked_batch
+from cache.codec import DEFAULT_MAX_BYTES
+from cache.dead_letters import DeadLetters
 from cache.records import BatchMeta
 from cache.streams import MAX_BLOCK_S, BoundedStream, Entry, _entry
 
-# KEYS: stream. ARGV: group, claimer, at_least, at_most. Returns {newest id in the stream, claimed entries}.
+log = logging.getLogger(__name__)
+
+# KEYS: stream, then (optional) the policy version. ARGV: group, claimer, at_least, at_most. Returns {newest id in the
+# stream, claimed entries, the newest published policy version (false when none, or not asked for)}.
 _CLAIM = """
+local version = false
+if #KEYS > 1 then version = redis.call('GET', KEYS[2]) end
 local last = nil
 for _, g in ipairs(redis.call('XINFO', 'GROUPS', KEYS[1])) do
   local name, delivered
@@ -30,10 +43,10 @@ local newest = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)
 local tail = '0-0'
 if #newest > 0 then tail = newest[1][1] end
 local ahead = redis.call('XRANGE', KEYS[1], '(' .. last, '+', 'COUNT', ARGV[3])
-if #ahead < tonumber(ARGV[3]) then return {tail, {}} end
+if #ahead < tonumber(ARGV[3]) then return {tail, {}, version} end
 local got = redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', ARGV[4], 'STREAMS', KEYS[1], '>')
-if not got then return {tail, {}} end
-return {tail, got[1][2]}
+if not got then return {tail, {}, version} end
+return {tail, got[1][2], version}
 """
 
 Claimed = list[tuple[str, BatchMeta]]  # (batch id, header), in landing order
@@ -41,10 +54,20 @@ Claimed = list[tuple[str, BatchMeta]]  # (batch id, header), in landing order
 
 class BatchClaims:
     """Claims over one trajectory stream's consumer group. A claimed batch is pending for its claimer until it is
-    acknowledged (`BoundedStream.ack`, after the learners' gradients are stored), as any group delivery is."""
+    acknowledged (`BoundedStream.ack`, after the learners' gradients are stored), as any group delivery is.
 
-    def __init__(self, stream: BoundedStream) -> None:
-        self.stream = stream
+    `dead_letters`: where poisoned batches go. `version_key`: the job's policy version key, read with each claim, so
+    that a batch claiming a version never published is poisoned (None: not checked). `payloads`: batches must carry
+    their arrays (the `trajectories` profile: they are then decoded and checked, no copy made)."""
+
+    def __init__(
+        self, stream: BoundedStream, dead_letters: DeadLetters, *, version_key: str | None = None,
+        payloads: bool = False, max_bytes: int = DEFAULT_MAX_BYTES,
+    ) -> None:  # fmt: skip
+        self.stream, self.dead_letters = stream, dead_letters
+        self.keys = [stream.key] if version_key is None else [stream.key, version_key]
+        self.payloads, self.max_bytes = payloads, max_bytes
+        self.given_up = 0  # poisoned batches this claimer dead-lettered
         self._claim = stream.client.register_script(_CLAIM)
 
     def try_claim(self, claimer: str, *, at_least: int = 1, at_most: int | None = None) -> tuple[str, Claimed]:
@@ -58,21 +81,34 @@ class BatchClaims:
         if not claimer:
             raise ValueError("claimer must be a non-empty name")
         self.stream.ensure_group()
-        tail, items = self._claim(keys=[self.stream.key], args=[self.stream.group, claimer, at_least, at_most])
+        tail, items, version = self._claim(keys=self.keys, args=[self.stream.group, claimer, at_least, at_most])
         entries: list[Entry] = []
         for raw_id, flat in items:
             fields = {flat[i]: flat[i + 1] for i in range(0, len(flat or []), 2)}
             if (entry := _entry(raw_id, fields)) is not None:
                 entries.append(entry)
         newest = tail.decode() if isinstance(tail, bytes) else str(tail)
-        return newest, [(e.id, BatchMeta.from_fields(e.fields)) for e in entries]
+        return newest, self._sound(entries, None if version is None else int(version))
+
+    def _sound(self, entries: list[Entry], published: int | None) -> Claimed:
+        """The entries that can be trained on, with their headers; the others are given up on (dead-lettered)."""
+        out: Claimed = []
+        for e in entries:
+            checked = checked_batch(e.fields, payloads=self.payloads, published=published, max_bytes=self.max_bytes)
+            if isinstance(checked, BatchMeta):
+                out.append((e.id, checked))
+                continue
+            log.warning("dead-lettering trajectory batch %s: %s", e.id, checked)
+            self.given_up += self.dead_letters.give_up(self.stream, e.id, checked, kind="trajectory")
+        return out
 
     def orphaned(self, claimer: str, *, known: set[str]) -> Claimed:
         """Batches delivered to `claimer` that it does not know of (`known`: the ids it holds): a claim whose reply
         was lost with its connection (Redis killed mid-call, the call retried) left them pending for it, where no
         later claim would return them."""
         entries = self.stream.delivered(claimer, count=self.stream.maxlen)
-        return [(e.id, BatchMeta.from_fields(e.fields)) for e in entries if e.id not in known]
+        raw = self.stream.client.get(self.keys[1]) if len(self.keys) > 1 else None
+        return self._sound([e for e in entries if e.id not in known], None if raw is None else int(raw))
 
     def claim(self, claimer: str, *, at_least: int = 1, at_most: int | None = None, block_s: float = 0.0) -> Claimed:
         """Claim as `try_claim` does, waiting up to `block_s` for enough batches to land (woken by each landing)."""

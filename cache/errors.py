@@ -21,6 +21,12 @@ class RedisServerDied(CacheError):
         self.log_tail = log_tail
 
 
+class JobDataLost(CacheError):
+    """The job's data is gone from the cache (Redis restarted without persistence, or was flushed) under a call that
+    was working on it. The control plane reports the loss, once, and resumes from its checkpoint in a new epoch; the
+    functions of the dead epoch say no more than this (no traceback)."""
+
+
 class RedisStartError(CacheError):
     """The embedded redis-server could not be started."""
 

@@ -9,7 +9,10 @@ from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from cache.aggregator import AggregatorStore
+from cache.batch_checks import version_ahead
 from cache.codec import DEFAULT_MAX_BYTES, encode_fields
+from cache.dead_letters import DeadLetters
+from cache.errors import FencingError, RecordError
 from cache.keys import JobKeys
 from cache.learner_registry import LearnerRegistry
 from cache.policy_store import PolicyStore
@@ -96,10 +99,11 @@ class GradientStream:
     update lease), so the stream needs no consumer group: entries are deleted in the same atomic step that
     publishes the version they went into (`PolicyStore.publish_and_ack`)."""
 
-    def __init__(self, client: redis.Redis, key: str, limits: JobLimits) -> None:
+    def __init__(self, client: redis.Redis, key: str, limits: JobLimits, *, version_key: str | None = None) -> None:
         self.client = client
         self.key = key
         self.limits = limits
+        self.version_key = version_key  # the job's newest published policy version
 
     def read(self, after: str = "0-0", *, count: int = 1024, block_s: float = 0.0) -> list[Entry]:
         """Entries newer than `after`, blocking up to `block_s` when there are none."""
@@ -107,8 +111,17 @@ class GradientStream:
         reply = self.client.xread({self.key: after}, count=count, block=block_ms or None)
         return [Entry(_id(i), f) for _, items in (reply or []) for i, f in items if f]
 
-    def meta(self, entry: Entry) -> GradientMeta:
-        return GradientMeta.from_fields(entry.fields)
+    def meta(self, entry: Entry, *, held: int | None = None) -> GradientMeta:
+        """The entry's header. With `held`, the version its reader (the update lease's holder) last published: a base
+        version past it that the store never published either is `RecordError` (poison: no learner can have held
+        it), and a store that has moved past `held` is `FencingError` (another holder published)."""
+        meta = GradientMeta.from_fields(entry.fields)
+        if held is None or version_ahead(meta.base_version, held, "") is None or self.version_key is None:
+            return meta
+        published = int(self.client.get(self.version_key) or 0)
+        if published > held:
+            raise FencingError(f"policy version {published} was published by another holder; the reader holds {held}")
+        raise RecordError(str(version_ahead(meta.base_version, published, f"gradient {meta.task_id!r}: base version")))
 
     def record(self, entry: Entry) -> GradientRecord:
         return GradientRecord.from_fields(entry.fields, max_bytes=self.limits.payload_bytes_max)
@@ -142,7 +155,7 @@ class JobCache:
             lim,
             ReplayStore(client, self.keys, ttl_s=lim.ttl_s),
         )
-        self.gradients = GradientStream(client, self.keys.grad, lim)
+        self.gradients = GradientStream(client, self.keys.grad, lim, version_key=self.keys.policy_version)
         self.board = TaskBoard(
             client,
             self.keys,
@@ -162,6 +175,7 @@ class JobCache:
         )
         self.learners = LearnerRegistry(client, self.keys, lease_s=lim.learner_lease_s, ttl_s=lim.ttl_s)
         self.aggregator = AggregatorStore(client, self.keys, ttl_s=lim.ttl_s)
+        self.dead_letters = DeadLetters(client, self.keys, maxlen=lim.dead_letter_maxlen, ttl_s=lim.ttl_s)
 
     def set_spec(self, spec_json: str) -> None:
         self.client.set(self.keys.spec, spec_json, px=int(self.limits.ttl_s * 1000))
@@ -169,6 +183,15 @@ class JobCache:
     def spec(self) -> str | None:
         raw = self.client.get(self.keys.spec)
         return None if raw is None else raw.decode()
+
+    def data_lost(self) -> bool:
+        """Whether the cache answers but no longer holds the job's policy version, which the job writes when it is
+        created and with every update: its data is gone (a Redis restarted empty, or flushed). False when the cache
+        does not answer (that says nothing about the data)."""
+        try:
+            return not self.client.exists(self.keys.policy_version)
+        except redis.RedisError:
+            return False
 
     def stop_round(self, round_k: int) -> None:
         """End round `round_k`'s invocations early (the control plane stops mid-round): the round is marked closed,

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from multiprocessing.synchronize import Event
 from typing import Any
 
-from cache import BackpressureTimeout, Cache, CacheSettings, JobCache
+from cache import BackpressureTimeout, Cache, CacheSettings, JobCache, JobDataLost
 from cache.contract import ActorResult
 from functions.context import Context, Instance
 from functions.handlers import actor
@@ -51,6 +51,9 @@ def actor_loop(
                 # than die; the queue bound keeps the data fresh.
                 log.warning("%s: %s", actor_id, exc)
                 continue
+            except JobDataLost as exc:  # the control plane reports the loss, once, and starts a new epoch's actors
+                log.info("%s: %s", actor_id, exc)
+                raise SystemExit(1) from None
             pushed += 1
             if max_batches is not None and pushed >= max_batches:
                 break

@@ -19,7 +19,7 @@ from functions.context import Context
 from functions.envs import make_vector_env
 from functions.evaluation import run_episodes
 from functions.fused import ship_gradients
-from functions.handlers import job_id_of
+from functions.handlers import job_id_of, quiet_on_job_loss
 from functions.jobspec import env_kind
 from functions.policies import ActorCritic
 from functions.rollout import ClippedRewards, EpisodeTracker, RewardScaler, collect
@@ -65,6 +65,7 @@ def evaluate(event: dict[str, Any], ctx: Context) -> dict[str, Any]:
     return EvalResult(version, done.returns, done.lengths, done.cut).to_dict()
 
 
+@quiet_on_job_loss
 def handle(event: dict[str, Any], ctx: Context) -> dict[str, Any]:
     if "evaluate" in event:  # the control plane's periodic evaluation (SB3's EvalCallback), not a rollout
         return evaluate(event, ctx)

@@ -25,7 +25,7 @@ from functions.context import Context, PreparedRound
 from functions.device import to_device
 from functions.faults import fault_point
 from functions.gradient import gradient_record
-from functions.handlers import EventError, Stopwatch, job_id_of
+from functions.handlers import EventError, Stopwatch, job_id_of, quiet_on_job_loss
 from functions.jobspec import JobSpec
 from functions.policies import ActorCritic
 from functions.replay_feedback import write_priorities
@@ -90,6 +90,7 @@ def _counted(out: LearnerResult, nxt: Next) -> LearnerResult:
     return replace(out, dead_lettered=out.dead_lettered + nxt.claim.dead_lettered)
 
 
+@quiet_on_job_loss
 def handle(event: dict[str, Any], ctx: Context) -> dict[str, Any]:
     job = ctx.job(job_id_of(event))
     device = ctx.device  # a bad STELLARIS_DEVICE fails the call here, before it takes any task

@@ -35,7 +35,7 @@ from functions.algos.staleness import (
 )
 from functions.context import Context
 from functions.faults import fault_point
-from functions.handlers import Stopwatch, job_id_of
+from functions.handlers import Stopwatch, job_id_of, quiet_on_job_loss
 from functions.handlers.parameter_setup import applied_row, fitted, initialise, keep_warm, kept, update, warm_model
 from functions.jobspec import JobSpec
 from functions.serialize import optimizer_to_bytes, policy_to_bytes
@@ -73,22 +73,19 @@ class _Server:
 
     # -- reading ----------------------------------------------------------------------------------------------
     def take(self, entries: list[Entry]) -> None:
+        """Queue each entry by its header; one that cannot be decoded, or whose base version was never published
+        (no learner can have held it), is dead-lettered instead."""
         for e in entries:
             self.last_id = e.id
             try:
-                self.queue[e.id] = self.job.gradients.meta(e)
+                self.queue[e.id] = self.job.gradients.meta(e, held=self.version)
                 self.entries[e.id] = e
             except (CodecError, RecordError) as exc:
                 self._dead_letter(e.id, f"{type(exc).__name__}: {exc}")
 
     def _dead_letter(self, gradient_id: str, reason: str) -> None:
         self.ctx.log.warning("dead-lettering gradient %s: %s", gradient_id, reason)
-        k, lim = self.job.keys, self.job.limits
-        with self.job.client.pipeline(transaction=True) as pipe:
-            fields = {"kind": "gradient", "id": gradient_id, "reason": reason[:1000]}
-            pipe.xadd(k.dead_letters, fields, maxlen=lim.dead_letter_maxlen, approximate=True)
-            pipe.xdel(k.grad, gradient_id)
-            pipe.execute()
+        self.job.dead_letters.drop(self.job.keys.grad, gradient_id, reason, kind="gradient")
         self.queue.pop(gradient_id, None)
         self.entries.pop(gradient_id, None)
 
@@ -230,6 +227,7 @@ class _Server:
         self.decisions.append(DecisionRow(record.decision.value, record.count, model.version))
 
 
+@quiet_on_job_loss
 def handle(event: dict[str, Any], ctx: Context) -> dict[str, Any]:
     """Apply the job's gradients as they land until nothing is queued or in flight and round `round` (when given)
     is closed, or until a stop event or `max_s`. With `round`, gradients of later rounds are left queued for their
@@ -255,8 +253,8 @@ def handle(event: dict[str, Any], ctx: Context) -> dict[str, Any]:
     with kept(job, lease, lease_s) as lost:
         optimizer_name = str(event.get("optimizer", "adam"))
         server = _Server(ctx, job, spec, lease, optimizer_name, until_round)
-        server.take(job.gradients.read("0-0", count=job.limits.gradient_maxlen))  # what a predecessor left
         try:
+            server.take(job.gradients.read("0-0", count=job.limits.gradient_maxlen))  # what a predecessor left
             while not server.stop and not lost.is_set():
                 published, idle = server.step(sync_expected)
                 if published:

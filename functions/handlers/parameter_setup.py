@@ -1,6 +1,6 @@
 """The parameter function's setup around its serving loop: creating a job (`init`), the warm policy and optimizer
-it resumes from, the update lease kept alive while it serves, and one aggregation's update of the model and its row
-in the applied log."""
+it resumes from, the update lease kept alive while it serves, the checks that keep a poisoned gradient out of an
+update (`fitted`), and one aggregation's update of the model and its row in the applied log."""
 
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ from functions.algos.staleness_equations import optimizer_step_gradients
 from functions.context import Context, WarmModel
 from functions.device import to_device
 from functions.flat_params import flat_params
+from functions.gradient_checks import moments_problem, tensors_problem
 from functions.jobspec import JobRequest, JobSpec, resolve, save_spec
 from functions.serialize import build_optimizer, load_optimizer_bytes, load_policy_bytes, policy_to_bytes
 from functions.warm import new_policy, spec_of
@@ -50,15 +51,21 @@ def warm_model(ctx: Context, job: JobCache, spec: JobSpec, optimizer_name: str) 
 
 def fitted(model: WarmModel, record: GradientRecord) -> GradientRecord:
     """`record` with its tensors as the model's optimizer steps them: packed for a packed policy (either way they
-    travelled). A gradient that does not fit the policy raises `RecordError`, naming how: poison, as an unreadable
-    one, and nothing is applied."""
+    travelled). A gradient that does not fit the policy (other parameter names or shapes, values that are not finite,
+    observation moments its normaliser cannot take) raises `RecordError`, naming how: poison, as an unreadable one,
+    and nothing is applied."""
     fp = flat_params(model.policy)
-    if fp is None:
-        return record
     try:
-        return replace(record, tensors={PACKED: fp.pack(record.tensors)})
+        record = record if fp is None else replace(record, tensors={PACKED: fp.pack(record.tensors)})
     except ValueError as exc:
         raise RecordError(f"gradient {record.meta.task_id!r} from {record.meta.learner_id!r}: {exc}") from exc
+    problem = tensors_problem(record.tensors, {name: tuple(p.shape) for name, p in model.named})
+    normalizer, m = model.policy.obs_normalizer, record.obs_moments
+    if problem is None and m is not None:
+        problem = moments_problem(m.mean, m.var, m.count, None if normalizer is None else tuple(normalizer.mean.shape))
+    if problem is not None:
+        raise RecordError(f"gradient {record.meta.task_id!r} from {record.meta.learner_id!r}: {problem}")
+    return record
 
 
 def update(

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from cache.contract.runtime_http import ErrorType, RuntimeStatus
+from cache.errors import JobDataLost
 from functions.context import Context
 
 Handler = Callable[[dict[str, Any], Context], dict[str, Any]]
@@ -39,6 +40,9 @@ def run_handler(handler: Handler, event: dict[str, Any], ctx: Context) -> tuple[
     """Call the handler (on a pool thread); every outcome becomes a status and a JSON body."""
     try:
         result = handler(event, ctx)
+    except JobDataLost as exc:  # the control plane reports the loss, once: one line here, and only at INFO
+        log.info("handler ended: %s", exc)
+        return RuntimeStatus.HANDLER_ERROR, error_body(type(exc).__name__, str(exc))
     except BaseException as exc:  # a thread boundary: not even SystemExit may take the server down
         log.exception("handler raised %s", type(exc).__name__)
         return RuntimeStatus.HANDLER_ERROR, error_body(type(exc).__name__, str(exc), traceback=_traceback_tail(exc))

@@ -1,7 +1,9 @@
 """The learner gate (README, "Declarative triggers"): a round's learners are invoked when the job's learner trigger
 fires over the batches landed in the cache. The gate claims landed batches atomically (`cache.claims`: a batch goes
 to exactly one firing), reads only their headers, and fires once every condition of the trigger holds; the firing's
-batches are the round's. Round 1 is every actor's first batch, in actor order, as before triggers, whatever the
+batches are the round's. A claimed batch that cannot be trained on (an undecodable header, a version never
+published, a header without its arrays) is dead-lettered by the claim and the gate claims on: it costs the round
+nothing but itself. Round 1 is every actor's first batch, in actor order, as before triggers, whatever the
 trigger says (README, "Reproducing a run"); batches landed beyond that are carried, already claimed, into round 2.
 
 Event-driven: a claim blocks on the stream until a batch lands; conditions that no landing changes (a period, a
@@ -18,9 +20,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, replace
 from typing import TYPE_CHECKING, Any
 
-from cache import BatchMeta
+from cache import BatchMeta, JobCache
 from cache.claims import BatchClaims
-from cache.streams import BoundedStream
 from stellaris.control.batches import actors_in, first_of_each
 from stellaris.control.rounds import RoundStats, TrainingError
 from stellaris.control.trigger_log import learner_row
@@ -41,11 +42,16 @@ class LearnerGate:
     """One job's learner trigger and what it remembers between firings (when and at which version it fired)."""
 
     def __init__(
-        self, trigger: LearnerTrigger, trajectories: BoundedStream, saved: Mapping[str, Any] | None = None
+        self, trigger: LearnerTrigger, job: JobCache, saved: Mapping[str, Any] | None = None, *, payloads: bool = True
     ) -> None:
         """`saved`: a checkpoint's `state()`, so a resumed run's `version_changed` and `period_s` conditions count
-        from the dead run's last firing (its downtime not included)."""
-        self.trigger, self.claims = trigger, BatchClaims(trajectories)
+        from the dead run's last firing (its downtime not included). `payloads`: batches carry their arrays (the
+        `trajectories` profile; a header alone is the whole batch under `gradients_at_actors`)."""
+        self.trigger = trigger
+        self.claims = BatchClaims(
+            job.trajectories.stream, job.dead_letters, version_key=job.keys.policy_version, payloads=payloads,
+            max_bytes=job.limits.payload_bytes_max,
+        )  # fmt: skip
         saved = saved or {}
         since = saved.get("since_fire_s")
         self.fired_at: float | None = None if since is None else time.monotonic() - float(since)

@@ -87,7 +87,8 @@ class Trainer:
         self.finished = False
         self.elastic = Scaler(self, self.state.get("elastic"))  # elastic actors and the learner schedule (README)
         gate_state = self.state.get("learner_trigger")
-        self.gate = LearnerGate(cfg.triggers.learner, self.job.trajectories.stream, gate_state)  # README, triggers
+        payloads = cfg.distribution == "trajectories"  # a header alone is the batch under gradients_at_actors
+        self.gate = LearnerGate(cfg.triggers.learner, self.job, gate_state, payloads=payloads)  # README, triggers
 
     @property
     def cost(self) -> float:

@@ -309,6 +309,45 @@ def test_poisoned_task_and_gradient_are_dead_lettered_and_the_round_completes(
     assert_exactly_once(job, 1, tasks_per_round=5, dead_lettered=1)
 
 
+def _put_gradient(job: JobCache, record: GradientRecord) -> str:
+    return job.gradients.put(record)
+
+
+def test_gradients_with_impossible_fields_are_dead_lettered_and_the_round_completes(
+    redis_server, cache_conn, job_id, cleanup
+) -> None:
+    """A base version never published (10**9), NaN or infinite values, the wrong shapes: each such gradient is
+    dead-lettered by the parameter function, which applies every other one. Before, the base version raised in the
+    staleness equations (every replacement instance failed the same way), and the NaNs were applied to the policy."""
+    driver = Driver(cache_conn, small_spec(job_id, Rule.ASYNC), actors=1, limits=JobLimits(gradient_maxlen=1024))
+    job = driver.job
+    cleanup.append(job)
+    driver.round = 1
+    driver.enqueue(driver.tasks(driver.collect(), range(1)), close=True)
+    size = decode(job.policies.latest()[1]).arrays[PACKED].size
+    ok = np.zeros(size, np.float32)
+    nan, inf = ok.copy(), ok.copy()
+    nan[size // 2], inf[-1] = np.nan, -np.inf
+    poisons = {
+        "ahead": GradientRecord(GradientMeta("learner-x", 10**9, "t-ahead", 1, {}), {PACKED: ok}),
+        "nan": GradientRecord(GradientMeta("learner-x", 0, "t-nan", 1, {}), {PACKED: nan}),
+        "inf": GradientRecord(GradientMeta("learner-x", 0, "t-inf", 1, {}), {PACKED: inf}),
+        "shape": GradientRecord(GradientMeta("learner-x", 0, "t-shape", 1, {}), {PACKED: ok[None, :]}),
+        "names": GradientRecord(GradientMeta("learner-x", 0, "t-names", 1, {}), {"w": np.zeros((2, 2), np.float32)}),
+    }
+    ids = {name: _put_gradient(job, record) for name, record in poisons.items()}  # before the round's own land
+    assert driver.learner({"job": job_id, "round": 1})["gradients"] == 4
+    assert driver.parameter({"job": job_id, "round": 1})["status"] == "ok"
+    letters = {f["id"]: f["reason"] for _, f in job.dead_letters.read()}
+    assert set(letters) == set(ids.values()), letters
+    assert "base version 1000000000 is ahead of the newest published policy version" in letters[ids["ahead"]]
+    assert "non-finite values in params" in letters[ids["nan"]] and "non-finite" in letters[ids["inf"]]
+    assert "does not fit" in letters[ids["shape"]] and "does not name the policy's parameters" in letters[ids["names"]]
+    assert_exactly_once(job, 1, tasks_per_round=4)
+    weights = decode(job.policies.latest()[1]).arrays[PACKED]
+    assert np.isfinite(weights).all()
+
+
 def test_handlers_run_unchanged_behind_the_http_runtime(redis_server, cache_conn, job_id, cleanup) -> None:
     import httpx
 

@@ -1,8 +1,9 @@
 """What the cache's state says about a failed job (stellaris/control/cache_faults.py), through the real CLI:
 
 - A Redis that comes back empty mid-job (no persistence): the job's data is gone, so `stellaris train` reports the
-  loss and resumes from its last checkpoint in a new epoch, up to $STELLARIS_CACHE_LOSS_RESUMES times; past that it
-  ends and names the resume command, which completes the run.
+  loss in one line (the dead epoch's functions log no traceback) and resumes from its last checkpoint in a new
+  epoch, up to $STELLARIS_CACHE_LOSS_RESUMES times; past that it ends and names the resume command, which completes
+  the run.
 - The embedded Redis killed mid-job (kill -9): the same loss, resumed from on a new embedded Redis, and the run
   completes in the same command.
 - A Redis that reaches its maxmemory mid-job: the run ends at the first refused write, naming the Redis's memory and
@@ -81,7 +82,11 @@ def test_a_redis_restarted_empty_is_resumed_from_the_checkpoint_then_the_run_nam
         assert "(1 of at most 1 such resumes)" in lost, lost
         assert server.password not in "".join(lines)
         resumed_from = int(lost.split("resuming from round ")[1].split("'")[0])
-        _await_line(lines, proc, f"round {resumed_from + 2} ", after=at)  # the new epoch makes progress
+        progressed = _await_line(lines, proc, f"round {resumed_from + 2} ", after=at)  # the new epoch makes progress
+        # Said in that one line: the dead epoch's functions and actors log no traceback of their own (before, five
+        # or more: NOGROUP, "no policy yet" from each instance that was working on the job).
+        assert all(line.startswith("round ") for line in lines[:at]), "".join(lines[: at + 1])[-3000:]
+        assert "Traceback" not in "".join(lines[:progressed]), "".join(lines[:progressed])[-3000:]
 
         # Second loss: past the limit, the run ends (exit 1) and its last line names the resume command.
         _lose_the_data(server, rng)

@@ -164,16 +164,16 @@ def test_a_batch_count_beyond_the_queue_bound_is_refused_naming_the_bound() -> N
 
 def test_the_gate_s_last_firing_survives_a_checkpoint(job: JobCache) -> None:
     trigger = LearnerTrigger(version_changed=True, period_s=30.0)
-    fresh = LearnerGate(trigger, job.trajectories.stream)
+    fresh = LearnerGate(trigger, job)
     assert fresh.state() == {"fired_version": None, "since_fire_s": None}
     fresh.fired_at, fresh.fired_version = time.monotonic() - 12.0, 7
     saved = json.loads(json.dumps(fresh.state()))  # through state.json
     assert saved["fired_version"] == 7 and 12.0 <= saved["since_fire_s"] < 13.0
-    resumed = LearnerGate(trigger, job.trajectories.stream, saved)
+    resumed = LearnerGate(trigger, job, saved)
     facts = resumed.facts(5, [], version=7)
     # Still at version 7, 12 s after the firing: neither condition holds, as in the run that died.
     assert facts.fired_version == 7 and 12.0 <= facts.since_fire_s < 14.0
     held = resumed.trigger.held(facts, train_batch_size=64)
     assert (held["version_changed"], held["period_s"]) == (False, False)
     assert resumed.trigger.held(replace(facts, version=8), train_batch_size=64)["version_changed"]
-    assert math.isinf(LearnerGate(trigger, job.trajectories.stream, {}).facts(5, [], version=7).since_fire_s)
+    assert math.isinf(LearnerGate(trigger, job, {}).facts(5, [], version=7).since_fire_s)
