@@ -1,4 +1,4 @@
-"""The Python API end to end: README's example run for real (`stellaris.train`: embedded Redis, local gateway,
+"""The Python API end to end: the guide's example run for real (`stellaris.train`: embedded Redis, local gateway,
 subprocess instances), its policy loaded in a fresh process with no Redis and no gateway, and a resumed run that
 restores the actors' reward-scaler state."""
 
@@ -31,7 +31,7 @@ from stellaris.evaluate import evaluate_run
 
 ROOT = Path(__file__).resolve().parents[2]
 README_CONFIG = '{"env": "CartPole-v1", "rounds": 2, "out": "runs/cartpole-api"}'
-# README's run, made quick: small batches (the paper preset's 4 minibatches x 2 epochs), one round, and the fast
+# the guide's run, made quick: small batches (the paper preset's 4 minibatches x 2 epochs), one round, and the fast
 # preset's normalisers on, so the file carries observation statistics and the checkpoint reward-scaler state.
 QUICK_CONFIG = {
     "env": "CartPole-v1", "algo": "ppo", "preset": "paper", "actors": 1, "learners": 2, "rounds": 1, "seed": 3,
@@ -49,16 +49,17 @@ def no_deployment_env() -> dict[str, str]:
 
 
 def readme_example() -> str:
-    text = (ROOT / "README.md").read_text()
-    section = text[text.index("### Python API") :]
+    """The training guide's Python API example (docs/training.md), as a user would copy it."""
+    text = (ROOT / "docs" / "training.md").read_text()
+    section = text[text.index("## Python API") :]
     return re.search(r"```python\n(.*?)```", section, re.S).group(1)  # type: ignore[union-attr]
 
 
 @pytest.fixture(scope="module")
 def readme_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
-    """README's example, as written but for its config (QUICK_CONFIG), in a fresh process: its run and output."""
+    """The guide's example, as written but for its config (QUICK_CONFIG), in a fresh process: its run and output."""
     code = readme_example()
-    assert README_CONFIG in code, "README's example changed: update README_CONFIG"
+    assert README_CONFIG in code, "the guide's example changed: update README_CONFIG"
     code = code.replace(README_CONFIG, repr(QUICK_CONFIG))
     cwd = tmp_path_factory.mktemp("api")
     env = {**no_deployment_env(), "PYTHONPATH": str(ROOT)}
@@ -73,7 +74,7 @@ def run(readme_run: tuple[Path, str]) -> Path:
 
 
 def test_the_readme_example_trains_and_acts(readme_run: tuple[Path, str]) -> None:
-    """What README's example printed (RunResult's run_dir, env_steps, metrics; an episode's return) is the run's."""
+    """What the guide's example printed (RunResult's run_dir, env_steps, metrics; an episode's return) is the run's."""
     run, stdout = readme_run
     first, last = stdout.splitlines()[0].split(), stdout.splitlines()[-1]
     state = json.loads((run / "state.json").read_text())
