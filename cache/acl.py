@@ -5,7 +5,7 @@ Lua scripts reach without declaring them. On a Redis Cluster, users are per node
 every master (a master added later gets it from the owner's connect hook, `regrant_on_connect`). The user may run
 the data commands the cache uses and nothing administrative or dangerous (no FLUSHALL, CONFIG, KEYS, DEBUG, ACL,
 ...). Redis checks these rules inside scripts too. A Redis without ACLs (before 6.0) gets no per-job user:
-`supported` says so and callers fall back to the shared credentials (the README says what that means).
+`supported` says so and callers fall back to the shared credentials (docs/reliability.md says what that means).
 """
 
 from __future__ import annotations

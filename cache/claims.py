@@ -1,4 +1,4 @@
-"""Atomic claims of landed trajectory batches by a trigger (README, "Declarative triggers").
+"""Atomic claims of landed trajectory batches by a trigger (docs/workflows.md).
 
 A claim is all or nothing: one Lua step counts the batches no one has claimed yet (those after the consumer group's
 last-delivered id) and, only when at least `at_least` have landed, delivers up to `at_most` of them to the claimer

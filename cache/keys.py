@@ -1,7 +1,7 @@
 """Every Redis key name Stellaris uses, in one place.
 
 Keys of one job share the Redis Cluster hash tag ``{job}`` so that multi-key scripts and transactions stay in
-one slot (SPEC.md §2).
+one slot (docs/architecture.md).
 """
 
 from __future__ import annotations

@@ -210,7 +210,7 @@ class GradientRecord:
 
 @dataclass(frozen=True)
 class LearnerTask:
-    """One (epoch, minibatch) of a round over the round's trajectory batches (SPEC.md §5); one gradient each.
+    """One (epoch, minibatch) of a round over the round's trajectory batches (docs/algorithms.md); one gradient each.
     `batch_weights`: prioritized replay's importance weight of each batch, in `batch_ids` order; empty means 1.0
     for all (fresh batches, the other patterns, and tasks written before the field existed)."""
 

@@ -9,7 +9,7 @@ reached the server: a wrong URL or password at start fails at once.
 
 A command whose reply was lost after the server ran it is run again. The hot-path writes are written so that this
 repeats nothing (a gradient is stored only with its task's ack; a version is published only over the version it
-was computed from); a trajectory batch XADDed in that instant would be stored twice (README, "Reliability").
+was computed from); a trajectory batch XADDed in that instant would be stored twice (docs/reliability.md).
 """
 
 from __future__ import annotations

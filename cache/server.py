@@ -79,7 +79,7 @@ class EmbeddedRedis:
         self.password = password or secrets.token_hex(16)
         self.parent_dir = parent_dir  # where its temporary directory goes (None: the system's temp dir)
         # Also listen on a socket file in its directory, for clients on this machine: a round trip there costs less
-        # (measured, README "The cache") than on loopback TCP, which clients elsewhere (containers, nodes) keep.
+        # (measured, docs/architecture.md) than on loopback TCP, which clients elsewhere (containers, nodes) keep.
         self.unix_socket = unix_socket and hasattr(socket, "AF_UNIX")
         self.port: int | None = None
         self.workdir: Path | None = None

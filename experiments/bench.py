@@ -1,4 +1,5 @@
-"""`python -m experiments.bench`: every benchmark, side by side in one run, as one table of ratios (SPEC §9).
+"""`python -m experiments.bench`: every benchmark, side by side in one run, as one table of ratios
+(docs/experiments.md).
 
 1. cache: our codec (SET/GET and the stream path) vs pickle + Redis and vs raw bytes, same Redis;
 2. gateway: warm no-op invocations through the gateway vs direct to the same instance;

@@ -217,8 +217,8 @@ def rllib_figure(path: Path, root: Path, plans: list[RunPlan], results: list[Run
         hatched = Patch(facecolor="white", hatch="//", edgecolor="black", label="learners (hatched)")
         ax.legend(handles=[hatched], fontsize=8)
     cost_note = (
-        "RLlib is serverful (SPEC §7): its cores at the actor price and its learner at the learner price for its whole "
-        "wall-clock, from ray.init; Stellaris as its run reports it."
+        "RLlib is serverful (docs/experiments.md): its cores at the actor price and its learner at the learner price "
+        "for its whole wall-clock, from ray.init; Stellaris as its run reports it."
     )
     title = "RLlib PPO vs Stellaris PPO at equal env steps and cores (cf. paper Fig. 9)"
     return _save(fig, path, title, f"{note}\n{cost_note}", note_share=0.12 / len(groups))

@@ -1,4 +1,4 @@
-"""The two distribution profiles side by side (README, "Distribution profiles"): bytes moved through Redis per env
+"""The two distribution profiles side by side (docs/workflows.md): bytes moved through Redis per env
 step and env steps/s, for `distribution: trajectories` (actors ship trajectory batches to learner functions) and
 `gradients_at_actors` (actors compute the gradients and ship only those).
 

@@ -3,7 +3,7 @@
 `ray[rllib]==2.60.0` pins `gymnasium==1.2.2`, the project pins `gymnasium[mujoco]==1.4.0`, so the two cannot share
 one environment. The suite runs `experiments/rllib_ppo.py` with this venv's interpreter as a subprocess and reads back
 CSV and JSON. The venv is made with `python -m venv` and pip; `torch` is pinned exactly, or pip would fetch several GB
-of CUDA packages (SPEC §8). A marker file, written only after the install was checked, says it is complete.
+of CUDA packages (docs/experiments.md). A marker file, written only after the install was checked, says it is complete.
 """
 
 from __future__ import annotations

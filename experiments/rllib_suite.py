@@ -6,7 +6,8 @@ hyperparameters mapped onto RLlib's names, with one env runner per Stellaris act
 the interpreter of its own venv (`rllib_env`), through `rllib_ppo.py`; its per-iteration progress is then written into
 the layout of a Stellaris run (info.csv, state.json), so summaries and figures read both alike.
 
-Cost (SPEC §7): RLlib is serverful, charged for what it holds for its whole wall-clock time, from `ray.init` to its
+Cost (docs/experiments.md): RLlib is serverful, charged for what it holds for its whole wall-clock time, from
+`ray.init` to its
 last iteration: its cores at the actor price per core-second and its one learner at the learner price. Stellaris is
 charged as its own run reports it.
 
@@ -53,7 +54,7 @@ def is_rllib(p: RunPlan) -> bool:
 
 def serverful_cost_usd(wall_clock_s: float, *, cores: int, learners: int = LEARNERS) -> tuple[float, float]:
     """(learner, actor) cost in USD of a serverful run holding `cores` actor cores and `learners` learner slots for
-    `wall_clock_s` (SPEC §7: a c6a.32xlarge core and a quarter of a p3.2xlarge per second)."""
+    `wall_clock_s` (docs/experiments.md: a c6a.32xlarge core and a quarter of a p3.2xlarge per second)."""
     if wall_clock_s < 0 or cores < 0 or learners < 0:
         raise ValueError(f"wall_clock_s, cores and learners must be >= 0, got {wall_clock_s}, {cores}, {learners}")
     return (

@@ -52,7 +52,7 @@ SENSITIVITY_DEFAULTS = {"d": 0.96, "v": 3.0, "rho": 1.0}
 
 @dataclass(frozen=True)
 class Budget:
-    """What a preset gives each run; baselines and Stellaris get the same (SPEC §5)."""
+    """What a preset gives each run; baselines and Stellaris get the same (docs/algorithms.md)."""
 
     description: str
     default_seeds: int
@@ -60,7 +60,7 @@ class Budget:
     actors: int
     rounds: dict[str, int]  # by env kind
     suite_rounds: dict[str, dict[str, int]] = field(default_factory=dict)  # suite -> env kind -> rounds, if not rounds
-    preset: str = "paper"  # the algorithm preset (SPEC §4)
+    preset: str = "paper"  # the algorithm preset (docs/algorithms.md)
     overrides: dict[str, dict[str, Any]] = field(default_factory=dict)  # env kind -> algorithm fields
 
 

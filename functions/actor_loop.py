@@ -3,7 +3,7 @@
 Each loop pushes one trajectory batch per iteration and blocks on the trajectory stream's backpressure when
 learners fall behind; it stops at the next iteration boundary once its stop event is set. After its first batch an
 actor waits for the policy that batch trains before it runs ahead: round 1 is every actor's first batch, whatever the
-actors' relative speed, so the same seed gives the same round 1 (README, "Reproducing a run"). With run-ahead 0 it
+actors' relative speed, so the same seed gives the same round 1 (docs/training.md). With run-ahead 0 it
 never runs ahead: each batch is collected once the round that trained the last one has ended, with the policy that
 round published, as a serverless actor invoked between rounds collects it.
 """

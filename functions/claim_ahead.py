@@ -2,7 +2,7 @@
 the next task) is sent before the learner computes the task it holds and read once it has (`cache.deferred`): Redis
 runs it meanwhile, and its reply waits in the socket, so the round trip is off the computation's path. The claimed
 task's policies are loaded after the read. (A thread that made the claim cost more: its wake-ups across the two
-cores and its contention for the interpreter lock; README, "Claiming ahead".)
+cores and its contention for the interpreter lock; docs/algorithms.md.)
 
 The claimed task's policy is then the newest when the claim ran, one gradient earlier than a claim made after the
 computation: about one version staler. Sync's learners never claim ahead: each computes one task of a step, and

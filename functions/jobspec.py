@@ -54,7 +54,7 @@ def load_spec(job: JobCache) -> JobSpec:
 
 class JobRequest(BaseModel):
     """What a control plane asks for: a preset plus overrides. The functions side resolves it into a JobSpec,
-    so control planes need no algorithm code (SPEC §1: they talk to functions only through the gateway)."""
+    so control planes need no algorithm code (docs/architecture.md: they talk to functions only through the gateway)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 

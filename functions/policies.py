@@ -1,4 +1,4 @@
-"""Actor-critic policy networks (Stellaris paper Table II, SPEC.md §3).
+"""Actor-critic policy networks (Stellaris paper Table II, docs/architecture.md).
 
 MuJoCo: actor and critic each two fully connected layers (256 wide by default), tanh, Gaussian actions with a
 state-independent log-std. Atari: conv 16@8×8 s4 → 32@4×4 s2 → 256@11×11, ReLU, on 3 stacked 84×84 uint8

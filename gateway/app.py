@@ -2,7 +2,7 @@
 and stay thin; the running gateway (gateway/service.py), the warm pools and the backends hold the logic.
 
 Routes follow OpenFaaS (POST /function/{name}, POST /async-function/{name}, /system/functions) with OpenWhisk
-activation records and Lambda-style status codes (SPEC.md §6).
+activation records and Lambda-style status codes (docs/gateway.md).
 """
 
 from __future__ import annotations

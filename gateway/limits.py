@@ -118,7 +118,7 @@ def parse_json(raw: bytes, max_depth: int) -> Any:
 def module_exists(name: str) -> bool:
     """Whether `name` (a dotted module path) can be found, without running any of its code: unlike
     importlib.util.find_spec, which imports the parent packages, each part is looked up in the one above it (the
-    gateway imports no handler code, SPEC §1)."""
+    gateway imports no handler code, docs/architecture.md)."""
     if name in sys.modules:
         return True
     found: ModuleSpec | None = None

@@ -1,4 +1,4 @@
-"""Metering: cost under SPEC §7 (duration x price per resource-second) and the Prometheus metrics."""
+"""Metering: cost under docs/experiments.md (duration x price per resource-second) and the Prometheus metrics."""
 
 from __future__ import annotations
 

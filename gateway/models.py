@@ -60,7 +60,7 @@ class Resources(BaseModel):
 
 
 class Pricing(BaseModel):
-    """SPEC §7: price per resource-second = instance price per second / functions per instance."""
+    """docs/experiments.md: price per resource-second = instance price per second / functions per instance."""
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 

@@ -3,7 +3,7 @@
 The Stellaris knobs (`mode`, `d`, `v`, `rho`, `truncation`, `softsync_k`, `ssp_bound`) are declared once, in
 `cache/contract/knobs.py`, and inherited here. A YAML file may also set them as `overrides.stellaris.<knob>`
 (`rule` for `mode`), the job spec's spelling: that is the same field, so giving it both ways with different values
-is an error naming both. An explicit flag beats the YAML file, either spelling (README, "Configuration"); `--set`
+is an error naming both. An explicit flag beats the YAML file, either spelling (docs/training.md); `--set`
 entries merge over the file's `overrides:`. Every override is resolved against the preset here, before anything
 starts (stellaris/override_check.py).
 """
@@ -31,8 +31,7 @@ Mode = RuleName
 
 def default_learners() -> int:
     """One learner per core past the one the actor, parameter function and Redis share, at most 2 (beyond that,
-    `--learners`). On 2 cores, 1: a second one there added no env steps/s and cost 40 % more (README, "How many
-    learners")."""
+    `--learners`). On 2 cores, 1: a second one there added no env steps/s and cost 40 % more (docs/training.md)."""
     try:
         cores = len(os.sched_getaffinity(0))  # the cores this process may use (a container's cpuset), not the host's
     except AttributeError:  # macOS has no affinity
@@ -69,7 +68,7 @@ class TrainConfig(StellarisKnobs, DistributionKnob, ElasticOptions, TriggerField
         default="serverful", description="serverful (long-lived processes) or serverless (one invocation a batch)"
     )
     envs_per_actor: int = Field(default=2, ge=1, le=1024, description="envs one actor steps (batched inference)")
-    # Policy lag (README, "Actors and policy lag"): at 0 a batch is collected once the round training the previous one
+    # Policy lag (docs/algorithms.md): at 0 a batch is collected once the round training the previous one
     # ends, with the policy it ended on; at 1 while it trains, following the newest policy every 4 steps.
     actor_run_ahead: int = Field(default=0, ge=0, le=64, description="batches per actor queued or in training")
     actor_policy_refresh: int = Field(
@@ -109,7 +108,7 @@ class TrainConfig(StellarisKnobs, DistributionKnob, ElasticOptions, TriggerField
         "parameter server charged for the whole wall-clock time",
     )
     torch_threads: int = Field(default=1, ge=1, le=64, description="torch threads per function instance")
-    # Where the job's functions run (README, "Training on containers"). Serverful actors are always processes.
+    # Where the job's functions run (docs/deployment.md). Serverful actors are always processes.
     backend: Backend = Field(default="process", description="the gateway backend of the job's functions")
     image: str | None = Field(default=None, description="docker: the image of every role without its own")
     learner_image: str | None = Field(default=None, description="docker: the learners' image")
@@ -203,7 +202,8 @@ class TrainConfig(StellarisKnobs, DistributionKnob, ElasticOptions, TriggerField
 
     def job_request(self, job: str) -> dict[str, Any]:
         """What the parameter function resolves into the job's spec (preset + overrides)."""
-        # The floor schedules' least β: the tasks in flight (two a learner claiming ahead) + 1; lower flushes (README)
+        # The floor schedules' least β: the tasks in flight (two a learner claiming ahead) + 1; lower flushes
+        # (docs/algorithms.md)
         ahead = self.overrides.get("stellaris", {}).get("claim_ahead", True)
         defaults = {"beta_floor": float(self.learners * (1 + bool(ahead)) + 1)}
         knobs = {knob: getattr(self, train_name(knob)) for knob in KNOB_NAMES}

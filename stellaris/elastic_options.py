@@ -1,4 +1,4 @@
-"""TrainConfig's elastic-actor fields (README, "Elastic actors"): the actor count's bounds and damping, and a learner
+"""TrainConfig's elastic-actor fields (docs/workflows.md): the actor count's bounds and damping, and a learner
 capacity schedule. A mixin, so that the fields are flags and YAML keys like every other (stellaris/train_options.py)
 and their checks name the field."""
 

@@ -1,5 +1,5 @@
 """Where a run's functions go, checked before anything starts: images are the docker backend's, custom resources
-and the Ray address the ray backend's, GPUs either's (README, "Training on containers")."""
+and the Ray address the ray backend's, GPUs either's (docs/deployment.md)."""
 
 from __future__ import annotations
 

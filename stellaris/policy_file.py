@@ -1,7 +1,8 @@
 """policy.safetensors, the portable policy of a run: the weights (observation-normaliser statistics included, as
 buffers of the state_dict) and, in the safetensors metadata, everything that rebuilds the network without the run.
 
-How the description gets there without the control plane importing functions/ (SPEC §1): the functions side knows
+How the description gets there without the control plane importing functions/ (docs/architecture.md): the functions
+side knows
 the spaces and the network, so ``functions.policies.build_policy`` puts a *card* on every policy it builds
 (``ActorCritic.card``: network config, observation and action spaces as JSON), and every policy frame that
 ``functions.serialize.policy_to_bytes`` writes carries the card in its meta. The control plane copies that card,

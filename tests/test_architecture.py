@@ -1,4 +1,5 @@
-"""The architecture as a test (SPEC.md §1): the one-way doors between the packages, and modules small enough to read.
+"""The architecture as a test (docs/architecture.md): the one-way doors between the packages, and modules small enough
+to read.
 
 Imports are read from the source with `ast`, not by importing anything: every `import x` and `from x import y`
 anywhere in a module (top level, inside functions, under `if TYPE_CHECKING:`, in `try:` blocks), relative imports
@@ -19,7 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("cache", "functions", "gateway", "stellaris")
 MAX_LINES = 300
 
-# Which top-level packages the modules under a path must not import (SPEC.md §1). A path ending in "/" is a
+# Which top-level packages the modules under a path must not import (docs/architecture.md). A path ending in "/" is a
 # package and covers everything below it.
 FORBIDDEN: dict[str, frozenset[str]] = {
     # The cache is the ground floor: everything imports it, it imports none of them.
@@ -124,10 +125,11 @@ def test_the_product_packages_are_all_there() -> None:
 
 
 def test_dependency_rules_hold() -> None:
-    """SPEC.md §1: cache/ imports none of the others; functions/ and gateway/ only cache/ (and not each other);
+    """docs/architecture.md: cache/ imports none of the others; functions/ and gateway/ only cache/ (and not each
+    other);
     the control plane (stellaris/control/, stellaris/config.py) never imports functions/."""
     violations = import_violations()
-    assert not violations, "imports that break SPEC.md §1:\n" + "\n".join(violations)
+    assert not violations, "imports that break docs/architecture.md:\n" + "\n".join(violations)
 
 
 def test_no_module_exceeds_the_line_limit() -> None:

@@ -4,7 +4,7 @@ environment, plus what the instance is given on purpose (its registration's env,
 
 Whoever starts instances holds keys an instance must not: the gateway's admin and invoke tokens, the deployment's
 Redis password, a Docker socket. Code that runs in a job (a user's env module, a handler) sees only its own
-environment, so what is not handed on here is out of its reach (the README's Security section: the trust model).
+environment, so what is not handed on here is out of its reach (docs/reliability.md: the trust model).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The Stellaris mechanisms' knobs (SPEC §5), each declared once with its default, bounds and help text.
+"""The Stellaris mechanisms' knobs (docs/algorithms.md), each declared once with its default, bounds and help text.
 
 Both sides derive from here: the control plane's `TrainConfig` (YAML fields and the `stellaris train` flags) and
 the functions' `StellarisConfig` (the job spec's `stellaris` section) inherit `StellarisKnobs` and take the rule

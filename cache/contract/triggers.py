@@ -1,4 +1,4 @@
-"""The parameter function's trigger (README, "Declarative triggers"): when it applies gradients, as a condition over
+"""The parameter function's trigger (docs/workflows.md): when it applies gradients, as a condition over
 the gradient queue. It travels in the job spec, so both the control plane (which validates it) and the parameter
 function (which gates on it) read the one declaration here.
 

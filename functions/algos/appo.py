@@ -1,5 +1,5 @@
 """APPO loss: asynchronous PPO with V-trace off-policy correction (Sample Factory, Petrenko et al. 2020; RLlib's
-APPO), with the Stellaris weight in place of V-trace's ρ and PPO's ratio (SPEC.md §5)."""
+APPO), with the Stellaris weight in place of V-trace's ρ and PPO's ratio (docs/algorithms.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Typed, validated hyperparameters for PPO, IMPACT and APPO and the two presets of SPEC.md §4.
+"""Typed, validated hyperparameters for PPO, IMPACT and APPO and the two presets of docs/algorithms.md.
 
 ``paper`` is Tables II and III of the Stellaris paper; where the tables are silent it takes RLlib's
 defaults, which the paper ran on (PPO: 10 epochs as in the authors' scripts, advantage standardisation;
@@ -44,7 +44,7 @@ class NetworkConfig(_Frozen):
 
 
 class StellarisConfig(StellarisKnobs, _Frozen):
-    """The Stellaris mechanisms (SPEC.md §5): aggregation rule (d, v, K, s), truncation (ρ) and β's schedule.
+    """The Stellaris mechanisms (docs/algorithms.md): aggregation rule (d, v, K, s), truncation (ρ) and β's schedule.
 
     ``schedule`` picks how β_k = δ_max·d^k (paper Eq. 3) follows the run (``staleness.Schedule``);
     ``horizon_rounds`` is the run's planned number of rounds, read by the horizon schedules (None: unknown);
@@ -57,7 +57,8 @@ class StellarisConfig(StellarisKnobs, _Frozen):
     schedule: Schedule = Schedule.PAPER
     horizon_rounds: PositiveInt | None = None
     beta_floor: NonNegativeFloat = 1.0
-    # "aggregate": the H scaled gradients of an aggregation averaged into one optimizer step (SPEC §5, paper Eq. 4);
+    # "aggregate": the H scaled gradients of an aggregation averaged into one optimizer step (docs/algorithms.md, paper
+    # Eq. 4);
     # "each": one optimizer step per scaled gradient, in queue order, published as one version (a study option).
     optimizer_steps: Literal["aggregate", "each"] = "aggregate"
     # A learner claims its next task (and stores its last gradient) on a thread of its own while it computes, so
@@ -124,7 +125,7 @@ class PPOConfig(_AlgoConfig):
     vf_clip: PositiveFloat | None = None
     normalize_advantages: bool = True
     # GAE from the values of the learner's first policy of the round rather than the actors' (a round older when
-    # actors run ahead), as plain PPO's come from the policy it trains from (README, "Actors and policy lag").
+    # actors run ahead), as plain PPO's come from the policy it trains from (docs/algorithms.md).
     recompute_values: bool = False
 
 
@@ -229,7 +230,8 @@ def preset(name: PresetName, algo: AlgoName, env_kind: EnvKind) -> AlgoConfig:
         raise ValueError(f"unknown env kind {env_kind!r}")
     if overrides is _FAST_MUJOCO and algo == "ppo":
         # PPO's clip against the round's first policy, not the behaviour policy actors that run ahead leave up to a
-        # round older (`ppo.clipped_surrogate`): on Hopper 500k it lifted the mean return by about half (README)
+        # round older (`ppo.clipped_surrogate`): on Hopper 500k it lifted the mean return by about half
+        # (docs/results/ablations.md)
         overrides = {
             **overrides,
             "stellaris": _FAST_STELLARIS.model_copy(update={"truncation_form": "decoupled"}),

@@ -1,4 +1,4 @@
-"""Generalised advantage estimation (Schulman et al. 2016), the PPO advantage of SPEC.md §4."""
+"""Generalised advantage estimation (Schulman et al. 2016), the PPO advantage of docs/algorithms.md."""
 
 from __future__ import annotations
 

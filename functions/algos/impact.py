@@ -1,4 +1,4 @@
-"""IMPACT loss (Luo et al. 2020; RLlib's APPO) with the Stellaris weight as V-trace's ρ (SPEC.md §4, §5)."""
+"""IMPACT loss (Luo et al. 2020; RLlib's APPO) with the Stellaris weight as V-trace's ρ (docs/algorithms.md)."""
 
 from __future__ import annotations
 
@@ -55,7 +55,7 @@ def impact_loss(
     ``kl`` the per-sample KL(π_target ‖ π_θ); ``entropy`` the per-sample entropy of π_θ.
 
     1. (v_s, A_s) = V-trace with π = π_target and μ (ρ̄, c̄); with ``is_weights`` R' (paper Eq. 2) replaces
-       V-trace's per-sample ρ (SPEC.md §5).
+       V-trace's per-sample ρ (docs/algorithms.md).
     2. surrogate = min(r·A_s, clip(r, 1 − ε, 1 + ε)·A_s) with r = π_θ/π_target (ε = 0.4 in Table III).
     3. total = −mean(w·surrogate) + c_v·½·mean(w·(V − v_s)²) + β_KL·mean(KL) − c_e·mean(entropy), where w
        (``sample_weights``) is prioritized replay's importance weight of each sample (Schaul et al. 2016: it scales

@@ -1,4 +1,4 @@
-"""PPO loss (Schulman et al. 2017) with the Stellaris truncated ratio (SPEC.md §4, §5)."""
+"""PPO loss (Schulman et al. 2017) with the Stellaris truncated ratio (docs/algorithms.md)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ class PPOLossTerms:
 
 
 def truncated_ratio(ratio: Tensor, is_weights: Tensor | None) -> Tensor:
-    """r̃ = r · stopgrad(R'/r) (SPEC.md §5): valued R', with the gradient of r scaled by R'/r.
+    """r̃ = r · stopgrad(R'/r) (docs/algorithms.md): valued R', with the gradient of r scaled by R'/r.
 
     r = π_θ(a|s)/μ(a|s) is the learner policy π_θ over the behaviour policy μ; R' is the weight of paper
     Eq. 2. Without ``is_weights`` this is r itself (vanilla PPO).
@@ -51,7 +51,7 @@ def clipped_surrogate(
     """Per-sample PPO objective with the Stellaris weight R' (PPO Eq. 7, paper §V-A, Eq. 2).
 
     r = π_θ/μ with π_θ the learner policy and μ the behaviour policy.
-    - ``surrogate`` (SPEC.md §5 as written): min(r̃·A, clip(r, 1 − ε, 1 + ε)·A), r̃ = ``truncated_ratio(r, R')``.
+    - ``surrogate`` (docs/algorithms.md): min(r̃·A, clip(r, 1 − ε, 1 + ε)·A), r̃ = ``truncated_ratio(r, R')``.
       Since R' ≤ ρ = 1 < 1 + ε, the unclipped term wins for every A > 0, so the clip never stops a positive
       advantage's gradient: PPO's trust region is gone on that side, and epochs keep pushing.
     - ``weighted``: stopgrad(R'/r)·min(r·A, clip(r, 1 − ε, 1 + ε)·A): vanilla PPO's clip decides which samples

@@ -1,4 +1,4 @@
-"""Staleness-aware gradient aggregation (Stellaris paper Eq. 3–4, SPEC.md §5) and the baseline rules.
+"""Staleness-aware gradient aggregation (Stellaris paper Eq. 3–4, docs/algorithms.md) and the baseline rules.
 
 The equations are pure functions in ``functions.algos.staleness_equations`` (``staleness``,
 ``staleness_threshold``, ``staleness_bound``, ``calibrate_delta_max``, ``staleness_scale``, ``aggregate``). The
@@ -24,7 +24,7 @@ from functions.algos.staleness_equations import (
 
 
 class Rule(StrEnum):
-    """Aggregation rules of the parameter function (SPEC.md §5)."""
+    """Aggregation rules of the parameter function (docs/algorithms.md)."""
 
     STELLARIS = "stellaris"
     SYNC = "sync"

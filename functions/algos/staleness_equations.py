@@ -1,4 +1,4 @@
-"""The equations of staleness-aware aggregation (Stellaris paper Eq. 3–4, SPEC.md §5), as pure functions.
+"""The equations of staleness-aware aggregation (Stellaris paper Eq. 3–4, docs/algorithms.md), as pure functions.
 
 δ (``staleness``), β_k (``staleness_threshold``, and ``staleness_bound`` under a ``Schedule``), δ_max
 (``calibrate_delta_max``), the per-gradient factor 1/δ^(1/v) (``staleness_scale``) and the mean of the scaled
@@ -128,7 +128,7 @@ def optimizer_step_gradients(
     gradients: Sequence[Mapping[str, Tensor]], scales: Sequence[float], mode: str = "aggregate"
 ) -> list[dict[str, Tensor]]:
     """The gradient of each optimizer step one aggregation makes: the mean of the scaled gradients, one step
-    ("aggregate", SPEC §5), or each scaled gradient as a step of its own, in order ("each")."""
+    ("aggregate", docs/algorithms.md), or each scaled gradient as a step of its own, in order ("each")."""
     if mode == "each":
         return [aggregate([gradient], [scale]) for gradient, scale in zip(gradients, scales, strict=True)]
     if mode != "aggregate":

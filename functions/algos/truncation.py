@@ -1,4 +1,4 @@
-"""Importance-sampling truncation across learner policies (Stellaris paper Eq. 2, SPEC.md §5)."""
+"""Importance-sampling truncation across learner policies (Stellaris paper Eq. 2, docs/algorithms.md)."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ def truncate_ratios(ratios: Tensor, *, rho: float = 1.0) -> Tensor:
 def truncated_is_weight(
     own_log_probs: Tensor, other_log_probs: Tensor, behaviour_log_probs: Tensor, *, rho: float = 1.0
 ) -> Tensor:
-    """The Stellaris IS weight R' = min(|min_i π_θi(a|s)/μ(a|s)|, ρ) (paper Eq. 2, SPEC.md §5).
+    """The Stellaris IS weight R' = min(|min_i π_θi(a|s)/μ(a|s)|, ρ) (paper Eq. 2, docs/algorithms.md).
 
     μ is the behaviour (actor) policy: ``behaviour_log_probs`` = log μ(a|s), shape S (e.g. ``[B]``).
     The π_θi are the learner policies: the learner's own π_θ (``own_log_probs``, shape S) and the K
@@ -44,7 +44,7 @@ def truncated_is_weight(
 
 @dataclass(frozen=True)
 class TruncationStats:
-    """Per-gradient report of the truncation (SPEC.md §5).
+    """Per-gradient report of the truncation (docs/algorithms.md).
 
     ``fraction_truncated``: share of samples whose |min_i π_θi/μ| exceeded ρ and was clipped to ρ;
     ``mean_weight``: mean R'.

@@ -1,4 +1,4 @@
-"""V-trace off-policy targets (Espeholt et al. 2018, IMPALA Eq. 1), used by IMPACT (SPEC.md §4)."""
+"""V-trace off-policy targets (Espeholt et al. 2018, IMPALA Eq. 1), used by IMPACT (docs/algorithms.md)."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ def vtrace(
     v_s − V(x_s) = δ_s + γ_s·c_s·(v_{s+1} − V(x_{s+1})),  A_s = ρ_s·(r_s + γ_s·v_{s+1} − V(x_s)).
 
     With ``is_weights`` (the Stellaris weight R' of paper Eq. 2, see ``truncation.truncated_is_weight``), R'
-    replaces the clipped ρ_t in both δ_t and A_s (SPEC.md §5); the trace cutting c_t is unchanged.
+    replaces the clipped ρ_t in both δ_t and A_s (docs/algorithms.md); the trace cutting c_t is unchanged.
     Returns ``(vs, pg_advantages)`` without gradient.
     """
     if bootstrap_value.shape != rewards.shape[1:]:

@@ -161,7 +161,7 @@ class _Server:
         if in_flight is None:
             seen, snapshot = len(queued), QueueSnapshot(self.version, versions, (self.version,))
         else:
-            # The job's trigger shows the rule whole groups of K (README, "Declarative triggers"); the rest wait,
+            # The job's trigger shows the rule whole groups of K (docs/workflows.md); the rest wait,
             # as if in flight. The default shows it the whole queue.
             seen = self.trigger.visible(
                 queued=len(queued), in_flight=len(in_flight), owed=self.owed, since_fire_s=self.since

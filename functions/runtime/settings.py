@@ -29,7 +29,7 @@ class RuntimeSettings(BaseModel):
     handler: str = Field(description="package.module:function")
     host: str = Field(default="127.0.0.1", description="bind address; loopback unless --allow-remote")
     port: int = Field(default=0, ge=0, le=65535, description="0 binds a free port (see the READY line)")
-    concurrency: int = Field(default=1, gt=0, description="handler calls at once (SPEC §6: 1 per instance)")
+    concurrency: int = Field(default=1, gt=0, description="handler calls at once (docs/gateway.md: 1 per instance)")
     queue_max: int = Field(default=16, ge=0, description="calls waiting for a slot; beyond that 429")
     timeout_s: float = Field(default=60.0, gt=0, description="bound on one call (then 504 and recycle) and its wait")
     drain_timeout_s: float | None = Field(default=None, gt=0, description="SIGTERM grace; None: timeout_s")

@@ -1,7 +1,8 @@
 """The Ray actor that hosts one function instance: the function runtime, in the actor's own process, serving on its
 node's address; the actor answers the gateway's questions about it (describe, ping) and drains it on request.
 
-The gateway never imports functions/ (SPEC §1): the actor reaches the runtime by the name the contract gives
+The gateway never imports functions/ (docs/architecture.md): the actor reaches the runtime by the name the contract
+gives
 (EMBEDDED_RUNTIME), in the worker process on the node, where functions/ is importable like on any node that runs
 our instances. Everything the runtime reads from its environment (REDIS_URL, STELLARIS_INSTANCE_ID, the secret in
 SECRET_ENV, the spec's env) is set in the actor's process before the runtime starts, over the allowed part of the

@@ -1,4 +1,4 @@
-"""A job's cost (SPEC §7): metered invocations under serverless billing; under serverful billing, and for
+"""A job's cost (docs/experiments.md): metered invocations under serverless billing; under serverful billing, and for
 serverful actors always, the resources held for the wall-clock time they are held."""
 
 from __future__ import annotations

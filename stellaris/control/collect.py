@@ -1,10 +1,10 @@
-"""The learner gate (README, "Declarative triggers"): a round's learners are invoked when the job's learner trigger
+"""The learner gate (docs/workflows.md): a round's learners are invoked when the job's learner trigger
 fires over the batches landed in the cache. The gate claims landed batches atomically (`cache.claims`: a batch goes
 to exactly one firing), reads only their headers, and fires once every condition of the trigger holds; the firing's
 batches are the round's. A claimed batch that cannot be trained on (an undecodable header, a version never
 published, a header without its arrays) is dead-lettered by the claim and the gate claims on: it costs the round
 nothing but itself. Round 1 is every actor's first batch, in actor order, as before triggers, whatever the
-trigger says (README, "Reproducing a run"); batches landed beyond that are carried, already claimed, into round 2.
+trigger says (docs/training.md); batches landed beyond that are carried, already claimed, into round 2.
 
 Event-driven: a claim blocks on the stream until a batch lands; conditions that no landing changes (a period, a
 predicate, a version) are looked at again at least every `ACTOR_CHECK_S`. Dead serverful actors are looked for (a
@@ -123,7 +123,7 @@ class LearnerGate:
             rs.redis_round_trips += sum(int(b.info.get("redis_round_trips", 0)) for _, b in got)
             if got:
                 last_landing = time.monotonic()
-        if t.round == 1:  # the same seed, the same round 1 (README, "Reproducing a run")
+        if t.round == 1:  # the same seed, the same round 1 (docs/training.md)
             batches, t.carried = first_of_each(batches)
         facts = replace(facts, version=t.job.policies.version() or 0) if facts.version < 0 else facts
         self.fired_at, self.fired_version = time.monotonic(), facts.version

@@ -94,5 +94,5 @@ class ActorController:
 
 def actor_cost_per_round(actors: int, held_s: float) -> float:
     """What `actors` actors cost over one round in which each is held (serverful) or invoked (serverless) for
-    `held_s` seconds, at the actors' price per resource-second (SPEC §7: one core of a c6a.32xlarge)."""
+    `held_s` seconds, at the actors' price per resource-second (docs/experiments.md: one core of a c6a.32xlarge)."""
     return actors * held_s * ACTOR_PRICING.usd_per_second

@@ -2,7 +2,8 @@
 run's last round, `eval_episodes` whole episodes of the policy the round ended with, deterministic actions (the
 mode of the policy), on an env of its own (seeded seed + EVAL_SEED_OFFSET, never one of the actors' envs).
 
-The control plane runs no functions code (SPEC §1): an evaluation is one invocation of the job's actor function with
+The control plane runs no functions code (docs/architecture.md): an evaluation is one invocation of the job's actor
+function with
 an `evaluate` event, through the gateway, metered like any other. A call whose instance died is made again; any
 other failure costs the round its evaluation (NaN columns and a warning), never the run.
 """

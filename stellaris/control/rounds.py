@@ -1,4 +1,4 @@
-"""The round protocol (SPEC §5), written once: a round's learner tasks on the task board, `learners` learner
+"""The round protocol (docs/algorithms.md), written once: a round's learner tasks on the task board, `learners` learner
 invocations working through them while one parameter invocation applies their gradients as they land, failed
 invocations replaced; serverless actor invocations on a pool of their own.
 
@@ -52,14 +52,15 @@ class Functions(Protocol):
 
 
 def round_tasks(round_k: int, batch_ids: Sequence[str], *, epochs: int, minibatches: int) -> list[LearnerTask]:
-    """One task per (epoch, minibatch) of the round's batches (SPEC §5): one gradient each."""
+    """One task per (epoch, minibatch) of the round's batches (docs/algorithms.md): one gradient each."""
     ids = tuple(batch_ids)
     return [LearnerTask(round_k, ids, e, i, minibatches) for e in range(epochs) for i in range(minibatches)]
 
 
 def round_steps(tasks: list[LearnerTask], *, mode: RuleName, learners: int) -> list[list[LearnerTask]]:
     """A synchronous step is one task per learner, all on the same version, averaged into one update; the next
-    step's tasks are enqueued once that version is out (SPEC §5's `sync` baseline). Otherwise the whole round is
+    step's tasks are enqueued once that version is out (docs/algorithms.md `sync` baseline). Otherwise the whole round
+    is
     one step."""
     size = learners if mode == "sync" else len(tasks)
     return [tasks[lo : lo + size] for lo in range(0, len(tasks), max(size, 1))]

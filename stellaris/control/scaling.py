@@ -1,4 +1,4 @@
-"""The trainer's elastic glue (README, "Elastic actors"): at a round's start the learner schedule sets the round's
+"""The trainer's elastic glue (docs/workflows.md): at a round's start the learner schedule sets the round's
 learner capacity; at its end the round's signal goes to the damped controller (stellaris/control/elastic.py), its
 count is applied (serverful actors started or stopped, serverless ones invoked that many, pre-warmed ahead), and
 the round's info.csv columns (ELASTIC_COLUMNS) say what changed and what it costs."""

@@ -1,4 +1,4 @@
-"""The training job driver (SPEC §5): per round, a train batch from the actors, then the round protocol
+"""The training job driver (docs/algorithms.md): per round, a train batch from the actors, then the round protocol
 (`rounds.Rounds`) through the gateway, then the report rows and a checkpoint. Deployment, billing and report rows
 live in their own modules; this one holds the job's epoch, its loop and its checkpoints.
 
@@ -85,10 +85,11 @@ class Trainer:
         self.reward_scalers: dict[str, list[float]] = dict(self.state.get("reward_scalers") or {})
         self.carried: list[tuple[str, BatchMeta]] = []  # landed beyond a round's choice: the next round's first
         self.finished = False
-        self.elastic = Scaler(self, self.state.get("elastic"))  # elastic actors and the learner schedule (README)
+        # Elastic actors and the learner schedule (docs/workflows.md).
+        self.elastic = Scaler(self, self.state.get("elastic"))
         gate_state = self.state.get("learner_trigger")
         payloads = cfg.distribution == "trajectories"  # a header alone is the batch under gradients_at_actors
-        self.gate = LearnerGate(cfg.triggers.learner, self.job, gate_state, payloads=payloads)  # README, triggers
+        self.gate = LearnerGate(cfg.triggers.learner, self.job, gate_state, payloads=payloads)  # docs/workflows.md
 
     @property
     def cost(self) -> float:
@@ -190,7 +191,7 @@ class Trainer:
 
     # -- accounting -------------------------------------------------------------------------------------------
     def _charge(self, acts: list[Any]) -> None:
-        """Record the activations; under serverless billing charge each its metered cost (SPEC §7)."""
+        """Record the activations; under serverless billing charge each its metered cost (docs/experiments.md)."""
         self.run.record_invocations(acts)
         self.billing.charge(acts)
 

@@ -1,4 +1,4 @@
-"""triggers.csv: one row per trigger firing (README, "Declarative triggers"). Learner firings are written by the
+"""triggers.csv: one row per trigger firing (docs/workflows.md). Learner firings are written by the
 learner gate when they happen; parameter firings are read from the applied log, one per published version, when
 the round's gradients.csv rows are written (the parameter function runs behind the gateway and logs them there)."""
 

@@ -1,4 +1,4 @@
-"""Declarative triggers (README, "Declarative triggers"): when learners are invoked, as conditions over the batches
+"""Declarative triggers (docs/workflows.md): when learners are invoked, as conditions over the batches
 landed in the cache, and when the parameter function applies gradients (`cache.contract.triggers`), both set in
 config (`triggers:` in YAML, or `--triggers JSON`), never in the control plane's code.
 
@@ -128,8 +128,7 @@ class TriggerFields(BaseModel):
 
     triggers: Triggers = Field(
         default_factory=Triggers,
-        description="when learners are invoked and the parameter function applies, as JSON "
-        '(README, "Declarative triggers")',
+        description="when learners are invoked and the parameter function applies, as JSON (docs/workflows.md)",
     )
 
     @model_validator(mode="after")

@@ -20,7 +20,7 @@ from experiments.runner import Outcome, run_dir
 from experiments.suites import ALL_SUITES, RunPlan, plan
 from experiments.summary import read_info, run_result, summarise
 
-# SPEC §7 by hand: a p3.2xlarge ($3.06/h) holds 4 learners, a c6a.32xlarge ($4.896/h) 128 actor cores.
+# docs/experiments.md by hand: a p3.2xlarge ($3.06/h) holds 4 learners, a c6a.32xlarge ($4.896/h) 128 actor cores.
 LEARNER_USD_PER_S = 3.06 / 3600 / 4  # 0.0002125
 ACTOR_CORE_USD_PER_S = 4.896 / 3600 / 128  # 0.000010625
 

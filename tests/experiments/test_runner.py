@@ -57,7 +57,8 @@ def test_runner_summary_figures_skip_and_resume(tmp_path: Path, deployment: Depl
     assert not math.isnan(ours["reward_ratio"])
     with (tmp_path / "algorithms" / "summary.csv").open() as f:
         assert [r["variant"] for r in csv.DictReader(f)] == ["vanilla", "stellaris"]
-    # One cost model, two billings (SPEC §7): serverful holds 2 learner slots + the parameter server for the whole
+    # One cost model, two billings (docs/experiments.md): serverful holds 2 learner slots + the parameter server for
+    # the whole
     # wall clock; serverless pays each invocation's metered cost.
     vanilla = json.loads((run_dir(tmp_path, PLANS[0]) / "state.json").read_text())
     slot_per_s = LEARNER_PRICING.usd_per_second

@@ -201,7 +201,8 @@ def test_paper_and_fast_presets() -> None:
     assert fast.num_epochs * fast.num_minibatches == 320  # learner tasks (gradients) per round
     # Adam's ε: CleanRL's (and the plain single-file baseline's) in the fast presets, torch's default in the paper's
     assert fast.adam_eps == preset("fast", "ppo", "atari").adam_eps == 1e-5 and paper.adam_eps == 1e-8
-    # PPO on MuJoCo-like envs clips against the round's first policy; the paper preset keeps SPEC §5's form, and
+    # PPO on MuJoCo-like envs clips against the round's first policy; the paper preset keeps docs/algorithms.md form,
+    # and
     # the V-trace algorithms (a target network of their own) and Atari (not measured) keep theirs.
     assert fast.stellaris.truncation_form == "decoupled" and paper.stellaris.truncation_form == "surrogate"
     assert preset("fast", "ppo", "atari").stellaris.truncation_form == "surrogate"

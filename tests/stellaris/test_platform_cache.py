@@ -1,5 +1,5 @@
 """The platform's embedded Redis as its local processes reach it: over the server's socket file, not loopback TCP
-(a round trip there costs less; README, "The cache"). The local gateway, and with it every process instance it
+(a round trip there costs less; docs/architecture.md). The local gateway, and with it every process instance it
 starts, gets the socket's URL; the URL for containers and Ray nodes stays TCP."""
 
 from __future__ import annotations

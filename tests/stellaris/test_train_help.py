@@ -116,12 +116,12 @@ def _helps() -> list[tuple[str, str]]:
 
 @pytest.mark.parametrize("source", ["help", "README.md"])
 def test_no_pointer_to_a_document_the_repository_does_not_ship(source: str) -> None:
-    """SPEC.md lives outside the repository: help texts and the README state the facts instead."""
+    """The design document lives outside the repository: help texts and the README state the facts instead."""
     texts = _helps() if source == "help" else [("README.md", (ROOT / "README.md").read_text())]
     assert len(texts) > 5 or source == "README.md"
     for where, text in texts:
         assert "Usage" in text or where == "README.md", text
-        # SPEC.md and the papers (seeds/) are not shipped; a paper's table is cited by what it holds
+        # The design document and the papers (seeds/) are not shipped; a paper's table is cited by what it holds
         unshipped = re.compile(r"\bSPEC\b|\bseeds/|\bTable [IVX]+\b")
         assert not unshipped.search(text), (where, [ln for ln in text.splitlines() if unshipped.search(ln)])
 

@@ -1,4 +1,4 @@
-"""A workflow defined only in config (README, "Declarative triggers"): `stellaris train` on CartPole with learners
+"""A workflow defined only in config (docs/workflows.md): `stellaris train` on CartPole with learners
 triggered every 4 batches and the parameter function every 4 gradients; triggers.csv, gradients.csv and the
 activation records show every invocation happened when the trigger definitions say."""
 
