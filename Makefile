@@ -25,6 +25,7 @@ lint: $(STAMP)
 # cluster's start-up loses its pace on 2 cores), then the cluster tests, each module on one worker (one Ray cluster each).
 test: $(STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/lint-imports
 	$(BIN)/pytest -n 2 -m "not cluster and not slow"
 
 test-long: $(STAMP)

@@ -1,7 +1,9 @@
 """cache package."""
 
 from cache.connection import Cache, CacheSettings, connect
-from cache.errors import (
+from cache.job import JobCache, JobLimits
+from cache.tasks import Claim, TaskBoard
+from contract.errors import (
     BackpressureTimeout,
     CacheError,
     CodecError,
@@ -12,9 +14,7 @@ from cache.errors import (
     RedisServerDied,
     VersionNotFound,
 )
-from cache.job import JobCache, JobLimits
-from cache.records import BatchMeta, GradientMeta, GradientRecord, LearnerTask, TrajectoryBatch
-from cache.tasks import Claim, TaskBoard
+from contract.records import BatchMeta, GradientMeta, GradientRecord, LearnerTask, TrajectoryBatch
 
 __all__ = [
     "BackpressureTimeout",

@@ -1,12 +1,12 @@
-"""The one accessor of a job's aggregator state (`cache.contract.AggregatorState`) in Redis. The parameter function
+"""The one accessor of a job's aggregator state (`contract.AggregatorState`) in Redis. The parameter function
 also writes it atomically with each publish (`PolicyStore.publish_and_ack`, from `AggregatorState.to_fields`)."""
 
 from __future__ import annotations
 
 import redis
 
-from cache.contract.aggregator import AggregatorState
 from cache.keys import JobKeys
+from contract.aggregator import AggregatorState
 
 
 class AggregatorStore:

@@ -7,7 +7,7 @@ one claim: two triggers racing over one stream never both get a batch, and a tri
 takes fewer and strands them. Waiting is event-driven: a refused claim blocks on the stream (XREAD from its newest
 entry) until something lands, then tries again.
 
-Every claimed entry is checked before it is handed out (`cache.batch_checks`): one that cannot be trained on (an
+Every claimed entry is checked before it is handed out (`contract.batch_checks`): one that cannot be trained on (an
 undecodable header, a behaviour version never published, a header without its arrays) is given up on into the job's
 dead letters at once, and the claim returns the others: a poisoned batch costs itself, not the claim or the round.
 """
@@ -17,11 +17,11 @@ from __future__ import annotations
 import logging
 import time
 
-from cache.batch_checks import checked_batch
-from cache.codec import DEFAULT_MAX_BYTES
 from cache.dead_letters import DeadLetters
-from cache.records import BatchMeta
 from cache.streams import MAX_BLOCK_S, BoundedStream, Entry, _entry
+from contract.batch_checks import checked_batch
+from contract.codec import DEFAULT_MAX_BYTES
+from contract.records import BatchMeta
 
 log = logging.getLogger(__name__)
 

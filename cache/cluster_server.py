@@ -22,8 +22,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from cache.errors import RedisStartError
 from cache.server import EmbeddedRedis, find_redis_server, free_port
+from contract.errors import RedisStartError
 
 _STATE_OK, _STATE_FAIL = "Cluster state changed: ok", "Cluster state changed: fail"
 BUS_PORT_OFFSET = 10_000  # a node's cluster bus listens on its port + 10000, so its port must be at most 55535

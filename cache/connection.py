@@ -20,11 +20,11 @@ from pydantic import BaseModel, ConfigDict, Field
 from redis.backoff import NoBackoff
 
 from cache.acl import url_as
-from cache.allocator import tune_allocator
 from cache.cluster_client import CLUSTER_RETRY_ON, CLUSTER_SCHEMES, GuardedCluster, is_cluster_url, node_url
-from cache.errors import CacheError, RedisServerDied
 from cache.retry import ReconnectRetry, window_from_env
 from cache.server import EmbeddedRedis
+from contract.errors import CacheError, RedisServerDied
+from host.allocator import tune_allocator
 
 REDIS_URL_ENV = "REDIS_URL"
 # A per-job user's credentials (cache/acl.py), applied over $REDIS_URL: the deployment says where Redis is, the job

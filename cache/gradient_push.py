@@ -14,10 +14,10 @@ import time
 
 import redis
 
-from cache.errors import BackpressureTimeout
 from cache.keys import JobKeys
-from cache.records import GradientRecord
 from cache.streams import blpop_timeout
+from contract.errors import BackpressureTimeout
+from contract.records import GradientRecord
 
 # KEYS: gradients, pushers; ARGV: maxlen, ttl ms, actor id, task id, then the gradient's fields.
 PUSH = """

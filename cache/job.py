@@ -9,17 +9,17 @@ from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from cache.aggregator import AggregatorStore
-from cache.batch_checks import version_ahead
-from cache.codec import DEFAULT_MAX_BYTES, encode_fields
 from cache.dead_letters import DeadLetters
-from cache.errors import FencingError, RecordError
 from cache.keys import JobKeys
 from cache.learner_registry import LearnerRegistry
 from cache.policy_store import PolicyStore
-from cache.records import BatchMeta, GradientMeta, GradientRecord, TrajectoryBatch
 from cache.replay.store import ReplayStore, is_replay_id
 from cache.streams import MAX_BLOCK_S, BoundedStream, Entry
 from cache.tasks import TaskBoard
+from contract.batch_checks import version_ahead
+from contract.codec import DEFAULT_MAX_BYTES, encode_fields
+from contract.errors import FencingError, RecordError
+from contract.records import BatchMeta, GradientMeta, GradientRecord, TrajectoryBatch
 
 
 class JobLimits(BaseSettings):

@@ -19,10 +19,10 @@ from typing import NamedTuple
 import redis
 
 from cache import policy_scripts as scripts
-from cache.errors import FencingError, LeaseUnavailable, VersionNotFound
 from cache.keys import JobKeys
 from cache.learner_registry import WorkSnapshot
 from cache.streams import MAX_BLOCK_S, Entry, blpop_timeout
+from contract.errors import FencingError, LeaseUnavailable, VersionNotFound
 
 
 class Published(NamedTuple):

@@ -22,8 +22,8 @@ import threading
 from pathlib import Path
 from types import TracebackType
 
-from cache.errors import RedisServerDied, RedisStartError
-from cache.lifetime import dies_with_us, stop_process
+from contract.errors import RedisServerDied, RedisStartError
+from host.lifetime import dies_with_us, stop_process
 
 _READY = "Ready to accept connections"
 _PORT_IN_USE = "Address already in use"

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import redis
 
-from cache.errors import BackpressureTimeout, CacheError
+from contract.errors import BackpressureTimeout, CacheError
 
 # The longest single blocking call; longer waits loop, so a client's socket timeout never cuts one short.
 MAX_BLOCK_S = 20.0
@@ -61,7 +61,7 @@ Fields = Sequence[bytes | memoryview | str]  # flat field, value, field, value, 
 
 @dataclass(frozen=True)
 class Entry:
-    """One stream entry: its id and its field -> value map (see `cache.codec.encode_fields`)."""
+    """One stream entry: its id and its field -> value map (see `contract.codec.encode_fields`)."""
 
     id: str
     fields: dict[bytes, bytes]

@@ -29,10 +29,10 @@ import redis
 
 from cache import task_scripts as scripts
 from cache.deferred import Deferred
-from cache.errors import BackpressureTimeout
 from cache.keys import JobKeys
-from cache.records import GradientRecord, LearnerTask
 from cache.streams import BoundedStream, Entry, blpop_timeout
+from contract.errors import BackpressureTimeout
+from contract.records import GradientRecord, LearnerTask
 
 
 @dataclass(frozen=True)

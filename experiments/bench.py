@@ -286,7 +286,7 @@ PROCESS_KINDS = (
     ("handlers.learner:", "learners"),
     ("handlers.parameter:", "parameter"),
     ("handlers.actor:", "actors"),
-    ("functions.actor_loop", "actors"),
+    ("functions.actor.loop", "actors"),
     ("-m gateway", "gateway"),
     ("functions.runtime.zygote", "gateway"),  # the process backend's fork server
 )

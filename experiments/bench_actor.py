@@ -22,11 +22,11 @@ import typer
 
 from cache import Cache, JobCache
 from cache import connect as connect_cache
-from functions.context import Context, Instance
+from functions.actor.rollout import _env_action
 from functions.handlers import actor, parameter
-from functions.jobspec import JobRequest, resolve, save_spec
-from functions.policies import ActorCritic
-from functions.rollout import _env_action
+from functions.model.policies import ActorCritic
+from functions.runtime.context import Context, Instance
+from functions.runtime.jobspec import JobRequest, resolve, save_spec
 
 
 @dataclass

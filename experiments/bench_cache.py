@@ -32,7 +32,7 @@ from safetensors.numpy import load as st_load
 from safetensors.numpy import save as st_save
 
 from cache import Cache, GradientMeta, GradientRecord, JobCache, JobLimits, LearnerTask, TrajectoryBatch, connect
-from cache.codec import decode, encode
+from contract.codec import decode, encode
 
 HOPPER_OBS, HOPPER_ACT, STEPS = 11, 3, 4096
 

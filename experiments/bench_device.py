@@ -24,12 +24,12 @@ import numpy as np
 import torch
 import typer
 
-from cache.records import LearnerTask
+from contract.records import LearnerTask
 from functions.algos.algorithm import LearnInputs
 from functions.algos.config import PPOConfig
 from functions.algos.ppo_algo import PPO
-from functions.device import to_cpu, to_device
-from functions.policies import ActorCritic, build_policy
+from functions.model.device import to_cpu, to_device
+from functions.model.policies import ActorCritic, build_policy
 
 OBS_DIM, ACT_DIM = 11, 3  # Hopper-v5
 NO_CUDA = "no CUDA device: torch.cuda.is_available() is False"

@@ -35,7 +35,7 @@ from experiments.bench import Row, Spread
 from experiments.proc_cpu import busy, descendants_running
 from experiments.summary import read_info
 
-MARKERS = {"learner": "handlers.learner:", "parameter": "handlers.parameter:", "actor": "functions.actor_loop"}
+MARKERS = {"learner": "handlers.learner:", "parameter": "handlers.parameter:", "actor": "functions.actor.loop"}
 ROUND_LINE = re.compile(r"round (\d+) env_steps ")
 
 

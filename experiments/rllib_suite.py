@@ -30,11 +30,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from cache.lifetime import dies_with_us
 from experiments.runner import Outcome, run_dir
 from experiments.suites import RunPlan, plan
 from experiments.summary import write_csv
 from gateway.models import ACTOR_PRICING, LEARNER_PRICING
+from host.lifetime import dies_with_us
 
 SCRIPT = Path(__file__).with_name("rllib_ppo.py")
 VARIANT = "rllib"
@@ -66,7 +66,7 @@ def serverful_cost_usd(wall_clock_s: float, *, cores: int, learners: int = LEARN
 def run_spec(stellaris: RunPlan, *, cores: int) -> dict[str, Any]:
     """`rllib_ppo.RunSpec` fields for RLlib's PPO with the Stellaris run's env, seed, env-step budget, actors (as env
     runners, one core each, at most `cores`) and resolved hyperparameters."""
-    from functions.jobspec import JobRequest, resolve
+    from functions.runtime.jobspec import JobRequest, resolve
     from stellaris.config import TrainConfig
 
     if cores < 1:

@@ -24,15 +24,15 @@ from experiments.rllib_env import VENV_ENV_VAR, RLlibEnvError, ensure_venv, venv
 from experiments.runner import Deployment, Outcome, execute, run_dir
 from experiments.suites import ALL_SUITES, PRESETS, RunPlan, plan
 from experiments.summary import RunResult, run_result, write_outputs
-from stellaris.control.outputs import fmt
+from stellaris.rundir.outputs import fmt
 
 console = Console(stderr=True)
 
 
 def _deployment(stack: ExitStack, redis_url: str | None, gateway_url: str | None, token: str | None) -> Deployment:
     """The given deployment, or an embedded Redis and a local gateway shared by every run of the suite."""
-    from stellaris.control.platform import Platform
-    from stellaris.control.trainer import threads_env
+    from stellaris.platform.local import Platform
+    from stellaris.round.trainer import threads_env
 
     platform = stack.enter_context(
         Platform(redis_url=redis_url, gateway_url=gateway_url, gateway_token=token, instance_env=threads_env())

@@ -19,8 +19,8 @@ from pathlib import Path
 import yaml
 
 from cache.connection import redact_url
-from cache.lifetime import dies_with_us
 from experiments.suites import RunPlan
+from host.lifetime import dies_with_us
 
 
 @dataclass(frozen=True)

@@ -23,8 +23,8 @@ def main() -> None:
     except ValidationError as exc:
         parser.exit(2, f"invalid gateway settings: {exc}\n")
     if settings.fork_server_env is not None and settings.fork_servers > 0:
-        from gateway.backends.fork_servers import STARTUP_TIMEOUT_S, start_early
-        from gateway.backends.process import instances_base_env
+        from gateway.backends.process.backend import instances_base_env
+        from gateway.backends.process.fork_servers import STARTUP_TIMEOUT_S, start_early
 
         # Before the gateway's own imports: the fork server's import as many again, meanwhile (gateway/service.py
         # would start it only once those are done and Redis is reached). Its environment is the one the process
@@ -38,7 +38,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    from cache.lifetime import quick_exit
+    from host.lifetime import quick_exit
 
     main()
     quick_exit(0)

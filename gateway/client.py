@@ -9,7 +9,7 @@ from typing import Any, NamedTuple
 
 import httpx
 
-from cache.contract.runtime_http import CALL_ID_HEADER
+from contract.runtime_http import CALL_ID_HEADER
 from gateway.models import AFFINITY_HEADER, METER_HEADER, Activation, FunctionSpec, Status
 
 

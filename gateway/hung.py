@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
-from cache.contract.runtime_http import HEALTH_PATH, SECRET_HEADER
+from contract.runtime_http import HEALTH_PATH, SECRET_HEADER
 from gateway.backends.base import BackendError
 
 if TYPE_CHECKING:

@@ -1,4 +1,4 @@
-"""One call to one instance over the runtime's HTTP contract (cache/contract/runtime_http.py), and what its answer
+"""One call to one instance over the runtime's HTTP contract (contract/runtime_http.py), and what its answer
 means to the gateway: a result, or a failure with the status the gateway answers."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from typing import Any
 
 import aiohttp
 
-from cache.contract.runtime_http import (
+from contract.runtime_http import (
     CALL_ID_HEADER,
     DURATION_MS_HEADER,
     INVOKE_PATH,

@@ -11,7 +11,7 @@ import sys
 
 import uvicorn
 
-from cache.contract.runtime_http import READY_PREFIX
+from contract.runtime_http import READY_PREFIX
 from gateway.app import create_app
 from gateway.protocol import timed_httptools
 from gateway.settings import GatewaySettings

@@ -18,7 +18,7 @@ from cache.keys import GatewayKeys
 from gateway import late_starts
 from gateway.activations import ActivationStore
 from gateway.backends.base import Backend
-from gateway.backends.process import ProcessBackend
+from gateway.backends.process.backend import ProcessBackend
 from gateway.discovery import Survivors, discover, sort_survivors
 from gateway.invocation import InvocationFailed, Outcome
 from gateway.limits import check_registration
@@ -159,7 +159,7 @@ class Gateway:
         if name not in self._backends:
             st, redis_url = self.settings, (self.cache.url if self.cache else None)
             if name == "ray":
-                from gateway.backends.ray import RayBackend  # Ray (an extra) only where it is used
+                from gateway.backends.ray.backend import RayBackend  # Ray (an extra) only where it is used
 
                 self._backends[name] = RayBackend(
                     address=st.ray_address,
@@ -168,7 +168,7 @@ class Gateway:
                     startup_timeout_s=st.ray_startup_timeout_s,
                 )
             elif name == "docker":
-                from gateway.backends.docker import DockerBackend  # the docker SDK only where it is used
+                from gateway.backends.docker.backend import DockerBackend  # the docker SDK only where it is used
 
                 self._backends[name] = DockerBackend(
                     namespace=st.namespace,

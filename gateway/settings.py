@@ -9,7 +9,7 @@ import socket
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from cache.contract.instance_env import INHERITED_ENV
+from contract.instance_env import INHERITED_ENV
 from gateway.models import BackendName
 
 
@@ -155,7 +155,7 @@ class GatewaySettings(HangSettings):
     docker_python: str | None = Field(default=None, description="interpreter path inside the container")
     docker_volumes: dict[str, str] = Field(default_factory=dict, description="host path -> container path (ro)")
     docker_workdir: str | None = None
-    # Ray backend (gateway/backends/ray.py): instances are named detached actors in the Ray namespace
+    # Ray backend (gateway/backends/ray/backend.py): instances are named detached actors in the Ray namespace
     # "stellaris-<namespace>", each serving the function runtime on its node's address.
     ray_address: str | None = Field(
         default=None,

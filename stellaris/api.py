@@ -22,7 +22,7 @@ from stellaris.policy_file import PolicyFile, PolicyFileError, read_policy_file
 if TYPE_CHECKING:
     from gymnasium import spaces
 
-    from functions.policies import ActorCritic
+    from functions.model.policies import ActorCritic
     from stellaris.config import TrainConfig
 
 INTERRUPTED = 130  # run_training's exit code after Ctrl-C (SIGINT), as a shell reports it
@@ -84,7 +84,7 @@ def train(config: TrainConfig | Mapping[str, Any] | str | Path, *, resume: bool 
     YAML file; ``resume=True`` continues the run in ``config``'s ``out``. Raises ConfigError for a bad config,
     RunDirError for an ``out`` that holds a run already (without ``resume``), TrainingError when the run stops
     without finishing (interrupted: exit code 130), and the platform's own errors (an unreachable Redis, ...)."""
-    from stellaris.control.run import run_training
+    from stellaris.run import run_training
 
     cfg = _as_config(config)
     code = run_training(cfg, resume=resume)
@@ -109,10 +109,10 @@ def train(config: TrainConfig | Mapping[str, Any] | str | Path, *, resume: bool 
 
 class Policy:
     """A trained policy rebuilt from its file: ``act`` on one observation or a batch, the observation normaliser
-    applied (its statistics are part of the weights). ``network`` is the torch module (functions.policies)."""
+    applied (its statistics are part of the weights). ``network`` is the torch module (functions.model.policies)."""
 
     def __init__(self, network: ActorCritic, file: PolicyFile) -> None:
-        from functions.policies import space_from_json
+        from functions.model.policies import space_from_json
 
         self.network = network.eval()
         self.observation_space: spaces.Space = space_from_json(file.card["observation_space"])
@@ -150,7 +150,7 @@ def load_policy(run_dir_or_file: str | Path) -> Policy:
     PolicyFileError names what is missing or does not fit."""
     import torch
 
-    from functions.policies import policy_from_card
+    from functions.model.policies import policy_from_card
 
     file = read_policy_file(run_dir_or_file)
     try:

@@ -35,7 +35,7 @@ MAX_EXIT_GRACE_S = 3600.0
 
 def exit_grace_s() -> float:
     """$STELLARIS_EXIT_GRACE_S, default EXIT_GRACE_S: checked when `train` starts, so a bad value stops it then."""
-    from stellaris.control.env_limits import seconds_from_env
+    from stellaris.platform.env_limits import seconds_from_env
 
     return seconds_from_env(EXIT_GRACE_ENV, EXIT_GRACE_S, 0.0, MAX_EXIT_GRACE_S)
 
@@ -47,11 +47,11 @@ def _exit_with(command: Callable[[], int]) -> NoReturn:
     from cache import CacheError, RedisServerDied
     from gateway.client import GatewayError
     from stellaris.config import ConfigError
-    from stellaris.control.cache_faults import CacheFull
-    from stellaris.control.gateway_watch import GatewayStuck
-    from stellaris.control.outputs import RunDirError
-    from stellaris.control.platform import PlatformError
     from stellaris.evaluate import EvalError
+    from stellaris.platform.cache_faults import CacheFull
+    from stellaris.platform.gateway_watch import GatewayStuck
+    from stellaris.platform.local import PlatformError
+    from stellaris.rundir.outputs import RunDirError
 
     try:
         code = command()
@@ -83,7 +83,7 @@ def _exit_with(command: Callable[[], int]) -> NoReturn:
 def _leave(code: int) -> NoReturn:
     """Exit with `code`, leaving behind any call still blocked on a gateway that answers nothing (after Ctrl-C, or an
     error): the interpreter's exit would wait for it, up to the call's hour, however often Ctrl-C is pressed."""
-    rounds = sys.modules.get("stellaris.control.rounds")  # no Rounds ever made: no call threads
+    rounds = sys.modules.get("stellaris.round.protocol")  # no Rounds ever made: no call threads
     try:
         grace_s = exit_grace_s()
     except ValueError:  # said when train started; a library caller that set it badly gets the default
@@ -118,18 +118,6 @@ def redis() -> None:
         threading.Event().wait()
 
 
-@app.command("bench-cache")
-def bench_cache(
-    seconds: float = typer.Option(1.0, help="length of one timed window"),
-    repeats: int = typer.Option(5, help="timed windows per path; the median is reported"),
-) -> None:
-    """Cache throughput: our codec and streams vs pickle + Redis vs raw bytes."""
-    from experiments.bench_cache import main as bench_main
-
-    _sigterm_as_exit()
-    bench_main(seconds=seconds, repeats=repeats, csv_path=None)
-
-
 @app.command()
 def demo(
     minutes: float = typer.Option(3.0, help="training budget"),
@@ -137,8 +125,8 @@ def demo(
 ) -> None:
     """The main job on the embedded default: a short Stellaris training run, then an evaluation of its policy."""
     from stellaris.config import TrainConfig
-    from stellaris.control.run import run_training
     from stellaris.evaluate import evaluate_run
+    from stellaris.run import run_training
 
     _sigterm_as_exit()
 
@@ -158,13 +146,13 @@ def _train(**given: Any) -> None:
     YAML file, and a flag given beats the file (a knob's `overrides.stellaris` entry there included); `--set` beats
     the file's `overrides:` entry."""
     from stellaris.config import ConfigError, load_config
-    from stellaris.control.run import run_training
+    from stellaris.run import run_training
     from stellaris.train_options import field_values, parsed_sets
 
     _sigterm_as_exit()
     config, resume, sets = given.pop("config"), given.pop("resume"), given.pop("sets")
     try:
-        from stellaris.control.platform import gateway_start_attempts, given_gateway_wait_s
+        from stellaris.platform.local import gateway_start_attempts, given_gateway_wait_s
 
         exit_grace_s()
         given_gateway_wait_s()
@@ -193,34 +181,6 @@ def _register_train() -> None:
 
 
 _register_train()
-
-
-@app.command()
-def experiment(
-    suite: str = typer.Argument(
-        ..., help="algorithms, cost, ablation, sensitivity, breakdown, or rllib (RLlib PPO vs Stellaris, own venv)"
-    ),
-    preset: str = typer.Option(
-        "quick", help="quick (≤15 min per suite on 2 cores) or paper (50 rounds, the paper preset's hyperparameters)"
-    ),
-    seeds: int | None = typer.Option(None, help="seeds per configuration (default: quick 2, paper 10)"),
-    out: Path = typer.Option(Path("results"), help="output root; suites under one root share identical runs"),
-    parallel: int = typer.Option(2, help="training runs at a time"),
-) -> None:
-    """Run a suite of the paper's evaluation (same as `python -m experiments.run`)."""
-    from experiments.rllib_env import RLlibEnvError
-    from experiments.run import run_suite
-
-    _sigterm_as_exit()
-    try:
-        code = run_suite(suite, preset=preset, seeds=seeds, out=out, parallel=parallel)
-    except ValueError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(2) from exc
-    except RLlibEnvError as exc:  # RLlib's own venv could not be made (the rllib suite)
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(1) from exc
-    raise typer.Exit(code)
 
 
 @app.command("eval")
@@ -258,11 +218,11 @@ def plot(
 
 
 def main() -> None:
-    """The `stellaris` command: the app, then a quick exit (`cache.lifetime.quick_exit`), so that a finished job
+    """The `stellaris` command: the app, then a quick exit (`host.lifetime.quick_exit`), so that a finished job
     does not wait on the interpreter's teardown. An error that escapes the app leaves the usual way."""
     import faulthandler
 
-    from cache.lifetime import quick_exit
+    from host.lifetime import quick_exit
 
     faulthandler.enable()  # a crash in native code (a signal such as SIGSEGV) prints every thread's stack to stderr
     code = 0

@@ -1,7 +1,7 @@
 """The training job's configuration: YAML file + flag overrides, validated before anything starts.
 
 The Stellaris knobs (`mode`, `d`, `v`, `rho`, `truncation`, `softsync_k`, `ssp_bound`) are declared once, in
-`cache/contract/knobs.py`, and inherited here. A YAML file may also set them as `overrides.stellaris.<knob>`
+`contract/knobs.py`, and inherited here. A YAML file may also set them as `overrides.stellaris.<knob>`
 (`rule` for `mode`), the job spec's spelling: that is the same field, so giving it both ways with different values
 is an error naming both. An explicit flag beats the YAML file, either spelling (docs/training.md); `--set`
 entries merge over the file's `overrides:`. Every override is resolved against the preset here, before anything
@@ -18,13 +18,13 @@ from typing import Any, Literal
 import yaml
 from pydantic import ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
-from cache.contract.distribution import DistributionKnob
-from cache.contract.knobs import KNOB_NAMES, RuleName, StellarisKnobs, rule_field, train_name
-from stellaris.control.triggers import TriggerFields
+from contract.distribution import DistributionKnob
+from contract.knobs import KNOB_NAMES, RuleName, StellarisKnobs, rule_field, train_name
 from stellaris.elastic_options import ElasticOptions
 from stellaris.env_check import env_kwargs_object, import_env_module, known_env, make_once
 from stellaris.override_check import override_problems
 from stellaris.placement import Backend, Device, RoleMethods, check_placement
+from stellaris.round.triggers import TriggerFields
 
 Mode = RuleName
 

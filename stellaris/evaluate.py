@@ -7,10 +7,10 @@ from pathlib import Path
 import yaml
 from pydantic import ValidationError
 
-from functions.jobspec import JobSpec
+from functions.runtime.jobspec import JobSpec
 from stellaris.api import load_policy
-from stellaris.control.evaluation import EVAL_SEED_OFFSET
 from stellaris.policy_file import PolicyFileError
+from stellaris.round.evaluation import EVAL_SEED_OFFSET
 
 
 class EvalError(ValueError):
@@ -35,8 +35,8 @@ def evaluate_run(run_dir: Path, *, episodes: int, seed: int | None = None) -> li
     """Deterministic episodes of the run's final policy. The default seed is the run's evaluation env's (its seed +
     EVAL_SEED_OFFSET), so that a run's last `eval_reward_*` row is played again exactly."""
     # The envs and the network (torch) load here, not at import: every command's error handling imports EvalError.
-    from functions.envs import make_vector_env
-    from functions.evaluation import run_episodes
+    from functions.actor.envs import make_vector_env
+    from functions.actor.evaluation import run_episodes
 
     spec = _job_spec(run_dir)
     seed = spec.seed + EVAL_SEED_OFFSET if seed is None else seed

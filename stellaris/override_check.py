@@ -1,8 +1,8 @@
 """`overrides:` (YAML and `--set`) checked before anything starts, each problem named as the user wrote it.
 
 This is a local check in the user's process, as stellaris/env_check.py's are: it resolves the job request with the
-same pure function the parameter function runs (functions.jobspec.resolve: preset + overrides -> a validated
-JobSpec; no cache, no gateway, no job), so what passes here passes there. The control plane (stellaris/control/)
+same pure function the parameter function runs (functions.runtime.jobspec.resolve: preset + overrides -> a validated
+JobSpec; no cache, no gateway, no job), so what passes here passes there. The control plane (stellaris/round/)
 still reaches functions only through the gateway; this module only validates a request before one exists.
 """
 
@@ -16,7 +16,7 @@ from pydantic import ValidationError
 def override_problems(request: dict[str, Any]) -> str | None:
     """None if the job request resolves, else one line: `overrides.<field as written>: <what is wrong>`, each
     problem once (several joined by '; ')."""
-    from functions.jobspec import JobRequest, resolve
+    from functions.runtime.jobspec import JobRequest, resolve
 
     try:
         resolve(JobRequest.model_validate(request))

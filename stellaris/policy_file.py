@@ -3,9 +3,9 @@ buffers of the state_dict) and, in the safetensors metadata, everything that reb
 
 How the description gets there without the control plane importing functions/ (docs/architecture.md): the functions
 side knows
-the spaces and the network, so ``functions.policies.build_policy`` puts a *card* on every policy it builds
+the spaces and the network, so ``functions.model.policies.build_policy`` puts a *card* on every policy it builds
 (``ActorCritic.card``: network config, observation and action spaces as JSON), and every policy frame that
-``functions.serialize.policy_to_bytes`` writes carries the card in its meta. The control plane copies that card,
+``functions.model.serialize.policy_to_bytes`` writes carries the card in its meta. The control plane copies that card,
 plus the env and algorithm from the job spec, into the file's metadata (``policy_metadata``); it never decodes a
 space or builds a network. ``stellaris.api.load_policy`` reads the file back (``read_policy_file``).
 
@@ -65,7 +65,9 @@ class PolicyFile:
     """A read policy file: its path, its description (metadata, JSON decoded) and its arrays."""
 
     path: Path
-    card: dict[str, Any]  # network, observation_space, action_space: `functions.policies.policy_from_card` takes it
+    card: dict[
+        str, Any
+    ]  # network, observation_space, action_space: `functions.model.policies.policy_from_card` takes it
     metadata: dict[str, str]
     arrays: dict[str, np.ndarray]
 
@@ -117,8 +119,8 @@ def read_policy_file(run_dir_or_file: str | Path) -> PolicyFile:
     if missing:
         raise PolicyFileError(
             f"{path} lacks {', '.join(missing)} in its metadata: it was written before policy files described their "
-            "network, so it holds weights only (rebuild the network with functions.policies.build_policy from the "
-            "run's config.yaml and load_state_dict them, or train again)"
+            "network, so it holds weights only (rebuild the network with functions.model.policies.build_policy from "
+            "the run's config.yaml and load_state_dict them, or train again)"
         )
     try:
         card = {key: json.loads(metadata[key]) for key in CARD_KEYS}

@@ -22,7 +22,7 @@ import typer
 import yaml
 from pydantic.fields import FieldInfo
 
-from cache.contract.knobs import StellarisKnobs
+from contract.knobs import StellarisKnobs
 from stellaris.config import ConfigError, TrainConfig
 
 # Options that are no field: what `train` does with the fields rather than a value of one.

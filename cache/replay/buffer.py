@@ -5,13 +5,13 @@ from __future__ import annotations
 import redis
 
 from cache.keys import JobKeys
-from cache.replay.config import ReplaySettings
 from cache.replay.fifo import Fifo
 from cache.replay.full_batch import FullBatch
 from cache.replay.pattern import ReplayPattern
 from cache.replay.prioritized import Prioritized
 from cache.replay.store import ReplayStore
 from cache.replay.uniform import Uniform
+from contract.replay import ReplaySettings
 
 PATTERNS: dict[str, type[ReplayPattern]] = {p.name: p for p in (FullBatch, Fifo, Uniform, Prioritized)}
 

@@ -9,9 +9,9 @@ from typing import Any
 
 import numpy as np
 
-from cache.replay.config import ReplaySettings
 from cache.replay.pattern import ReplayEntry, ReplayPattern, Sample
 from cache.replay.store import ReplayStore
+from contract.replay import ReplaySettings
 
 
 def fifo_choice(

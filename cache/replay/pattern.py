@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
-from cache.replay.config import ReplayName, ReplaySettings
+from contract.replay import ReplayName, ReplaySettings
 
 if TYPE_CHECKING:
     from cache.replay.store import ReplayStore

@@ -12,10 +12,10 @@ from dataclasses import dataclass
 
 import redis
 
-from cache.errors import CacheError
 from cache.keys import JobKeys
 from cache.replay import scripts
 from cache.replay.pattern import ReplayEntry
+from contract.errors import CacheError
 
 REPLAY_PREFIX = "r"
 _PARTS = ("data", "index", "order", "actors", "priority", "state")

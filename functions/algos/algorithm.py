@@ -19,10 +19,10 @@ from typing import Any
 
 from torch import Tensor
 
-from cache.contract import AggregatorState
+from contract import AggregatorState
 from functions.algos.config import AlgoConfig
 from functions.algos.impact import should_update_target
-from functions.policies import ActorCritic
+from functions.model.policies import ActorCritic
 
 Gradient = tuple[dict[str, Tensor], dict[str, float]]
 

@@ -17,8 +17,8 @@ from typing import Annotated, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
 
-from cache.contract.knobs import StellarisKnobs, rule_field
-from cache.replay.config import ReplaySettings
+from contract.knobs import StellarisKnobs, rule_field
+from contract.replay import ReplaySettings
 from functions.algos.lr_schedule import FINAL_FRACTION, LrSchedule
 from functions.algos.staleness import AggregationRule, Rule
 from functions.algos.staleness_equations import Schedule
@@ -51,7 +51,7 @@ class StellarisConfig(StellarisKnobs, _Frozen):
     ``beta_floor`` is the least β the floor schedules admit (`stellaris train` sets L + 1).
     """
 
-    rule: Rule = rule_field()  # d, v, rho, truncation, softsync_k, ssp_bound: declared in cache.contract.knobs
+    rule: Rule = rule_field()  # d, v, rho, truncation, softsync_k, ssp_bound: declared in contract.knobs
     # PPO only ("decoupled" needs PPO's proximal log-probs): see ppo.clipped_surrogate
     truncation_form: Literal["surrogate", "weighted", "decoupled"] = "surrogate"
     schedule: Schedule = Schedule.PAPER
@@ -62,7 +62,7 @@ class StellarisConfig(StellarisKnobs, _Frozen):
     # "each": one optimizer step per scaled gradient, in queue order, published as one version (a study option).
     optimizer_steps: Literal["aggregate", "each"] = "aggregate"
     # A learner claims its next task (and stores its last gradient) on a thread of its own while it computes, so
-    # that the cache I/O is off the computation's path (`functions.claim_ahead`; never under the sync rule).
+    # that the cache I/O is off the computation's path (`functions.learner.claim_ahead`; never under the sync rule).
     claim_ahead: bool = True
 
     def aggregation_rule(self) -> AggregationRule:

@@ -7,14 +7,14 @@ from collections.abc import Sequence
 
 import torch
 
-from cache.contract import AggregatorState
-from cache.records import LearnerTask
+from contract import AggregatorState
+from contract.records import LearnerTask
 from functions.algos.algorithm import Algorithm, Gradient, LearnInputs, refresh_target, reset_round_kl
 from functions.algos.config import APPOConfig, IMPACTConfig
 from functions.algos.impact import impact_loss
 from functions.algos.replay_priority import replay_priority_stats
-from functions.learn import Batch, flat, gradients, is_weights, loss_stats, sample_weights, time_chunk
-from functions.policies import ActorCritic
+from functions.learner.learn import Batch, flat, gradients, is_weights, loss_stats, sample_weights, time_chunk
+from functions.model.policies import ActorCritic
 
 
 def prepare(batches: Sequence[Batch], cfg: IMPACTConfig | APPOConfig) -> tuple[Batch, ...]:

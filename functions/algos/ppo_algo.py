@@ -9,15 +9,15 @@ from dataclasses import dataclass, replace
 import torch
 from torch import Tensor
 
-from cache.contract import AggregatorState
-from cache.records import LearnerTask
+from contract import AggregatorState
+from contract.records import LearnerTask
 from functions.algos import ppo_numpy
 from functions.algos.algorithm import Algorithm, Gradient, LearnInputs, reset_round_kl
 from functions.algos.config import PPOConfig
 from functions.algos.gae import gae
 from functions.algos.ppo import adaptive_kl_coef, ppo_loss
-from functions.learn import Batch, as_tensor, flat, gradients, is_weights, loss_stats, minibatch_index
-from functions.policies import ActorCritic
+from functions.learner.learn import Batch, as_tensor, flat, gradients, is_weights, loss_stats, minibatch_index
+from functions.model.policies import ActorCritic
 
 
 @dataclass(frozen=True)

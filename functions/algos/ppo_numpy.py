@@ -1,4 +1,5 @@
-"""PPO's gradient for MLP policies on the CPU, in NumPy with the derivatives written out (``functions.numpy_mlp``).
+"""PPO's gradient for MLP policies on the CPU, in NumPy with the derivatives written out
+(``functions.model.numpy_mlp``).
 
 At the fast preset's sizes (64×64 tanh, minibatches of 64) a torch minibatch gradient is mostly per-op dispatch and
 autograd bookkeeping. Measured on this machine's 2 cores, a round's 320 Hopper minibatch gradients: 0.23-0.27 s
@@ -24,8 +25,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from functions.numpy_mlp import F32, LOG_SQRT_2PI, Net, log_prob_of, nets
-from functions.policies import ActorCritic
+from functions.model.numpy_mlp import F32, LOG_SQRT_2PI, Net, log_prob_of, nets
+from functions.model.policies import ActorCritic
 
 if TYPE_CHECKING:
     from functions.algos.config import PPOConfig

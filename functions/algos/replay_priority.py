@@ -14,7 +14,7 @@ PRIORITY_EPS = 1e-6
 
 def batch_priorities(advantages: Tensor, columns: Sequence[int], *, eps: float = PRIORITY_EPS) -> list[float]:
     """mean |A| of each batch: `advantages` is time-major [T, N]; batch b owns the next `columns[b]` of the N env
-    columns (the task's batches concatenated in order, as `functions.learn.time_chunk` does)."""
+    columns (the task's batches concatenated in order, as `functions.learner.learn.time_chunk` does)."""
     if sum(columns) != advantages.shape[1]:
         raise ValueError(f"batch columns {list(columns)} do not add up to the advantages' {advantages.shape[1]} envs")
     out, lo = [], 0

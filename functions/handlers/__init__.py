@@ -11,10 +11,10 @@ from typing import TYPE_CHECKING, Any
 import redis
 
 from cache.acl import JOB_ENV
-from cache.errors import CacheError, JobDataLost
+from contract.errors import CacheError, JobDataLost
 
 if TYPE_CHECKING:
-    from functions.context import Context
+    from functions.runtime.context import Context
 
 Handler = Callable[[dict[str, Any], "Context"], dict[str, Any]]
 

@@ -13,18 +13,18 @@ import numpy as np
 import torch
 
 from cache import TrajectoryBatch, VersionNotFound
-from cache.contract import ActorResult
-from cache.contract.results import EvalRequest, EvalResult
-from functions.context import Context
-from functions.envs import make_vector_env
-from functions.evaluation import run_episodes
-from functions.fused import ship_gradients
+from contract import ActorResult
+from contract.results import EvalRequest, EvalResult
+from functions.actor.envs import make_vector_env
+from functions.actor.evaluation import run_episodes
+from functions.actor.fused import ship_gradients
+from functions.actor.rollout import ClippedRewards, EpisodeTracker, RewardScaler, collect
 from functions.handlers import job_id_of, quiet_on_job_loss
-from functions.jobspec import env_kind
-from functions.policies import ActorCritic
-from functions.rollout import ClippedRewards, EpisodeTracker, RewardScaler, collect
-from functions.serialize import load_policy_bytes
-from functions.warm import new_policy, spec_of
+from functions.model.policies import ActorCritic
+from functions.model.serialize import load_policy_bytes
+from functions.model.warm import new_policy, spec_of
+from functions.runtime.context import Context
+from functions.runtime.jobspec import env_kind
 
 
 @dataclass

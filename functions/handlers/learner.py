@@ -7,7 +7,7 @@ learner whose instance the platform reports killed).
 
 Claiming ahead (`stellaris.claim_ahead`, every rule but sync): the round trip that stores a task's gradient and
 claims the next task is sent before the learner computes the task it already holds and read after
-(`functions.claim_ahead`), so the cache I/O is off the computation's path. The next
+(`functions.learner.claim_ahead`), so the cache I/O is off the computation's path. The next
 task's policy is then the newest when the claim ran, one gradient earlier than a claim made after it (about one
 version staler)."""
 
@@ -18,18 +18,18 @@ from dataclasses import replace
 from typing import Any
 
 from cache import CodecError, GradientRecord, JobCache, LearnerTask, RecordError
-from cache.contract import LearnerResult
+from contract import LearnerResult
+from functions.actor.replay_feedback import write_priorities
 from functions.algos.registry import algorithm_of
-from functions.claim_ahead import Ahead, Finished, Next, claims_ahead
-from functions.context import Context, PreparedRound
-from functions.device import to_device
-from functions.faults import fault_point
-from functions.gradient import gradient_record
 from functions.handlers import EventError, Stopwatch, job_id_of, quiet_on_job_loss
-from functions.jobspec import JobSpec
-from functions.policies import ActorCritic
-from functions.replay_feedback import write_priorities
-from functions.warm import spec_of
+from functions.learner.claim_ahead import Ahead, Finished, Next, claims_ahead
+from functions.learner.gradient import gradient_record
+from functions.model.device import to_device
+from functions.model.policies import ActorCritic
+from functions.model.warm import spec_of
+from functions.runtime.context import Context, PreparedRound
+from functions.runtime.faults import fault_point
+from functions.runtime.jobspec import JobSpec
 
 # How long an idle learner waits for work before it looks again (an ack or an enqueue wakes it sooner).
 IDLE_WAIT_S = 5.0

@@ -17,11 +17,11 @@ from collections import deque
 from typing import Any, Literal
 
 from cache import CodecError, FencingError, GradientMeta, JobCache, LeaseUnavailable, RecordError
-from cache.contract import AggregatorState, DecisionRow, ParameterResult
-from cache.contract.triggers import ParameterTrigger
 from cache.learner_registry import WorkSnapshot
 from cache.policy_store import UpdateLease
 from cache.streams import Entry
+from contract import AggregatorState, DecisionRow, ParameterResult
+from contract.triggers import ParameterTrigger
 from functions.algos.registry import algorithm_of
 from functions.algos.staleness import (
     AggregationRule,
@@ -33,13 +33,13 @@ from functions.algos.staleness import (
     decide,
     observe,
 )
-from functions.context import Context
-from functions.faults import fault_point
 from functions.handlers import Stopwatch, job_id_of, quiet_on_job_loss
-from functions.handlers.parameter_setup import applied_row, fitted, initialise, keep_warm, kept, update, warm_model
-from functions.jobspec import JobSpec
-from functions.serialize import optimizer_to_bytes, policy_to_bytes
-from functions.warm import spec_of
+from functions.model.serialize import optimizer_to_bytes, policy_to_bytes
+from functions.model.warm import spec_of
+from functions.parameter.setup import applied_row, fitted, initialise, keep_warm, kept, update, warm_model
+from functions.runtime.context import Context
+from functions.runtime.faults import fault_point
+from functions.runtime.jobspec import JobSpec
 
 # Longest blocking read between two looks at in-flight work (dead letters change it without a gradient landing).
 BLOCK_S = 1.0

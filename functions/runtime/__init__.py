@@ -1,6 +1,6 @@
 """The function runtime: serve one handler over HTTP, so the same code runs as a process, a container or a Ray actor.
 
-A tiny contract in the manner of OpenFaaS's of-watchdog, declared in cache/contract/runtime_http.py (paths,
+A tiny contract in the manner of OpenFaaS's of-watchdog, declared in contract/runtime_http.py (paths,
 headers, statuses) and shared with the gateway:
 
     GET  /health   liveness, 200 {"status": "ok", "handler", "pid", "in_flight", "queued", "timed_out"}

@@ -1,6 +1,6 @@
 """`python -m functions.runtime`: see functions/runtime/cli.py."""
 
-from cache.lifetime import quick_exit
 from functions.runtime.cli import main
+from host.lifetime import quick_exit
 
 quick_exit(main())

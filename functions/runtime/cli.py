@@ -21,7 +21,7 @@ from pydantic import ValidationError
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
-from cache.contract.runtime_http import READY_PREFIX, RUNTIME_MODULE
+from contract.runtime_http import READY_PREFIX, RUNTIME_MODULE
 from functions.runtime.call_log import configure_logging
 from functions.runtime.server import Runtime
 from functions.runtime.settings import RuntimeSettings

@@ -1,6 +1,6 @@
 """The runtime embedded in a host process that is not ours to own, such as a Ray actor: `start_embedded` serves one
 handler from a thread of its own and returns once connections are accepted. The gateway's Ray actor reaches this
-entry by name (EMBEDDED_RUNTIME in cache/contract/runtime_http.py), never by import."""
+entry by name (EMBEDDED_RUNTIME in contract/runtime_http.py), never by import."""
 
 from __future__ import annotations
 

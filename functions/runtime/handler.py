@@ -10,9 +10,9 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from cache.contract.runtime_http import ErrorType, RuntimeStatus
-from cache.errors import JobDataLost
-from functions.context import Context
+from contract.errors import JobDataLost
+from contract.runtime_http import ErrorType, RuntimeStatus
+from functions.runtime.context import Context
 
 Handler = Callable[[dict[str, Any], Context], dict[str, Any]]
 

@@ -1,4 +1,4 @@
-"""The HTTP server: one handler behind aiohttp, serving the contract of cache/contract/runtime_http.py, with a
+"""The HTTP server: one handler behind aiohttp, serving the contract of contract/runtime_http.py, with a
 graceful drain on SIGTERM. Handlers are synchronous (CPU-bound RL code): each call runs on a pool of `concurrency`
 threads so the event loop stays free for /health."""
 
@@ -22,7 +22,7 @@ from aiohttp import web
 
 from cache import Cache, connect
 from cache.connection import REDIS_URL_ENV
-from cache.contract.runtime_http import (
+from contract.runtime_http import (
     CALL_ID_HEADER,
     DURATION_MS_HEADER,
     HEALTH_PATH,
@@ -35,8 +35,8 @@ from cache.contract.runtime_http import (
     ErrorType,
     RuntimeStatus,
 )
-from functions.context import Context, Instance
 from functions.runtime.call_log import current_call_id
+from functions.runtime.context import Context, Instance
 from functions.runtime.handler import Handler, error_body, load_handler, run_handler
 from functions.runtime.settings import RuntimeSettings, runtime_secret
 from functions.runtime.slots import Draining, QueueFull, Slots

@@ -7,7 +7,7 @@ import os
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from cache.contract.runtime_http import SECRET_ENV
+from contract.runtime_http import SECRET_ENV
 
 
 def is_loopback_literal(host: str) -> bool:

@@ -1,7 +1,7 @@
-"""`python -m functions.runtime.zygote`: a fork server (protocol: cache/contract/zygote.py). It imports the modules
+"""`python -m functions.runtime.zygote`: a fork server (protocol: contract/zygote.py). It imports the modules
 in $STELLARIS_ZYGOTE_PRELOAD (default: the function runtime's, PRELOAD), then forks a ready interpreter for each
 request, which runs `python -m <module> <args>` as a fresh one would. The process backend starts function
-instances from one, the control plane its serverful actors (`functions.actor_loop`). A fresh instance spends about
+instances from one, the control plane its serverful actors (`functions.actor.loop`). A fresh instance spends about
 1.5 s importing torch, NumPy, the envs and the handlers before it can serve; a fork of this process, which imported
 them once, served after 0.013-0.016 s here, its pages shared with the server until written to.
 
@@ -28,9 +28,9 @@ import sys
 import threading
 from typing import NoReturn
 
-from cache.contract.runtime_http import READY_PREFIX
-from cache.contract.zygote import MAX_MESSAGE_BYTES, ZYGOTE_FD_ENV, ZYGOTE_PRELOAD_ENV, SpawnRequest
-from cache.lifetime import die_with_parent, quick_exit
+from contract.runtime_http import READY_PREFIX
+from contract.zygote import MAX_MESSAGE_BYTES, ZYGOTE_FD_ENV, ZYGOTE_PRELOAD_ENV, SpawnRequest
+from host.lifetime import die_with_parent, quick_exit
 
 # Loaded as the server starts: what every function instance imports. The module a request runs and its handler
 # are loaded at the first request that names them, before that fork, so a server costs what one fresh instance

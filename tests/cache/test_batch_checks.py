@@ -1,12 +1,12 @@
-"""The pure checks of a trajectory batch read from the cache (cache/batch_checks.py), on hand-made entries."""
+"""The pure checks of a trajectory batch read from the cache (contract/batch_checks.py), on hand-made entries."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from cache.batch_checks import checked_batch, nonfinite, version_ahead
-from cache.codec import HEADER_FIELD, encode_fields
-from cache.records import TRAJECTORY_ARRAYS, BatchMeta, TrajectoryBatch
+from contract.batch_checks import checked_batch, nonfinite, version_ahead
+from contract.codec import HEADER_FIELD, encode_fields
+from contract.records import TRAJECTORY_ARRAYS, BatchMeta, TrajectoryBatch
 
 
 def _fields(flat: list[bytes | memoryview]) -> dict[bytes, bytes]:

@@ -12,7 +12,7 @@ import pytest
 
 from cache import BatchMeta, JobCache, TrajectoryBatch
 from cache.claims import BatchClaims
-from cache.codec import HEADER_FIELD
+from contract.codec import HEADER_FIELD
 from tests.cache.test_streams import batch
 
 RACE_BATCHES = 300

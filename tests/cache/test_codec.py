@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from cache.codec import MAGIC, CodecError, decode, encode, encode_parts
+from contract.codec import MAGIC, CodecError, decode, encode, encode_parts
 
 rng = np.random.default_rng(0)
 

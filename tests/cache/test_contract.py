@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from cache import JobCache
-from cache.contract import (
+from contract import (
     AggregatorState,
     AppliedGradient,
     AppliedRow,
@@ -15,7 +15,7 @@ from cache.contract import (
     ParameterResult,
     ResultError,
 )
-from cache.errors import RecordError
+from contract.errors import RecordError
 
 
 def test_results_round_trip_through_their_dicts_and_name_a_bad_field() -> None:

@@ -11,7 +11,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from cache.contract.runtime_http import READY_PREFIX
+from contract.runtime_http import READY_PREFIX
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -28,7 +28,7 @@ def test_quick_exit_waits_for_threads_runs_atexit_and_flushes(tmp_path: Path) ->
         """
         import atexit, logging, os, sys, threading, time
         from pathlib import Path
-        from cache.lifetime import quick_exit
+        from host.lifetime import quick_exit
 
         mark = Path(os.environ["MARK"])
         atexit.register(lambda: (mark / "atexit").write_text("ran"))
@@ -58,7 +58,7 @@ def test_quick_exit_leaves_the_normal_way_when_a_thread_outlives_the_wait(tmp_pa
         """
         import os, threading, time
         from pathlib import Path
-        from cache.lifetime import quick_exit
+        from host.lifetime import quick_exit
 
         def work():
             time.sleep(1.0)
@@ -99,7 +99,7 @@ def test_die_with_parent_ends_a_child_whose_parent_was_gone_before_it_asked(tmp_
     forked_from_us = _run(
         """
         import os
-        from cache.lifetime import die_with_parent
+        from host.lifetime import die_with_parent
         die_with_parent(os.getppid())
         print("alive")
         """,
@@ -109,7 +109,7 @@ def test_die_with_parent_ends_a_child_whose_parent_was_gone_before_it_asked(tmp_
     orphaned = _run(
         """
         import os
-        from cache.lifetime import die_with_parent
+        from host.lifetime import die_with_parent
         die_with_parent(os.getppid() + 1_000_000)  # a parent that is not ours: ours is gone, as it reads here
         print("alive")
         """,
@@ -119,7 +119,7 @@ def test_die_with_parent_ends_a_child_whose_parent_was_gone_before_it_asked(tmp_
 
 
 def test_dies_with_us_names_this_process_as_the_parent() -> None:
-    from cache.lifetime import dies_with_us
+    from host.lifetime import dies_with_us
 
     child = subprocess.run(
         [sys.executable, "-c", "import os; print(os.getppid())"],

@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
-from cache.codec import decode, encode
-from cache.errors import CodecError
-from cache.packed import LAYOUT, PACKED, unpacked, wire_layout
+from contract.codec import decode, encode
+from contract.errors import CodecError
+from contract.packed import LAYOUT, PACKED, unpacked, wire_layout
 
 LAYOUT_2 = (("a.weight", (2, 3)), ("a.bias", (2,)))
 

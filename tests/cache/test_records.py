@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from cache.codec import encode_fields
-from cache.errors import RecordError
-from cache.records import LearnerTask
+from contract.codec import encode_fields
+from contract.errors import RecordError
+from contract.records import LearnerTask
 
 
 def _wire(fields: list[bytes | memoryview]) -> dict[bytes, bytes]:

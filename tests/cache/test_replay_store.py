@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from cache import Cache, CacheError, JobCache, TrajectoryBatch
-from cache.records import TRAJECTORY_ARRAYS
 from cache.replay import ReplaySettings, ReplayStore, make_pattern, replay_id
 from cache.replay.fifo import fifo_choice
+from contract.records import TRAJECTORY_ARRAYS
 
 
 def batch(actor: str = "a0", steps: int = 16, seed: int = 0) -> TrajectoryBatch:

@@ -13,9 +13,9 @@ import pytest
 import redis
 
 from cache import Cache, CacheSettings
-from cache.errors import CacheError, RedisServerDied
 from cache.retry import RECONNECT_ENV, pause_s, window_from_env
 from cache.server import EmbeddedRedis
+from contract.errors import CacheError, RedisServerDied
 from tests.procs import wait_pid_gone
 
 

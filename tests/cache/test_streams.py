@@ -20,8 +20,8 @@ from cache import (
     LearnerTask,
     TrajectoryBatch,
 )
-from cache.records import TRAJECTORY_ARRAYS
 from cache.streams import BoundedStream
+from contract.records import TRAJECTORY_ARRAYS
 from tests.procs import wait_pid_gone
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -188,7 +188,7 @@ def test_processes_of_a_run_are_told_apart_by_their_command_lines() -> None:
     assert process_kind(runtime % "learner") == "learners"
     assert process_kind(runtime % "parameter") == "parameter"
     assert process_kind(runtime % "actor") == "actors"
-    assert process_kind(f"{py} -m functions.actor_loop j8c11ca0950 actor-0 0") == "actors"
+    assert process_kind(f"{py} -m functions.actor.loop j8c11ca0950 actor-0 0") == "actors"
     assert process_kind(f"{py} -m gateway") == "gateway"
     assert process_kind(f"{py} -m functions.runtime.zygote") == "gateway"
     assert process_kind(f"{py} -m stellaris.cli train --env Hopper-v5 --out /tmp/actor-runs/x") == "control plane"

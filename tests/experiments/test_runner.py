@@ -17,7 +17,7 @@ from experiments.runner import Deployment, Outcome, execute, run_dir
 from experiments.suites import RunPlan
 from experiments.summary import run_result, write_outputs
 from gateway.models import LEARNER_PRICING
-from stellaris.control.platform import Platform
+from stellaris.platform.local import Platform
 
 TINY = {
     "env": "CartPole-v1", "algo": "ppo", "preset": "fast", "rounds": 2, "learners": 2, "actors": 1,

@@ -11,7 +11,7 @@ import pytest
 
 from experiments.suites import RunPlan
 from experiments.summary import final_reward, run_result, summarise, time_to_reward, window_reward, write_outputs
-from stellaris.control.outputs import INFO_COLUMNS
+from stellaris.rundir.outputs import INFO_COLUMNS
 
 
 def _row(round_id: int, reward: float, episodes: int, cost: float) -> dict[str, float]:

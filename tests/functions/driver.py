@@ -1,4 +1,4 @@
-"""Drives the three handlers through the cache with the product's round protocol (`stellaris.control.rounds`),
+"""Drives the three handlers through the cache with the product's round protocol (`stellaris.round.protocol`),
 invoking them in-process instead of through the gateway: for tests."""
 
 from __future__ import annotations
@@ -10,12 +10,12 @@ from collections.abc import Callable
 from typing import Any
 
 from cache import Cache, JobCache, JobLimits, LearnerTask
-from cache.contract import AppliedRow, ParameterResult
-from cache.contract.knobs import RuleName
-from functions.context import Context, Instance
+from contract import AppliedRow, ParameterResult
+from contract.knobs import RuleName
 from functions.handlers import actor, learner, parameter
-from functions.jobspec import JobSpec, save_spec
-from stellaris.control.rounds import Call, Role, Rounds, RoundStats, round_tasks
+from functions.runtime.context import Context, Instance
+from functions.runtime.jobspec import JobSpec, save_spec
+from stellaris.round.protocol import Call, Role, Rounds, RoundStats, round_tasks
 
 Invoke = Callable[[dict[str, Any]], dict[str, Any]]
 Handler = Callable[[dict[str, Any], Context], dict[str, Any]]

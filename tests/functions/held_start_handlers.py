@@ -9,7 +9,7 @@ from typing import Any
 
 import redis
 
-from functions.context import Context
+from functions.runtime.context import Context
 
 _key = os.environ["STELLARIS_TEST_HELD_START_KEY"]
 # The clients own socket timeout (5 s by default here) would cut the hold short: the BLPOP has its own.

@@ -7,7 +7,7 @@ import os
 import time
 from typing import Any
 
-from functions.context import Context
+from functions.runtime.context import Context
 
 
 def echo(event: dict[str, Any], ctx: Context) -> dict[str, Any]:

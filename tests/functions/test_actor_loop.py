@@ -1,7 +1,7 @@
 import multiprocessing as mp
 
 from cache import Cache, JobCache
-from functions.actor_loop import actor_loop
+from functions.actor.loop import actor_loop
 from tests.functions.driver import Driver
 from tests.functions.test_pipeline import small_spec
 from tests.procs import pid_alive

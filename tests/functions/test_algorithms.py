@@ -8,16 +8,16 @@ import numpy as np
 import pytest
 import torch
 
-from cache.contract import AggregatorState
-from cache.records import GradientMeta, GradientRecord, LearnerTask, ObsMoments, RecordError
+from contract import AggregatorState
+from contract.records import GradientMeta, GradientRecord, LearnerTask, ObsMoments, RecordError
 from functions.algos.algorithm import LearnInputs
 from functions.algos.config import CONFIGS, APPOConfig, IMPACTConfig, NetworkConfig, PPOConfig
 from functions.algos.registry import ALGORITHMS, algorithm_of
-from functions.gradient import gradient_record
 from functions.handlers import Stopwatch
-from functions.jobspec import JobSpec
-from functions.learn import column_weights, obs_moments, sample_weights, time_chunk
-from functions.policies import build_policy
+from functions.learner.gradient import gradient_record
+from functions.learner.learn import column_weights, obs_moments, sample_weights, time_chunk
+from functions.model.policies import build_policy
+from functions.runtime.jobspec import JobSpec
 
 
 def test_one_table_row_per_config() -> None:

@@ -11,7 +11,7 @@ import torch
 from functions.algos.appo import appo_loss
 from functions.algos.config import APPOConfig, preset
 from functions.algos.vtrace import vtrace
-from functions.jobspec import JobRequest, JobSpec, resolve
+from functions.runtime.jobspec import JobRequest, JobSpec, resolve
 
 
 def _inputs() -> dict[str, torch.Tensor]:

@@ -12,15 +12,15 @@ import pytest
 import torch
 
 from cache import Cache, JobCache
-from cache.codec import decode
-from cache.contract import InitResult, LearnerResult, ParameterResult
-from cache.contract.results import device_of
+from contract import InitResult, LearnerResult, ParameterResult
+from contract.codec import decode
+from contract.results import device_of
 from functions.algos.staleness import Rule
-from functions.context import Context, Instance
-from functions.device import ENV_VAR, DeviceError, choose_device, module_device, to_cpu, to_device
 from functions.handlers import learner, parameter
-from functions.policies import build_policy
-from functions.serialize import load_policy_bytes
+from functions.model.device import ENV_VAR, DeviceError, choose_device, module_device, to_cpu, to_device
+from functions.model.policies import build_policy
+from functions.model.serialize import load_policy_bytes
+from functions.runtime.context import Context, Instance
 from tests.functions.driver import Driver
 from tests.functions.test_learning import cartpole, ppo
 from tests.functions.test_pipeline import small_spec, spawn, stop
@@ -135,7 +135,7 @@ def test_a_gradient_and_an_update_on_the_device_through_the_handlers(
 
 
 def build_policy_for_test_spec(driver: Driver) -> torch.nn.Module:
-    from functions.warm import new_policy
+    from functions.model.warm import new_policy
 
     return new_policy(Context("cpu-policy", driver.instance), driver.spec)  # actors': on the CPU
 

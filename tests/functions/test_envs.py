@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 
 from cache import Cache
+from functions.actor.rollout import ClippedRewards
 from functions.algos.config import preset
-from functions.jobspec import JobSpec
-from functions.rollout import ClippedRewards
+from functions.runtime.jobspec import JobSpec
 from tests.functions.driver import Driver
 
 ENVS = [

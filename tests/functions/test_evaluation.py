@@ -1,4 +1,5 @@
-"""Deterministic evaluation episodes (functions/evaluation.py) against hand-checked returns, and the actor function's
+"""Deterministic evaluation episodes (functions/actor/evaluation.py) against hand-checked returns, and the actor
+function's
 `evaluate` event on a real Redis."""
 
 from __future__ import annotations
@@ -12,13 +13,13 @@ import pytest
 import torch
 
 from cache import Cache
-from cache.contract.results import EvalResult, ResultError
-from functions.context import Context
-from functions.envs import make_vector_env
-from functions.evaluation import run_episodes
+from contract.results import EvalResult, ResultError
+from functions.actor.envs import make_vector_env
+from functions.actor.evaluation import run_episodes
 from functions.handlers import actor
-from functions.policies import ActorCritic, build_policy
-from functions.serialize import load_policy_bytes
+from functions.model.policies import ActorCritic, build_policy
+from functions.model.serialize import load_policy_bytes
+from functions.runtime.context import Context
 from tests.functions.driver import Driver
 from tests.functions.test_pipeline import small_spec
 

@@ -1,15 +1,15 @@
-"""Packed policies (functions.flat_params): one tensor behind every parameter, and the same numbers as before."""
+"""Packed policies (functions.model.flat_params): one tensor behind every parameter, and the same numbers as before."""
 
 import pytest
 import torch
 from gymnasium import spaces
 
-from cache.codec import decode
-from cache.packed import PACKED
-from functions.flat_params import flat_params, flatten_parameters
-from functions.learn import gradients
-from functions.policies import build_policy
-from functions.serialize import (
+from contract.codec import decode
+from contract.packed import PACKED
+from functions.learner.learn import gradients
+from functions.model.flat_params import flat_params, flatten_parameters
+from functions.model.policies import build_policy
+from functions.model.serialize import (
     build_optimizer,
     load_optimizer_bytes,
     load_policy_bytes,

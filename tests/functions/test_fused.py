@@ -1,5 +1,5 @@
 """The gradients_at_actors profile through the real handlers and the control plane's round protocol
-(`stellaris.control.profiles.FusedRounds`), invoked in-process on a real Redis: actors ship gradients and batch
+(`stellaris.round.profiles.FusedRounds`), invoked in-process on a real Redis: actors ship gradients and batch
 headers only, and every gradient they ship is applied exactly once."""
 
 from __future__ import annotations
@@ -8,14 +8,14 @@ import numpy as np
 import pytest
 
 from cache import Cache, GradientMeta, GradientRecord, JobCache
-from cache.codec import HEADER_FIELD, decode_fields_meta
-from cache.errors import BackpressureTimeout
 from cache.gradient_push import ActorGradients
+from contract.codec import HEADER_FIELD, decode_fields_meta
+from contract.errors import BackpressureTimeout
+from functions.actor.fused import batch_minibatches, batch_tasks
 from functions.algos.config import NetworkConfig, PPOConfig
-from functions.fused import batch_minibatches, batch_tasks
-from functions.jobspec import JobSpec
-from stellaris.control.profiles import FusedRounds
-from stellaris.control.rounds import RoundStats
+from functions.runtime.jobspec import JobSpec
+from stellaris.round.profiles import FusedRounds
+from stellaris.round.protocol import RoundStats
 from tests.functions.driver import Driver, applied_log
 
 EPOCHS, MINIBATCHES = 2, 4

@@ -1,4 +1,4 @@
-"""The pure checks of a gradient read from the cache (functions/gradient_checks.py), on hand-made tensors."""
+"""The pure checks of a gradient read from the cache (functions/parameter/checks.py), on hand-made tensors."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import numpy as np
 import torch
 
-from functions.gradient_checks import moments_problem, tensors_problem
+from functions.parameter.checks import moments_problem, tensors_problem
 
 EXPECTED = {"w": (2, 3), "b": (3,)}
 

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from cache import Cache, JobDataLost
-from cache.contract.runtime_http import RuntimeStatus
-from functions.context import Context, Instance
+from contract.runtime_http import RuntimeStatus
+from functions.runtime.context import Context, Instance
 from functions.runtime.handler import run_handler
 from tests.functions.driver import Driver
 from tests.functions.test_pipeline import small_spec

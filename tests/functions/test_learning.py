@@ -14,7 +14,7 @@ import torch
 from cache import Cache
 from functions.algos.config import AlgoConfig, APPOConfig, IMPACTConfig, NetworkConfig, PPOConfig, StellarisConfig
 from functions.algos.staleness import Rule
-from functions.jobspec import JobSpec
+from functions.runtime.jobspec import JobSpec
 from tests.functions.driver import Driver
 from tests.functions.test_pipeline import spawn, stop
 

@@ -20,12 +20,12 @@ import numpy as np
 import pytest
 
 from cache import Cache, GradientMeta, GradientRecord, JobCache, JobLimits
-from cache.codec import decode
-from cache.packed import PACKED
+from contract.codec import decode
+from contract.packed import PACKED
 from functions.algos.config import NetworkConfig, PPOConfig, StellarisConfig
 from functions.algos.staleness import Rule
 from functions.handlers import parameter
-from functions.jobspec import JobSpec
+from functions.runtime.jobspec import JobSpec
 from tests.functions.driver import Driver, applied_log
 from tests.functions.workers import stop_key
 from tests.procs import wait_pid_gone

@@ -12,8 +12,8 @@ import torch
 from gymnasium import spaces
 from torch.distributions import kl_divergence
 
-from functions.normalizers import RunningNormalizer
-from functions.policies import atari_actor_critic, build_policy, mujoco_actor_critic
+from functions.model.normalizers import RunningNormalizer
+from functions.model.policies import atari_actor_critic, build_policy, mujoco_actor_critic
 
 ATARI_OBS = spaces.Box(0, 255, (3, 84, 84), np.uint8)
 

@@ -11,14 +11,14 @@ import numpy as np
 import pytest
 import torch
 
-from cache.packed import PACKED
-from cache.records import LearnerTask
+from contract.packed import PACKED
+from contract.records import LearnerTask
 from functions.algos import ppo_numpy
 from functions.algos.algorithm import LearnInputs
 from functions.algos.config import PPOConfig
 from functions.algos.ppo_algo import PPO
-from functions.flat_params import flatten_parameters
-from functions.policies import ActorCritic, build_policy
+from functions.model.flat_params import flatten_parameters
+from functions.model.policies import ActorCritic, build_policy
 
 OBS = gym.spaces.Box(-5, 5, (5,))
 

@@ -8,7 +8,7 @@ import torch
 
 from functions.algos.config import PPOConfig
 from functions.algos.ppo_algo import prepare, with_proximal, with_values
-from functions.policies import mujoco_actor_critic
+from functions.model.policies import mujoco_actor_critic
 
 
 def _batch(values: list[float]) -> dict[str, torch.Tensor]:

@@ -11,9 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from functions.envs import make_vector_env
-from functions.policies import ActorCritic, build_policy
-from functions.rollout import (
+from functions.actor.envs import make_vector_env
+from functions.actor.rollout import (
     ClippedRewards,
     EpisodeTracker,
     RewardScaler,
@@ -23,7 +22,8 @@ from functions.rollout import (
     _stepper,
     collect,
 )
-from functions.sampler import Sampler
+from functions.actor.sampler import Sampler
+from functions.model.policies import ActorCritic, build_policy
 
 
 def _tracker_step(tracker: EpisodeTracker, rewards: np.ndarray, done: np.ndarray) -> None:

@@ -24,8 +24,8 @@ import pytest
 
 from cache import Cache
 from cache.connection import REDIS_URL_ENV
-from cache.contract.runtime_http import EMBEDDED_RUNTIME, SECRET_ENV, SECRET_HEADER, runtime_argv
 from cache.server import EmbeddedRedis
+from contract.runtime_http import EMBEDDED_RUNTIME, SECRET_ENV, SECRET_HEADER, runtime_argv
 from functions.runtime import Runtime, RuntimeSettings
 from functions.runtime.cli import parser
 from functions.runtime.embedded import start_embedded

@@ -8,11 +8,11 @@ import numpy as np
 import torch
 
 from cache import BatchMeta, LearnerTask
-from functions.envs import make_vector_env
-from functions.learn import minibatch_index
-from functions.policies import build_policy
-from functions.rollout import EpisodeTracker, collect
-from stellaris.control.batches import actor_order, actors_in, first_of_each
+from functions.actor.envs import make_vector_env
+from functions.actor.rollout import EpisodeTracker, collect
+from functions.learner.learn import minibatch_index
+from functions.model.policies import build_policy
+from stellaris.round.batches import actor_order, actors_in, first_of_each
 
 
 def _actions(env_id: str, seed: int, *, noise_between: bool) -> np.ndarray:

@@ -4,8 +4,8 @@ import pytest
 import torch
 from gymnasium import spaces
 
-from functions.policies import build_policy
-from functions.serialize import build_optimizer, load_policy_bytes, policy_to_bytes
+from functions.model.policies import build_policy
+from functions.model.serialize import build_optimizer, load_policy_bytes, policy_to_bytes
 
 OBS = spaces.Box(-1.0, 1.0, (11,))
 ACT = spaces.Box(-1.0, 1.0, (3,))

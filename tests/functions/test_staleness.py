@@ -40,7 +40,7 @@ from functions.algos.staleness_equations import (
     staleness_scale,
     staleness_threshold,
 )
-from functions.jobspec import JobRequest, resolve
+from functions.runtime.jobspec import JobRequest, resolve
 
 CALIBRATED = AggregationState(round_k=2, delta_max=4)
 
@@ -488,7 +488,7 @@ def test_optimizer_step_gradients_one_mean_or_one_step_each() -> None:
 
 
 def test_the_rules_are_the_names_the_knobs_declare() -> None:
-    from cache.contract.knobs import RULE_NAMES
+    from contract.knobs import RULE_NAMES
 
     assert [r.value for r in Rule] == list(RULE_NAMES)
 

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from functions.algos.truncation import truncate_ratios, truncated_is_weight, truncation_stats
-from functions.learn import is_weights
-from functions.policies import build_policy
+from functions.learner.learn import is_weights
+from functions.model.policies import build_policy
 
 
 def _log(*probabilities: float) -> torch.Tensor:

@@ -1,4 +1,5 @@
-"""The learner's warm policy cache (`functions.warm.policy_at`): an LRU by version whose least recently used module
+"""The learner's warm policy cache (`functions.model.warm.policy_at`): an LRU by version whose least recently used
+module
 is reloaded for a new version, except the modules a computation holds meanwhile (a learner claiming ahead)."""
 
 from __future__ import annotations
@@ -7,10 +8,10 @@ import torch
 
 from cache import Cache, JobCache
 from functions.algos.config import NetworkConfig, PPOConfig
-from functions.context import Context, Instance
-from functions.jobspec import JobSpec, save_spec
-from functions.serialize import policy_to_bytes
-from functions.warm import MAX_CACHED_POLICIES, new_policy, policy_at
+from functions.model.serialize import policy_to_bytes
+from functions.model.warm import MAX_CACHED_POLICIES, new_policy, policy_at
+from functions.runtime.context import Context, Instance
+from functions.runtime.jobspec import JobSpec, save_spec
 
 
 def _weights(ctx: Context, spec: JobSpec, version: int) -> bytes:

@@ -6,7 +6,7 @@ import os
 import threading
 from typing import Any
 
-from functions.context import Context
+from functions.runtime.context import Context
 
 _stop = threading.Event()
 threading.Thread(target=_stop.wait, name="started-at-import", daemon=True).start()

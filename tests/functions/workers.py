@@ -15,8 +15,8 @@ import uuid
 import torch
 
 from cache import Cache, CacheSettings
-from functions.context import Context, Instance
 from functions.handlers import learner, parameter
+from functions.runtime.context import Context, Instance
 
 
 def stop_key(job: str) -> str:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from functions.context import Context
+from functions.runtime.context import Context
 
 
 def _identity(kind: str, ctx: Context) -> dict[str, Any]:

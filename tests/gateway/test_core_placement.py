@@ -1,8 +1,8 @@
-"""Where the process backend pins its instances (gateway/backends/core_placement.py), by hand-worked cases."""
+"""Where the process backend pins its instances (gateway/backends/process/core_placement.py), by hand-worked cases."""
 
 from __future__ import annotations
 
-from gateway.backends.core_placement import CorePlacement
+from gateway.backends.process.core_placement import CorePlacement
 
 
 def test_instances_are_pinned_at_their_first_call_and_spares_hold_no_core() -> None:

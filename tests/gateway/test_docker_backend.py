@@ -23,7 +23,7 @@ from docker.client import DockerClient
 from docker.errors import NotFound
 
 from gateway.backends.base import LABEL_APP, LABEL_FUNCTION, LABEL_GATEWAY, BackendError
-from gateway.backends.docker import LABEL_INSTANCE, LABEL_PORT, DockerBackend
+from gateway.backends.docker.backend import LABEL_INSTANCE, LABEL_PORT, DockerBackend
 from gateway.models import FunctionSpec, Resources
 
 REPO = Path(__file__).resolve().parents[2]

@@ -1,4 +1,4 @@
-"""The process backend's fork server (gateway/backends/zygote.py, functions/runtime/zygote.py): instances forked
+"""The process backend's fork server (gateway/backends/process/zygote.py, functions/runtime/zygote.py): instances forked
 from it are real instances of their own (env, working directory, memory limit, command line, exit codes), a kill -9
 of an instance or of the server itself is seen and survived, and an environment that only a fresh interpreter would
 honour gets a fork server started with it, up to a bound, then a fresh interpreter."""
@@ -19,14 +19,14 @@ import httpx
 import pytest
 from redis import Redis
 
-from cache.contract.instance_env import INHERITED_ENV
-from cache.contract.runtime_http import READY_PREFIX, RUNTIME_MODULE, runtime_argv
-from cache.contract.zygote import SpawnRequest, load_time_changes
 from cache.server import EmbeddedRedis
+from contract.instance_env import INHERITED_ENV
+from contract.runtime_http import READY_PREFIX, RUNTIME_MODULE, runtime_argv
+from contract.zygote import SpawnRequest, load_time_changes
 from gateway.backends.base import InstanceHandle
-from gateway.backends.process import ProcessBackend, instances_base_env
-from gateway.backends.process_tree import descendants, wait_gone
-from gateway.backends.zygote import ForkedProcess, ForkServer, first_line
+from gateway.backends.process.backend import ProcessBackend, instances_base_env
+from gateway.backends.process.tree import descendants, wait_gone
+from gateway.backends.process.zygote import ForkedProcess, ForkServer, first_line
 from gateway.models import FunctionSpec
 from tests.gateway.conftest import start_gateway, stop_gateway
 from tests.procs import parent_pid
@@ -304,7 +304,7 @@ def test_a_gateway_told_the_env_starts_that_fork_server_before_any_instance(redi
 def test_a_server_started_early_is_adopted_by_the_backend_that_asks_for_its_environment() -> None:
     """`python -m gateway` starts its fork server before its own imports; the backend built later takes that one
     (no second start) when it asks for the same environment, and stops one started for another."""
-    from gateway.backends.fork_servers import start_early
+    from gateway.backends.process.fork_servers import start_early
 
     url = "redis://127.0.0.1:1/0"  # the backend's base environment names its Redis; nothing is asked of it here
     told = {"OMP_NUM_THREADS": "1"}

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from cache.contract.runtime_http import ErrorType, RuntimeStatus, gateway_status
+from contract.runtime_http import ErrorType, RuntimeStatus, gateway_status
 from gateway.invocation import Answer, Outcome
 from gateway.models import Status
 

@@ -9,7 +9,7 @@ import resource
 import httpx
 import pytest
 
-from gateway.backends.process import ProcessBackend
+from gateway.backends.process.backend import ProcessBackend
 from gateway.models import FunctionSpec
 
 

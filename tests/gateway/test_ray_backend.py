@@ -22,9 +22,9 @@ import httpx
 import pytest
 import ray
 
-from cache.contract.runtime_http import SECRET_HEADER
-from gateway.backends.process_tree import alive, descendants, pids_naming
-from gateway.backends.ray_cluster import LocalRayCluster, RayNode
+from contract.runtime_http import SECRET_HEADER
+from gateway.backends.process.tree import alive, descendants, pids_naming
+from gateway.backends.ray.cluster import LocalRayCluster, RayNode
 from gateway.client import GatewayClient, GatewayError
 from gateway.models import FunctionSpec, Resources
 from tests.gateway.conftest import RunningGateway, start_gateway, stop_gateway

@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
-from cache.lifetime import die_with_parent
 from gateway.backends.base import BackendError
-from gateway.backends.process_tree import SpawnThread, alive, descendants, kill_all, pids_naming, session_members
-from gateway.backends.ray_checks import is_local_address, redis_location, refuse_loopback_cache, unplaced_reason
-from gateway.backends.ray_cluster import LocalRayCluster, RayClusterError
+from gateway.backends.process.tree import SpawnThread, alive, descendants, kill_all, pids_naming, session_members
+from gateway.backends.ray.checks import is_local_address, redis_location, refuse_loopback_cache, unplaced_reason
+from gateway.backends.ray.cluster import LocalRayCluster, RayClusterError
+from host.lifetime import die_with_parent
 from tests.procs import wait_pid_gone
 
 THIS_MACHINE = {"192.168.7.7"}  # what the injected test calls this machine's own (non-loopback) address

@@ -14,8 +14,8 @@ import sys
 
 import pytest
 
-from gateway.backends.process_tree import alive, descendants
-from gateway.backends.ray_cluster import LocalRayCluster
+from gateway.backends.process.tree import alive, descendants
+from gateway.backends.ray.cluster import LocalRayCluster
 from gateway.models import FunctionSpec, Resources
 from tests.gateway.conftest import ROOT, start_gateway, stop_gateway
 from tests.procs import wait_pid_gone
@@ -45,7 +45,7 @@ def test_a_gateway_without_a_ray_address_runs_a_private_ray_and_stops_it(redis_s
 
 OWNER = """
 import sys
-from gateway.backends.ray_cluster import LocalRayCluster
+from gateway.backends.ray.cluster import LocalRayCluster
 cluster = LocalRayCluster()
 cluster.start_head(num_cpus=1)
 print(cluster.temp_dir, flush=True)

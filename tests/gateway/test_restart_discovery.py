@@ -29,8 +29,8 @@ from docker.errors import APIError, NotFound
 from cache import Cache
 from cache.keys import GatewayKeys
 from gateway.backends.base import LABEL_FUNCTION, LABEL_GATEWAY, LABEL_NAMESPACE, LABEL_SPEC, InstanceHandle
-from gateway.backends.docker import DockerBackend
-from gateway.backends.process import ProcessBackend
+from gateway.backends.docker.backend import DockerBackend
+from gateway.backends.process.backend import ProcessBackend
 from gateway.client import GatewayClient
 from gateway.discovery import sort_survivors
 from gateway.metering import Metrics

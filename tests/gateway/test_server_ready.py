@@ -10,7 +10,7 @@ import socket
 import subprocess
 import sys
 
-from cache.contract.runtime_http import READY_PREFIX
+from contract.runtime_http import READY_PREFIX
 
 
 def test_the_gateway_listens_before_it_announces_ready(redis_server) -> None:

@@ -9,7 +9,7 @@ import signal
 import subprocess
 from typing import Any
 
-from gateway.backends.process_tree import descendants
+from gateway.backends.process.tree import descendants
 from tests.procs import is_redis_server, wait_pid_gone
 
 _killed: list[int] = []

@@ -21,13 +21,13 @@ import yaml
 from safetensors.torch import load_file
 
 import stellaris
-from cache.codec import decode
-from cache.packed import unpacked
-from functions.jobspec import JobSpec
-from functions.policies import build_policy
+from contract.codec import decode
+from contract.packed import unpacked
+from functions.model.policies import build_policy
+from functions.runtime.jobspec import JobSpec
 from stellaris.config import ConfigError
-from stellaris.control.outputs import RunDirError
 from stellaris.evaluate import evaluate_run
+from stellaris.rundir.outputs import RunDirError
 
 ROOT = Path(__file__).resolve().parents[2]
 README_CONFIG = '{"env": "CartPole-v1", "rounds": 2, "out": "runs/cartpole-api"}'

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from gateway.models import LEARNER_PRICING
-from stellaris.control.billing import Billing
+from stellaris.platform.billing import Billing
 
 
 @pytest.mark.parametrize(("learners", "spares", "slots"), [(1, 0, 2), (2, 0, 3), (1, 2, 4)])

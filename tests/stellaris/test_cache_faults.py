@@ -1,4 +1,4 @@
-"""What the cache's state says about a failed job (stellaris/control/cache_faults.py), through the real CLI:
+"""What the cache's state says about a failed job (stellaris/platform/cache_faults.py), through the real CLI:
 
 - A Redis that comes back empty mid-job (no persistence): the job's data is gone, so `stellaris train` reports the
   loss in one line (the dead epoch's functions log no traceback) and resumes from its last checkpoint in a new
@@ -27,7 +27,7 @@ import redis
 
 from cache import RedisServerDied
 from cache.server import EmbeddedRedis
-from stellaris.control.cache_faults import RESUMES_ENV, resumes_from_env
+from stellaris.platform.cache_faults import RESUMES_ENV, resumes_from_env
 from tests.procs import wait_pid_gone
 from tests.stellaris.test_train import (
     ROOT,
@@ -204,7 +204,7 @@ def _said_after_loss(
     from rich.console import Console
 
     from stellaris.config import TrainConfig
-    from stellaris.control.run import _after_cache_loss
+    from stellaris.run import _after_cache_loss
 
     cfg = TrainConfig(env="CartPole-v1", rounds=10, out=tmp_path / "run")
     cfg.run_dir().mkdir(parents=True)

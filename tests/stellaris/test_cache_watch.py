@@ -14,7 +14,7 @@ import pytest
 from cache import RedisServerDied
 from cache.server import EmbeddedRedis
 from gateway.settings import HangSettings
-from stellaris.control.cache_watch import CacheWatch
+from stellaris.platform.cache_watch import CacheWatch
 from tests.procs import wait_pid_gone
 
 QUICK = HangSettings(hung_after_s=1.0, busy_probe_s=0.25)

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gateway.backends.process_tree import descendants
+from gateway.backends.process.tree import descendants
 from tests.procs import cmdline, is_redis_server, parent_pid, pid_alive, wait_pid_gone
 from tests.stellaris.test_train import ROOT, rows
 
@@ -43,7 +43,7 @@ def _role(pid: int, job: int) -> str | None:
         return "learner"
     if "functions.handlers.parameter:handle" in cmd:
         return "parameter"
-    if "functions.actor_loop" in cmd:
+    if "functions.actor.loop" in cmd:
         return "actor"
     if "functions.runtime.zygote" in cmd:  # the actors' is the control plane's child, the other the gateway's
         return "actor fork server" if parent_pid(pid) == job else "gateway fork server"

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from functions.jobspec import JobRequest, resolve
+from functions.runtime.jobspec import JobRequest, resolve
 from stellaris import config
 from stellaris.config import ConfigError, TrainConfig, load_config
 
@@ -62,18 +62,18 @@ def _train_flags(monkeypatch: pytest.MonkeyPatch, *args: str) -> TrainConfig:
     """The TrainConfig `stellaris train ARGS` would run (the run itself replaced by a recorder)."""
     from typer.testing import CliRunner
 
-    import stellaris.control.run
+    import stellaris.run
     from stellaris.cli import app
 
     seen: list[TrainConfig] = []
-    monkeypatch.setattr(stellaris.control.run, "run_training", lambda cfg, resume=False: seen.append(cfg) or 0)
+    monkeypatch.setattr(stellaris.run, "run_training", lambda cfg, resume=False: seen.append(cfg) or 0)
     result = CliRunner().invoke(app, ["train", *args])
     assert result.exit_code == 0, result.output
     return seen[0]
 
 
 def test_each_knob_is_declared_once_and_both_configs_take_it_from_there() -> None:
-    from cache.contract.knobs import KNOB_NAMES, knob_info, train_name
+    from contract.knobs import KNOB_NAMES, knob_info, train_name
     from functions.algos.config import StellarisConfig
 
     for knob in KNOB_NAMES:
@@ -208,7 +208,7 @@ def test_placement_flags_beat_the_yaml_file(tmp_path: Path, monkeypatch: pytest.
 
 def test_the_job_registers_each_role_where_the_config_places_it(tmp_path: Path) -> None:
     """The specs the gateway gets: backend named, image and GPUs for docker, the device in the environment."""
-    from stellaris.control.deployment import function_spec, placements
+    from stellaris.platform.deployment import function_spec, placements
 
     docker = placements(load_config(_yaml(tmp_path, "backend: docker\nimage: img:1\nlearner_gpus: 1\n"), {}))
     learner = function_spec("j-learner", "learner", docker["learner"], {"A": "1"}, max_instances=2)

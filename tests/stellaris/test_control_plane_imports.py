@@ -17,7 +17,7 @@ def test_a_train_command_loads_no_torch() -> None:
         """
         import sys
         from stellaris.config import load_config
-        import stellaris.cli, stellaris.control.run, stellaris.control.trainer
+        import stellaris.cli, stellaris.run, stellaris.round.trainer
         from stellaris.evaluate import EvalError  # what every command's error handling imports
 
         load_config(None, {"env": "Hopper-v5", "rounds": 1})  # the env and override checks run here

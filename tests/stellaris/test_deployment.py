@@ -1,4 +1,4 @@
-"""How the control plane reads a failed call (stellaris/control/deployment.py `GatewayFunctions.gone`): whether the
+"""How the control plane reads a failed call (stellaris/platform/deployment.py `GatewayFunctions.gone`): whether the
 instance that held the call is known to be gone, so that its task and update leases are freed at once rather than
 when they run out."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from gateway.client import GatewayClient, GatewayError
-from stellaris.control.deployment import GatewayFunctions
+from stellaris.platform.deployment import GatewayFunctions
 
 
 @pytest.mark.parametrize(

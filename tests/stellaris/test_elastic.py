@@ -1,4 +1,4 @@
-"""The elastic-actor controller (stellaris/control/elastic.py) against hand-computed numbers, the learner schedule's
+"""The elastic-actor controller (stellaris/round/elastic.py) against hand-computed numbers, the learner schedule's
 parsing and the config's bounds, and the batch sequence that tells a lost batch."""
 
 from __future__ import annotations
@@ -9,15 +9,15 @@ import pytest
 
 from cache import BatchMeta
 from stellaris.config import ConfigError, load_config
-from stellaris.control.elastic import (
+from stellaris.elastic_options import parse_learner_schedule
+from stellaris.round.elastic import (
     ActorController,
     Signal,
     actor_cost_per_round,
     actors_per_learner,
     backlog_gain_for,
 )
-from stellaris.control.scaling import BatchSequence, actor_steps_s, policy_lag, resumed_actors
-from stellaris.elastic_options import parse_learner_schedule
+from stellaris.round.scaling import BatchSequence, actor_steps_s, policy_lag, resumed_actors
 
 
 def sig(c: float = 1000.0, r: float = 500.0, b: float = 2048.0, batch: float = 2048.0, learners: int = 2) -> Signal:

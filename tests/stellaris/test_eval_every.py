@@ -15,11 +15,11 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from cache import Cache
 from experiments.summary import final_eval_reward, read_info
-from functions.context import Context, Instance
-from stellaris.control.evaluation import EVAL_SEED_OFFSET, Evaluator
-from stellaris.control.rounds import Call, Role
+from functions.runtime.context import Context, Instance
 from stellaris.evaluate import evaluate_run
 from stellaris.plots import run_curve
+from stellaris.round.evaluation import EVAL_SEED_OFFSET, Evaluator
+from stellaris.round.protocol import Call, Role
 from tests.functions.driver import HANDLERS, Driver
 from tests.functions.test_pipeline import small_spec
 from tests.stellaris.test_train import rows, run_train, train_cmd

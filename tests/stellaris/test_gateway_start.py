@@ -1,4 +1,4 @@
-"""Kills as `stellaris train`'s platform starts (stellaris/control/platform.py), found by a fault probe:
+"""Kills as `stellaris train`'s platform starts (stellaris/platform/local.py), found by a fault probe:
 
 - A new local gateway killed as it starts, before it says READY, is started again, up to
   $STELLARIS_GATEWAY_START_ATTEMPTS starts in a row. Before, one such kill (of the gateway that had just replaced a
@@ -17,10 +17,10 @@ from typing import Any
 import httpx
 import pytest
 
-import stellaris.control.platform as platform_module
+import stellaris.platform.local as platform_module
 from cache import RedisServerDied
 from cache.server import EmbeddedRedis
-from stellaris.control.platform import Platform, PlatformError
+from stellaris.platform.local import Platform, PlatformError
 from tests.procs import pid_alive, wait_pid_gone
 from tests.stellaris.test_train import check_each_task_applied_once, rows, run_train, train_cmd
 

@@ -1,4 +1,4 @@
-"""The watch on `stellaris train`'s gateway (stellaris/control/gateway_watch.py).
+"""The watch on `stellaris train`'s gateway (stellaris/platform/gateway_watch.py).
 
 The local one is judged only once it said it was ready: a restarted one is not probed while it starts, nor at its
 predecessor's URL. Before, the watch saw the new process at once, probed the dead one's port, and killed the new
@@ -18,8 +18,8 @@ import pytest
 
 from cache.server import EmbeddedRedis
 from gateway.settings import HangSettings
-from stellaris.control.gateway_watch import GatewayStuck, GatewayWatch
-from stellaris.control.platform import Platform
+from stellaris.platform.gateway_watch import GatewayStuck, GatewayWatch
+from stellaris.platform.local import Platform
 from tests.gateway.conftest import start_gateway, stop_gateway
 from tests.procs import wait_pid_gone
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.backends.process_tree import descendants
+from gateway.backends.process.tree import descendants
 from tests.procs import pid_alive, wait_pid_gone
 from tests.stellaris.test_chaos import _Output, _role, start_job
 from tests.stellaris.test_train import rows

@@ -21,6 +21,7 @@ from typing import Any
 import redis
 
 from cache import Cache, JobCache
+from stellaris.platform.serverful_actors import ACTOR_MODULE
 from tests.gateway.conftest import TOKEN, start_gateway, stop_gateway
 from tests.stellaris.isolation_probe import REPORT
 from tests.stellaris.test_train import run_train, train_cmd
@@ -45,7 +46,8 @@ class ProbeReports:
         """learner, parameter or actor: an instance's id is <job>-<role>-<n>; a serverful actor runs the actor loop."""
         instance = report["env"].get("STELLARIS_INSTANCE_ID")
         if instance is None:
-            return "actor" if any("actor_loop" in a for a in report["argv"]) else "?"
+            loop = ACTOR_MODULE.replace(".", "/")  # argv[0] is the module's file, forked or not
+            return "actor" if any(loop in a for a in report["argv"]) else "?"
         return str(instance).removeprefix(f"{report['job']}-").split("-")[0]
 
 

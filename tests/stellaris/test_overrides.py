@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-import stellaris.control.run
-from functions.jobspec import JobRequest, resolve
+import stellaris.run
+from functions.runtime.jobspec import JobRequest, resolve
 from stellaris.cli import app
 from stellaris.config import ConfigError, TrainConfig, load_config
 from stellaris.train_options import parsed_sets
@@ -30,7 +30,7 @@ def _yaml(tmp_path: Path, text: str) -> Path:
 def _train(monkeypatch: pytest.MonkeyPatch, *args: str) -> TrainConfig:
     """The TrainConfig `stellaris train ARGS` would run (the run itself replaced by a recorder)."""
     seen: list[TrainConfig] = []
-    monkeypatch.setattr(stellaris.control.run, "run_training", lambda cfg, resume=False: seen.append(cfg) or 0)
+    monkeypatch.setattr(stellaris.run, "run_training", lambda cfg, resume=False: seen.append(cfg) or 0)
     result = CliRunner().invoke(app, ["train", *args])
     assert result.exit_code == 0, result.output
     return seen[0]

@@ -4,7 +4,7 @@ starts, gets the socket's URL; the URL for containers and Ray nodes stays TCP.""
 
 from __future__ import annotations
 
-from stellaris.control.platform import Platform
+from stellaris.platform.local import Platform
 
 
 def test_the_local_gateway_reaches_the_embedded_redis_over_its_socket_file() -> None:

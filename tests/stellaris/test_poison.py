@@ -17,9 +17,9 @@ import pytest
 import redis
 
 from cache import GradientMeta, GradientRecord, JobCache, TrajectoryBatch
-from cache.codec import HEADER_FIELD, decode
-from cache.packed import PACKED
-from cache.records import TRAJECTORY_ARRAYS
+from contract.codec import HEADER_FIELD, decode
+from contract.packed import PACKED
+from contract.records import TRAJECTORY_ARRAYS
 from tests.stellaris.test_train import check_each_task_applied_once, read_on, rows, start_until_round, train_cmd
 
 ROUNDS = 20

@@ -16,14 +16,14 @@ from gymnasium import spaces
 from safetensors.torch import save_file
 
 import stellaris
-from cache.codec import decode
-from functions.flat_params import flatten_parameters
-from functions.jobspec import JobRequest, resolve
-from functions.policies import ActorCritic, build_policy, space_from_json, space_to_json
-from functions.serialize import policy_to_bytes
-from stellaris.control.outputs import RunDir
+from contract.codec import decode
+from functions.model.flat_params import flatten_parameters
+from functions.model.policies import ActorCritic, build_policy, space_from_json, space_to_json
+from functions.model.serialize import policy_to_bytes
+from functions.runtime.jobspec import JobRequest, resolve
 from stellaris.evaluate import EvalError, evaluate_run
 from stellaris.policy_file import PolicyFileError, read_policy_file
+from stellaris.rundir.outputs import RunDir
 
 SPEC = {"env_id": "Pendulum-v1", "algo": {"algo": "impact"}, "seed": 7, "env_kwargs": {"g": 9.0}, "env_module": None}
 

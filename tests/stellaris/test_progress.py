@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from stellaris.control.progress import Standing, clock, sparkline
+from stellaris.rundir.progress import Standing, clock, sparkline
 
 
 def test_the_history_line_scales_between_the_least_and_greatest_of_the_last_rounds() -> None:

@@ -1,4 +1,4 @@
-"""The replay store in checkpoints (stellaris/control/replay_files.py) on a real Redis: each batch is written once and
+"""The replay store in checkpoints (stellaris/rundir/replay_files.py) on a real Redis: each batch is written once and
 its file goes once a checkpoint no longer holds it; a store put back in a new job's namespace replays exactly what the
 dead run's would have; a missing batch file is named; replay.csv loses the dead run's rows after the checkpoint."""
 
@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 
 from cache import BatchMeta, Cache, JobCache, TrajectoryBatch
-from cache.records import TRAJECTORY_ARRAYS
-from stellaris.control.outputs import RunDirError
-from stellaris.control.replay_files import FOLDER, ReplayFilesError
-from stellaris.control.replay_rounds import ReplayRounds
+from contract.records import TRAJECTORY_ARRAYS
+from stellaris.round.replay import ReplayRounds
+from stellaris.rundir.outputs import RunDirError
+from stellaris.rundir.replay_files import FOLDER, ReplayFilesError
 
 
 def spec(replay: str, capacity: int = 3) -> dict[str, Any]:

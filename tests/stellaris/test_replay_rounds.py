@@ -1,4 +1,4 @@
-"""Replay through the round protocol: the control plane's hook (stellaris/control/replay_rounds.py) with the
+"""Replay through the round protocol: the control plane's hook (stellaris/round/replay.py) with the
 product's handlers in-process (tests/functions/driver.py), the overrides checked up front, and IMPACT learning
 CartPole with uniform and with prioritised replay (slow)."""
 
@@ -13,15 +13,15 @@ import pytest
 import torch
 
 from cache import BatchMeta, Cache, JobCache, LearnerTask, TrajectoryBatch
-from cache.contract.knobs import RuleName
-from cache.records import TRAJECTORY_ARRAYS
 from cache.replay import is_replay_id, replay_id
+from contract.knobs import RuleName
+from contract.records import TRAJECTORY_ARRAYS
 from functions.algos.config import IMPACTConfig, NetworkConfig
-from functions.jobspec import JobSpec
-from functions.learn import sample_weights, time_chunk
+from functions.learner.learn import sample_weights, time_chunk
+from functions.runtime.jobspec import JobSpec
 from stellaris.config import ConfigError, load_config
-from stellaris.control.replay_rounds import ReplayRounds
-from stellaris.control.rounds import RoundStats, round_tasks
+from stellaris.round.protocol import RoundStats, round_tasks
+from stellaris.round.replay import ReplayRounds
 from tests.functions.driver import Driver
 
 THRESHOLD = 400.0  # tests/functions/test_learning.py's bar: mean of the last 10 training episodes

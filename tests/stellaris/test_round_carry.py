@@ -1,4 +1,4 @@
-"""A replacement learner that is still starting when its round's work is done (stellaris/control/rounds.py): the
+"""A replacement learner that is still starting when its round's work is done (stellaris/round/protocol.py): the
 round ends without it, and the next round adopts it as one of its learners. Real handlers on a real Redis, invoked
 in-process (tests/functions/driver.py); an instance's death and a replacement's cold start are played by the
 functions' `invoke`: the round's first learner call dies before its handler runs, and the replacement's handler
@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 
 from cache import Cache
-from cache.contract.knobs import RuleName
-from functions.context import Instance
-from stellaris.control.rounds import Call, Role, Rounds, RoundStats, round_tasks
+from contract.knobs import RuleName
+from functions.runtime.context import Instance
+from stellaris.round.protocol import Call, Role, Rounds, RoundStats, round_tasks
 from tests.functions.driver import Driver, InProcessFunctions
 from tests.functions.test_pipeline import assert_exactly_once, small_spec
 

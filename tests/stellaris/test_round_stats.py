@@ -1,4 +1,4 @@
-"""A round's statistics from its calls (stellaris/control/round_stats.py), against hand-computed numbers: the split
+"""A round's statistics from its calls (stellaris/round/stats.py), against hand-computed numbers: the split
 of each call's latency into compute, waiting, cache I/O and invocation overhead, and the restarts its activation
 record reports (idle instances the gateway found dead and replaced as the call looked for one)."""
 
@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from cache.contract import LearnerResult, ParameterResult
+from contract import LearnerResult, ParameterResult
 from gateway.models import Activation, Status
-from stellaris.control.round_stats import Call, RoundStats
+from stellaris.round.stats import Call, RoundStats
 
 
 def _activation(duration_s: float, found_dead: int = 0) -> Activation:

@@ -1,11 +1,11 @@
-"""The round protocol's plan (stellaris/control/rounds.py): a round's tasks and the steps they are enqueued in.
+"""The round protocol's plan (stellaris/round/protocol.py): a round's tasks and the steps they are enqueued in.
 Its runs go through the real handlers: in-process in the tests' driver (tests/functions/driver.py, used by
 tests/functions/test_pipeline.py and test_learning.py) and over the gateway in tests/stellaris/test_train.py and
 test_chaos.py (replaced invocations after kill -9, serverless actors in flight at once)."""
 
 from __future__ import annotations
 
-from stellaris.control.rounds import round_steps, round_tasks
+from stellaris.round.protocol import round_steps, round_tasks
 
 
 def test_a_sync_round_is_steps_of_one_task_per_learner_and_any_other_round_one_step() -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
-from stellaris.control.outputs import GRADIENT_COLUMNS, INFO_COLUMNS, RunDir
+from stellaris.rundir.outputs import GRADIENT_COLUMNS, INFO_COLUMNS, RunDir
 
 
 def _write(path: Path, header: list[str], rows: list[list[str]]) -> None:

@@ -1,11 +1,11 @@
-"""config.yaml keeps no secret (stellaris/control/run_secrets.py): what is written, and what a config read back asks
+"""config.yaml keeps no secret (stellaris/platform/secrets.py): what is written, and what a config read back asks
 for before it runs."""
 
 from __future__ import annotations
 
 import pytest
 
-from stellaris.control.run_secrets import missing_secret, without_secrets
+from stellaris.platform.secrets import missing_secret, without_secrets
 
 
 @pytest.mark.parametrize(

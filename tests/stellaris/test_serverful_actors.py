@@ -1,4 +1,4 @@
-"""Serverful actors forked from their own fork server (stellaris/control/serverful_actors.py), against a real job:
+"""Serverful actors forked from their own fork server (stellaris/platform/serverful_actors.py), against a real job:
 they collect, a kill -9 of one is restarted as a fork of the same server, a kill -9 of the server takes its actors
 along and a new server forks them again, a scale-down's SIGTERM is obeyed with exit 0, and closing stops the server.
 Without forks, each is a fresh interpreter, as before."""
@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 
 from cache import Cache, JobCache
-from gateway.backends.process_tree import wait_gone
-from gateway.backends.zygote import ForkedProcess
-from stellaris.control.rounds import TrainingError
-from stellaris.control.serverful_actors import ACTOR_FORK_ENV, ServerfulActors, fork_from_env
+from gateway.backends.process.tree import wait_gone
+from gateway.backends.process.zygote import ForkedProcess
+from stellaris.platform.serverful_actors import ACTOR_FORK_ENV, ServerfulActors, fork_from_env
+from stellaris.round.protocol import TrainingError
 from tests.functions.driver import Driver
 from tests.functions.test_pipeline import small_spec
 
@@ -55,7 +55,7 @@ def test_forked_actors_collect_restart_scale_and_stop(cache_conn: Cache, job_id:
             assert isinstance(proc, ForkedProcess)
             assert Path(f"/proc/{proc.pid}/stat").read_text().split(") ")[1].split()[1] == str(server)  # its ppid
             cmdline = Path(f"/proc/{proc.pid}/cmdline").read_bytes().rstrip(b"\0").decode()
-            assert cmdline == f"{sys.executable} -m functions.actor_loop {job_id} actor-{i} {i} 1"
+            assert cmdline == f"{sys.executable} -m functions.actor.loop {job_id} actor-{i} {i} 1"
         assert _batches_from(job, {"actor-0", "actor-1"}) == {"actor-0", "actor-1"}
 
         dead = actors.procs[0]

@@ -24,7 +24,7 @@ STOPPED_IN_A_ROUND = textwrap.dedent(
     from concurrent.futures import ThreadPoolExecutor
     from gateway.client import GatewayClient
     from stellaris import cli
-    from stellaris.control import rounds
+    from stellaris.round import protocol as rounds
 
     client = GatewayClient(sys.argv[1], token=sys.argv[2], timeout_s=3600)
     pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix=rounds.CALL_THREADS[0][:-1])

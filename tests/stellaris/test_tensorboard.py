@@ -60,7 +60,7 @@ def test_a_run_leaves_curve_png_and_plot_groups_seeds(run_dir: Path, tmp_path: P
 def test_a_resumed_board_replaces_the_rounds_after_the_checkpoint(tmp_path: Path) -> None:
     """A dead run wrote rounds 1-3 but checkpointed after round 2; the resumed run writes from round 3 again: each
     round appears once, round 3 with the resumed run's value."""
-    from stellaris.control.tensorboard import RoundBoard
+    from stellaris.rundir.tensorboard import RoundBoard
 
     path = tmp_path / "tensorboard"
     dead = RoundBoard(path)

@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 
 from cache import BatchMeta
-from functions.rollout import EpisodeTracker
-from stellaris.control.outputs import TIMELINE_COLUMNS
-from stellaris.control.report import timeline_rows
+from functions.actor.rollout import EpisodeTracker
+from stellaris.rundir.outputs import TIMELINE_COLUMNS
+from stellaris.rundir.report import timeline_rows
 
 
 def _batch(steps: int, span: tuple[float, float] | None, ends: list[float], returns: list[float]) -> tuple:

@@ -20,7 +20,7 @@ import redis
 import yaml
 
 from cache.keys import JobKeys
-from stellaris.control.outputs import INFO_COLUMNS, INVOCATION_COLUMNS, TIMELINE_COLUMNS
+from stellaris.rundir.outputs import INFO_COLUMNS, INVOCATION_COLUMNS, TIMELINE_COLUMNS
 from tests.procs import default_sigint, wait_pid_gone
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -372,7 +372,7 @@ def test_resume_after_kill_9_against_a_persistent_redis_continues_exactly(redis_
                 time.sleep(0.005)
         proc.kill()
         proc.wait(timeout=30)
-        kept = (out / "config.yaml").read_text()  # a run's record keeps no secret (stellaris/control/run_secrets.py)
+        kept = (out / "config.yaml").read_text()  # a run's record keeps no secret (stellaris/platform/secrets.py)
         assert TOKEN not in kept and "gateway_token: '***'" in kept
         assert redis_server.password not in kept
         state = json.loads((out / "state.json").read_text())

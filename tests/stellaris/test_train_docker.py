@@ -24,7 +24,7 @@ from docker.client import DockerClient
 
 from cache import Cache
 from gateway.backends.base import LABEL_FUNCTION, LABEL_GATEWAY
-from gateway.backends.docker_config import LABEL_INSTANCE
+from gateway.backends.docker.config import LABEL_INSTANCE
 from tests.gateway.conftest import TOKEN, stop_gateway
 from tests.gateway.test_docker_backend import IMAGE, REPO, engine, host_python_mounts  # noqa: F401 (fixture)
 from tests.gateway.test_docker_gateway import containers, docker_gateway, gateway_id  # noqa: F401 (fixture)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from stellaris.control.elastic import ActorController
+from stellaris.round.elastic import ActorController
 from tests.stellaris.test_train import run_train, train_cmd
 
 CHANGE_ROUND, ROUNDS, WINDOW, MIN_ACTORS, MAX_ACTORS = 6, 9, 3, 1, 6

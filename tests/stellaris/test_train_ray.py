@@ -21,8 +21,8 @@ import ray
 import yaml
 
 from cache import Cache
-from gateway.backends.process_tree import descendants
-from gateway.backends.ray_cluster import LocalRayCluster, RayNode
+from gateway.backends.process.tree import descendants
+from gateway.backends.ray.cluster import LocalRayCluster, RayNode
 from tests.gateway.conftest import TOKEN, start_gateway, stop_gateway
 from tests.procs import pid_alive
 from tests.stellaris.test_isolation import (

@@ -11,11 +11,11 @@ from dataclasses import replace
 import pytest
 
 from cache import JobCache
-from cache.contract.triggers import ParameterTrigger
+from contract.triggers import ParameterTrigger
 from stellaris.config import ConfigError, load_config
-from stellaris.control.collect import LearnerGate
-from stellaris.control.trigger_log import parameter_rows
-from stellaris.control.triggers import LandedFacts, LearnerTrigger
+from stellaris.round.collect import LearnerGate
+from stellaris.round.triggers import LandedFacts, LearnerTrigger
+from stellaris.rundir.trigger_log import parameter_rows
 
 CARTPOLE = {"env": "CartPole-v1", "rounds": 1}
 

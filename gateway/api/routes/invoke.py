@@ -13,7 +13,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 from starlette.routing import Route
 
-from cache.contract.runtime_http import CALL_ID_HEADER, RETRY_AFTER_HEADER
+from contract.runtime_http import CALL_ID_HEADER, RETRY_AFTER_HEADER
 from gateway.admission import PoolFull
 from gateway.api.deps import (
     AuthFirst,
