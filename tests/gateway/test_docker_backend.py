@@ -134,7 +134,7 @@ def test_start_configures_and_serves_the_container(engine: DockerClient, backend
     assert host_config["NanoCpus"] == 500_000_000
     assert host_config["Memory"] == 512 * MiB
     env = dict(item.split("=", 1) for item in container.attrs["Config"]["Env"])
-    assert env["REDIS_URL"] == "redis://:secret@redis.invalid:6379/0"
+    assert env["REDIS_URL"] == "redis://redis.invalid:6379/0"  # the address only: never the deployment's password
     assert env["STELLARIS_TEST_VAR"] == "from-spec"
     healthcheck = container.attrs["Config"]["Healthcheck"]
     assert healthcheck["Test"][0] == "CMD" and any("/health" in part for part in healthcheck["Test"])
