@@ -26,6 +26,7 @@ lint: $(STAMP)
 test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
+	$(BIN)/mypy
 	$(BIN)/pytest -n 2 -m "not cluster and not slow"
 
 test-long: $(STAMP)

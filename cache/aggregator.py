@@ -3,14 +3,13 @@ also writes it atomically with each publish (`PolicyStore.publish_and_ack`, from
 
 from __future__ import annotations
 
-import redis
-
 from cache.keys import JobKeys
+from cache.redis_types import RedisClient, hash_fields
 from contract.aggregator import AggregatorState
 
 
 class AggregatorStore:
-    def __init__(self, client: redis.Redis, keys: JobKeys, *, ttl_s: float) -> None:
+    def __init__(self, client: RedisClient, keys: JobKeys, *, ttl_s: float) -> None:
         self.client, self.key, self.ttl_ms = client, keys.aggregator, int(ttl_s * 1000)
 
     def get(self) -> AggregatorState:
@@ -21,7 +20,7 @@ class AggregatorStore:
         """Replace the stored state (a field that is None now is removed)."""
         with self.client.pipeline(transaction=True) as pipe:
             pipe.delete(self.key)
-            pipe.hset(self.key, mapping=state.to_fields())
+            pipe.hset(self.key, mapping=hash_fields(state.to_fields()))
             pipe.pexpire(self.key, self.ttl_ms)
             pipe.execute()
 

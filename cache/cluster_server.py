@@ -187,7 +187,9 @@ class EmbeddedRedisCluster:
                 timeout=max(deadline - time.monotonic(), 1.0),
             )
         except subprocess.TimeoutExpired as exc:
-            raise RedisStartError(f"redis-cli --cluster create did not finish in time:\n{exc.stdout or ''}") from exc
+            # What it printed comes as bytes here, `text=True` or not.
+            out = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else exc.stdout or ""
+            raise RedisStartError(f"redis-cli --cluster create did not finish in time:\n{out}") from exc
         if done.returncode != 0:
             raise RedisStartError(
                 f"redis-cli --cluster create failed (exit {done.returncode}):\n{done.stdout}{done.stderr}\n"

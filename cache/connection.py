@@ -21,6 +21,7 @@ from redis.backoff import NoBackoff
 
 from cache.acl import url_as
 from cache.cluster_client import CLUSTER_RETRY_ON, CLUSTER_SCHEMES, GuardedCluster, is_cluster_url, node_url
+from cache.redis_types import RedisClient
 from cache.retry import ReconnectRetry, window_from_env
 from cache.server import EmbeddedRedis
 from contract.errors import CacheError, RedisServerDied
@@ -31,7 +32,6 @@ REDIS_URL_ENV = "REDIS_URL"
 # says who its functions are there.
 REDIS_USER_ENV, REDIS_PASSWORD_ENV = "STELLARIS_REDIS_USER", "STELLARIS_REDIS_PASSWORD"
 SCHEMES = ("redis://", "rediss://", "unix://", *CLUSTER_SCHEMES)
-RedisClient = redis.Redis | redis.cluster.RedisCluster
 
 
 class CacheSettings(BaseModel):
@@ -114,7 +114,7 @@ class Cache:
         try:
             self.client: RedisClient = self._client(self.local_url)
             self.client.ping()
-            if not self.cluster:
+            if isinstance(self.client, redis.Redis):  # a single server: not self.cluster
                 _refuse_a_cluster_node(self.client)
         except (redis.RedisError, redis.cluster.RedisClusterException, ValueError) as exc:
             self.close()

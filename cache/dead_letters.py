@@ -5,9 +5,8 @@ cannot be trained on is given up on here, by whoever claimed it (`cache.claims`)
 
 from __future__ import annotations
 
-import redis
-
 from cache.keys import JobKeys
+from cache.redis_types import RedisClient, stream_entries
 from cache.streams import BoundedStream
 
 # KEYS: stream, its freed list, dead letters. ARGV: group, entry id, reason, dead-letter maxlen, ttl ms, kind.
@@ -38,7 +37,7 @@ REASON_CHARS = 1000  # a reason is cut to this length
 class DeadLetters:
     """One job's dead-letter stream."""
 
-    def __init__(self, client: redis.Redis, keys: JobKeys, *, maxlen: int, ttl_s: float) -> None:
+    def __init__(self, client: RedisClient, keys: JobKeys, *, maxlen: int, ttl_s: float) -> None:
         self.client, self.key, self.maxlen, self.ttl_ms = client, keys.dead_letters, maxlen, int(ttl_s * 1000)
         self._give_up = client.register_script(_GIVE_UP)
         self._drop = client.register_script(_DROP)
@@ -65,7 +64,7 @@ class DeadLetters:
     def read(self, after: str = "0-0", count: int = 10_000) -> list[tuple[str, dict[str, str]]]:
         """The dead letters after id `after`, oldest first: (id, {kind, id, reason})."""
         items = self.client.xrange(self.key, min=f"({after}" if after != "0-0" else "-", count=count)
-        return [(_s(i), {_s(k): _s(v) for k, v in f.items()}) for i, f in items]
+        return [(i, {_s(k): _s(v) for k, v in f.items()}) for i, f in stream_entries(items)]
 
 
 def _s(v: bytes | str) -> str:

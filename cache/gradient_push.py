@@ -12,9 +12,8 @@ from __future__ import annotations
 
 import time
 
-import redis
-
 from cache.keys import JobKeys
+from cache.redis_types import RedisClient
 from cache.streams import blpop_timeout
 from contract.errors import BackpressureTimeout
 from contract.records import GradientRecord
@@ -38,7 +37,7 @@ return {'ok', id}
 class ActorGradients:
     """One job's gradient stream as actors write it."""
 
-    def __init__(self, client: redis.Redis, keys: JobKeys, *, maxlen: int, ttl_s: float) -> None:
+    def __init__(self, client: RedisClient, keys: JobKeys, *, maxlen: int, ttl_s: float) -> None:
         if maxlen < 1:
             raise ValueError(f"gradient maxlen must be at least 1, got {maxlen}")
         self.client, self.keys, self.maxlen, self.ttl_ms = client, keys, maxlen, int(ttl_s * 1000)

@@ -13,6 +13,7 @@ from cache.dead_letters import DeadLetters
 from cache.keys import JobKeys
 from cache.learner_registry import LearnerRegistry
 from cache.policy_store import PolicyStore
+from cache.redis_types import RedisClient, read_entries, text
 from cache.replay.store import ReplayStore, is_replay_id
 from cache.streams import MAX_BLOCK_S, BoundedStream, Entry
 from cache.tasks import TaskBoard
@@ -99,7 +100,7 @@ class GradientStream:
     update lease), so the stream needs no consumer group: entries are deleted in the same atomic step that
     publishes the version they went into (`PolicyStore.publish_and_ack`)."""
 
-    def __init__(self, client: redis.Redis, key: str, limits: JobLimits, *, version_key: str | None = None) -> None:
+    def __init__(self, client: RedisClient, key: str, limits: JobLimits, *, version_key: str | None = None) -> None:
         self.client = client
         self.key = key
         self.limits = limits
@@ -109,7 +110,7 @@ class GradientStream:
         """Entries newer than `after`, blocking up to `block_s` when there are none."""
         block_ms = int(min(block_s, MAX_BLOCK_S) * 1000)
         reply = self.client.xread({self.key: after}, count=count, block=block_ms or None)
-        return [Entry(_id(i), f) for _, items in (reply or []) for i, f in items if f]
+        return [Entry(i, f) for i, f in read_entries(reply)]
 
     def meta(self, entry: Entry, *, held: int | None = None) -> GradientMeta:
         """The entry's header. With `held`, the version its reader (the update lease's holder) last published: a base
@@ -131,11 +132,7 @@ class GradientStream:
 
     def put(self, record: GradientRecord) -> str:
         """Append outside the task protocol (tests, tools); learners use `TaskBoard.complete`."""
-        return _id(self.client.xadd(self.key, dict(_pairs(record.fields()))))
-
-
-def _id(raw: bytes | str) -> str:
-    return raw.decode() if isinstance(raw, bytes) else raw
+        return text(self.client.xadd(self.key, dict(_pairs(record.fields()))))
 
 
 def _pairs(flat: Sequence[bytes | memoryview]) -> list[tuple[bytes, bytes | memoryview]]:
@@ -145,7 +142,7 @@ def _pairs(flat: Sequence[bytes | memoryview]) -> list[tuple[bytes, bytes | memo
 class JobCache:
     """Everything one training job keeps in Redis, under its own key namespace."""
 
-    def __init__(self, client: redis.Redis, job: str, limits: JobLimits | None = None) -> None:
+    def __init__(self, client: RedisClient, job: str, limits: JobLimits | None = None) -> None:
         self.client = client
         self.keys = JobKeys(job)
         self.limits = limits or JobLimits()
@@ -182,7 +179,7 @@ class JobCache:
 
     def spec(self) -> str | None:
         raw = self.client.get(self.keys.spec)
-        return None if raw is None else raw.decode()
+        return None if raw is None else text(raw)
 
     def data_lost(self) -> bool:
         """Whether the cache answers but no longer holds the job's policy version, which the job writes when it is

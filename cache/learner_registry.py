@@ -8,9 +8,8 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-import redis
-
 from cache.keys import JobKeys
+from cache.redis_types import RedisClient
 
 _REGISTER = """
 local t = redis.call('TIME')
@@ -66,7 +65,7 @@ _SNAPSHOT = snapshot_lua("KEYS[1]", "KEYS[2]", "KEYS[3]", "KEYS[4]", "KEYS[5]") 
 
 
 class LearnerRegistry:
-    def __init__(self, client: redis.Redis, keys: JobKeys, *, lease_s: float = 300.0, ttl_s: float = 86400.0):
+    def __init__(self, client: RedisClient, keys: JobKeys, *, lease_s: float = 300.0, ttl_s: float = 86400.0):
         if lease_s <= 0:
             raise ValueError(f"learner lease_s must be positive, got {lease_s}")
         self.client = client

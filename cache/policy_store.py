@@ -21,6 +21,7 @@ import redis
 from cache import policy_scripts as scripts
 from cache.keys import JobKeys
 from cache.learner_registry import WorkSnapshot
+from cache.redis_types import RedisClient, binary, read_entries, stream_entries
 from cache.streams import MAX_BLOCK_S, Entry, blpop_timeout
 from contract.errors import FencingError, LeaseUnavailable, VersionNotFound
 
@@ -54,7 +55,7 @@ class UpdateLease:
 class PolicyStore:
     def __init__(
         self,
-        client: redis.Redis,
+        client: RedisClient,
         keys: JobKeys,
         *,
         keep_versions: int = 8,
@@ -88,14 +89,14 @@ class PolicyStore:
                 f"policy version {version} of job {self.keys.job!r} is not in the store "
                 f"(only the newest {self.keep_versions} versions are kept)"
             )
-        return bytes(blob)
+        return binary(blob)
 
     def get_many(self, versions: list[int]) -> dict[int, bytes]:
         """Weights of the versions still stored (missing ones are left out)."""
         if not versions:
             return {}
         blobs = self.client.mget([self.keys.policy(v) for v in versions])
-        return {v: bytes(b) for v, b in zip(versions, blobs, strict=True) if b is not None}
+        return {v: binary(b) for v, b in zip(versions, blobs, strict=True) if b is not None}
 
     def latest(self) -> tuple[int, bytes]:
         """(version, weights) read consistently in one transaction."""
@@ -126,7 +127,7 @@ class PolicyStore:
 
     def optimizer_state(self) -> bytes | None:
         blob = self.client.get(self.keys.optim)
-        return None if blob is None else bytes(blob)
+        return None if blob is None else binary(blob)
 
     # -- writing ----------------------------------------------------------------------------------------------
     def initialise(self, weights: bytes, optimizer_state: bytes = b"", *, version: int = 0) -> int:
@@ -267,7 +268,7 @@ class PolicyStore:
     def wait_for_version(self, after: int, *, timeout_s: float) -> int | None:
         """Block until a version newer than `after` is published; return it, or None on timeout."""
         deadline = time.monotonic() + timeout_s
-        last = self.client.xrevrange(self.keys.policy_events, count=1)
+        last = stream_entries(self.client.xrevrange(self.keys.policy_events, count=1))
         last_id = last[0][0] if last else "0-0"
         while True:
             current = self.version()
@@ -281,9 +282,10 @@ class PolicyStore:
                 count=64,
                 block=max(1, int(min(remaining, MAX_BLOCK_S) * 1000)),
             )
-            for _, items in reply or []:
-                last_id = items[-1][0]
-                newest = max(int(f[b"v"]) for _, f in items)
+            events = read_entries(reply)
+            if events:
+                last_id = events[-1][0]
+                newest = max(int(f[b"v"]) for _, f in events)
                 if newest > after:
                     return newest
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import redis
 
+from cache.redis_types import RedisClient, read_entries, stream_entries
 from contract.errors import BackpressureTimeout, CacheError
 
 # The longest single blocking call; longer waits loop, so a client's socket timeout never cuts one short.
@@ -79,7 +80,7 @@ class BoundedStream:
 
     def __init__(
         self,
-        client: redis.Redis,
+        client: RedisClient,
         key: str,
         *,
         group: str,
@@ -159,7 +160,7 @@ class BoundedStream:
             remaining = deadline - time.monotonic()
             block_ms = int(min(max(remaining, 0.0), MAX_BLOCK_S) * 1000)
             reply = self.client.xreadgroup(self.group, consumer, {self.key: ">"}, count=count, block=block_ms or None)
-            entries = [e for _, items in (reply or []) for raw_id, f in items if (e := _entry(raw_id, f))]
+            entries = [Entry(i, f) for i, f in read_entries(reply)]
             if entries or deadline - time.monotonic() <= 0:
                 return entries
 
@@ -167,7 +168,7 @@ class BoundedStream:
         """Entries delivered to `consumer` and not yet acknowledged (its pending list, oldest first), up to `count`."""
         self.ensure_group()
         reply = self.client.xreadgroup(self.group, consumer, {self.key: "0"}, count=count)
-        return [e for _, items in (reply or []) for raw_id, f in items if (e := _entry(raw_id, f))]
+        return [Entry(i, f) for i, f in read_entries(reply)]
 
     def ack(self, entry_ids: Sequence[str]) -> int:
         """Acknowledge and delete entries; wakes producers waiting for room. Returns how many were pending."""
@@ -181,13 +182,12 @@ class BoundedStream:
         reply = self.client.xautoclaim(
             self.key, self.group, consumer, min_idle_time=int(min_idle_s * 1000), start_id="0-0", count=count
         )
-        items = reply[1] if reply else []
-        return [e for raw_id, f in items if (e := _entry(raw_id, f))]
+        return [Entry(i, f) for i, f in stream_entries(reply[1] if reply else None)]
 
     def get(self, entry_id: str) -> Entry | None:
         """Read one entry by id without consuming it (None when it is gone)."""
-        items = self.client.xrange(self.key, min=entry_id, max=entry_id, count=1)
-        return _entry(*items[0]) if items else None
+        items = stream_entries(self.client.xrange(self.key, min=entry_id, max=entry_id, count=1))
+        return Entry(*items[0]) if items else None
 
     # -- introspection ----------------------------------------------------------------------------------------
     def length(self) -> int:

@@ -30,6 +30,7 @@ import redis
 from cache import task_scripts as scripts
 from cache.deferred import Deferred
 from cache.keys import JobKeys
+from cache.redis_types import RedisClient, stream_entries
 from cache.streams import BoundedStream, Entry, blpop_timeout
 from contract.errors import BackpressureTimeout
 from contract.records import GradientRecord, LearnerTask
@@ -116,7 +117,7 @@ class TaskBoard:
 
     def __init__(
         self,
-        client: redis.Redis,
+        client: RedisClient,
         keys: JobKeys,
         *,
         maxlen: int,
@@ -276,4 +277,4 @@ class TaskBoard:
 
     def read_dead_letters(self, after: str = "0-0", count: int = 10_000) -> list[tuple[str, dict[str, str]]]:
         items = self.client.xrange(self.keys.dead_letters, min=f"({after}" if after != "0-0" else "-", count=count)
-        return [(_s(i), {_s(k): _s(v) for k, v in f.items()}) for i, f in items]
+        return [(i, {_s(k): _s(v) for k, v in f.items()}) for i, f in stream_entries(items)]

@@ -6,12 +6,16 @@ IMPACT: 1 epoch, gradient-norm clip 40). ``fast`` is what CleanRL and Stable-Bas
 (MuJoCo: lr 3e-4 annealed linearly over the run, 2048 steps, minibatches of 64, 10 epochs, clip 0.2, λ 0.95, no KL
 penalty, 64×64 tanh, observation and reward normalisation; Atari: CleanRL's ``ppo_atari`` settings). ``paper``
 keeps Eq. 3's β_k = δ_max·d^k literally; ``fast`` uses the long-run ``horizon_floor`` schedule
-(``staleness.Schedule``), and its PPO on MuJoCo-like envs the decoupled clip (``ppo.clipped_surrogate``).
+(``Schedule``), and its PPO on MuJoCo-like envs the decoupled clip (``functions.algos.ppo.clipped_surrogate``).
+
+Part of the contract: the control plane checks a job request's overrides against these models (``contract.jobspec``)
+and the functions train by them; ``functions.algos`` holds what they drive (``staleness``, ``lr_schedule``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from enum import StrEnum
 from types import MappingProxyType
 from typing import Annotated, Literal, Self
 
@@ -19,9 +23,41 @@ from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, m
 
 from contract.knobs import StellarisKnobs, rule_field
 from contract.replay import ReplaySettings
-from functions.algos.lr_schedule import FINAL_FRACTION, LrSchedule
-from functions.algos.staleness import AggregationRule, Rule
-from functions.algos.staleness_equations import Schedule
+
+
+class Rule(StrEnum):
+    """Aggregation rules of the parameter function (docs/algorithms.md)."""
+
+    STELLARIS = "stellaris"
+    SYNC = "sync"
+    ASYNC = "async"
+    SOFTSYNC = "softsync"
+    SSP = "ssp"
+
+
+class Schedule(StrEnum):
+    """How β_k of paper Eq. 3 follows the run; every schedule keeps d = 0 synchronous and d = 1 at β = δ_max.
+
+    PAPER: Eq. 3 literally, k = round. Over runs much longer than the paper's 50 rounds β sinks below any
+    reachable mean staleness and nearly every round ends in a liveness flush.
+    HORIZON: k measured against the run's planned horizon, k_eff = k·paper_rounds/horizon_rounds, so the decay
+    over the whole run equals the paper's decay over its 50 rounds; PAPER when no horizon is known.
+    FLOOR: β = max(δ_max·d^k, beta_floor): with L learners applying as their gradients land, the gradient that
+    ends a round is about L + 1 versions old, so a floor there keeps rounds ending on the rule rather than in a
+    flush. The floor is not capped at δ_max: δ_max comes from round 1's start-up timing (2 to 34 over 18 runs of
+    the same 3 seeds), and a cap at a small δ_max would bring the flushes back.
+    HORIZON_FLOOR: the horizon-relative k and the floor.
+    """
+
+    PAPER = "paper"
+    HORIZON = "horizon"
+    FLOOR = "floor"
+    HORIZON_FLOOR = "horizon_floor"
+
+
+# The learning rate over a run (`functions.algos.lr_schedule.learning_rate`).
+LrSchedule = Literal["constant", "linear", "exponential"]
+FINAL_FRACTION = 0.01  # the exponential schedule's default lr·f at the horizon
 
 EnvKind = Literal["mujoco", "atari"]
 PresetName = Literal["paper", "fast"]
@@ -46,7 +82,7 @@ class NetworkConfig(_Frozen):
 class StellarisConfig(StellarisKnobs, _Frozen):
     """The Stellaris mechanisms (docs/algorithms.md): aggregation rule (d, v, K, s), truncation (ρ) and β's schedule.
 
-    ``schedule`` picks how β_k = δ_max·d^k (paper Eq. 3) follows the run (``staleness.Schedule``);
+    ``schedule`` picks how β_k = δ_max·d^k (paper Eq. 3) follows the run (``Schedule``);
     ``horizon_rounds`` is the run's planned number of rounds, read by the horizon schedules (None: unknown);
     ``beta_floor`` is the least β the floor schedules admit (`stellaris train` sets L + 1).
     """
@@ -64,18 +100,6 @@ class StellarisConfig(StellarisKnobs, _Frozen):
     # A learner claims its next task (and stores its last gradient) on a thread of its own while it computes, so
     # that the cache I/O is off the computation's path (`functions.learner.claim_ahead`; never under the sync rule).
     claim_ahead: bool = True
-
-    def aggregation_rule(self) -> AggregationRule:
-        return AggregationRule(
-            rule=self.rule,
-            d=self.d,
-            v=self.v,
-            softsync_k=self.softsync_k,
-            ssp_bound=self.ssp_bound,
-            schedule=self.schedule,
-            horizon_rounds=self.horizon_rounds,
-            beta_floor=self.beta_floor,
-        )
 
 
 class _AlgoConfig(_Frozen):

@@ -126,7 +126,7 @@ def encode_parts(arrays: Mapping[str, Any], meta: Mapping[str, Any] | None = Non
             offset += pad
         specs.append([name, wire, list(arr.shape), offset, arr.nbytes])
         if arr.nbytes:
-            bufs.append(memoryview(arr).cast("B"))
+            bufs.append(arr.data.cast("B"))
         offset += arr.nbytes
     try:
         header = msgpack.packb({"meta": dict(meta or {}), "arrays": specs, "size": offset}, use_bin_type=True)
@@ -177,6 +177,25 @@ def decode(buf: bytes | bytearray | memoryview, *, max_bytes: int = DEFAULT_MAX_
     total = view.nbytes
     if total > max_bytes:
         raise CodecError(f"message of {total} bytes exceeds the limit of {max_bytes}")
+    meta, specs, data = _split(view)
+    arrays: dict[str, np.ndarray] = {}
+    dtypes: dict[str, str] = {}
+    end = 0
+    for i, spec in enumerate(specs):
+        name, dtype, shape, offset, nbytes = _check_spec(i, spec, data.nbytes)
+        if name in arrays:
+            raise CodecError(f"array {name!r} appears twice")
+        if offset < end:
+            raise CodecError(f"array {name!r} overlaps the previous array")
+        end = offset + nbytes
+        arrays[name] = np.frombuffer(data[offset:end], dtype=_DTYPES[dtype]).reshape(shape)
+        dtypes[name] = dtype
+    return Frame(meta=meta, arrays=arrays, dtypes=dtypes)
+
+
+def _split(view: memoryview) -> tuple[dict[str, Any], list[Any], memoryview]:
+    """A message's prefix and header checked: its meta, its array specs (unchecked) and its data section."""
+    total = view.nbytes
     if total < _PREFIX.size:
         raise CodecError(f"truncated message: {total} bytes is shorter than the {_PREFIX.size}-byte prefix")
     magic, header_len = _PREFIX.unpack_from(view)
@@ -200,20 +219,7 @@ def decode(buf: bytes | bytearray | memoryview, *, max_bytes: int = DEFAULT_MAX_
     if size != data_size:
         kind = "truncated message" if data_size < size else "trailing bytes after the data"
         raise CodecError(f"{kind}: header says {size} data bytes, buffer has {data_size}")
-    data = view[data_start:]
-    arrays: dict[str, np.ndarray] = {}
-    dtypes: dict[str, str] = {}
-    end = 0
-    for i, spec in enumerate(specs):
-        name, dtype, shape, offset, nbytes = _check_spec(i, spec, data_size)
-        if name in arrays:
-            raise CodecError(f"array {name!r} appears twice")
-        if offset < end:
-            raise CodecError(f"array {name!r} overlaps the previous array")
-        end = offset + nbytes
-        arrays[name] = np.frombuffer(data[offset:end], dtype=_DTYPES[dtype]).reshape(shape)
-        dtypes[name] = dtype
-    return Frame(meta=meta, arrays=arrays, dtypes=dtypes)
+    return meta, specs, view[data_start:]
 
 
 # -- multi-field stream entries ---------------------------------------------------------------------------------
@@ -235,7 +241,7 @@ def encode_fields(arrays: Mapping[str, Any], meta: Mapping[str, Any] | None = No
         if arr.ndim > MAX_NDIM:
             raise CodecError(f"array {name!r}: {arr.ndim} dimensions exceed the limit of {MAX_NDIM}")
         specs.append([name, wire, list(arr.shape), arr.nbytes])
-        out += [f"a{i}".encode(), memoryview(arr).cast("B") if arr.nbytes else b""]
+        out += [f"a{i}".encode(), arr.data.cast("B") if arr.nbytes else b""]
     try:
         header = msgpack.packb({"meta": dict(meta or {}), "arrays": specs}, use_bin_type=True)
     except (TypeError, ValueError) as exc:

@@ -1,4 +1,8 @@
-"""A training job's specification: what every handler of the job reads from the cache (never from its event)."""
+"""A training job's specification (`JobSpec`: what every handler of the job reads from the cache, never from its
+event) and the request a control plane makes for one (`JobRequest`: a preset plus overrides), with `resolve`, the
+pure function from the one to the other. The parameter function resolves a job's request when it creates the job
+(`functions.runtime.jobspec` stores the spec); the control plane resolves it too, locally, to check a request's
+overrides before anything starts (`stellaris.override_check`)."""
 
 from __future__ import annotations
 
@@ -6,13 +10,12 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from cache import JobCache
+from contract import algo_config
+from contract.algo_config import preset
 from contract.distribution import Distribution, distribution_field
 from contract.triggers import ParameterTrigger
-from functions.algos import config
-from functions.algos.config import preset
 
-AlgoConfig = Annotated[config.AlgoConfig, Field(discriminator="algo")]
+AlgoConfig = Annotated[algo_config.AlgoConfig, Field(discriminator="algo")]
 
 
 class JobSpec(BaseModel):
@@ -39,17 +42,6 @@ class JobSpec(BaseModel):
         if replay != "full_batch" and self.distribution == "gradients_at_actors":
             raise ValueError(f"replay {replay!r} needs distribution 'trajectories' (gradients_at_actors ships none)")
         return self
-
-
-def save_spec(job: JobCache, spec: JobSpec) -> None:
-    job.set_spec(spec.model_dump_json())
-
-
-def load_spec(job: JobCache) -> JobSpec:
-    raw = job.spec()
-    if raw is None:
-        raise LookupError(f"job {job.keys.job!r} has no spec in the cache; create the job first")
-    return JobSpec.model_validate_json(raw)
 
 
 class JobRequest(BaseModel):

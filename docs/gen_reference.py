@@ -177,7 +177,7 @@ def _flatten(model: Any, prefix: str = "") -> Iterator[tuple[str, Any, Any]]:
 
 
 def algorithm_section() -> list[str]:
-    from functions.algos.config import CONFIGS, preset
+    from contract.algo_config import CONFIGS, preset
 
     kinds = [("paper", "mujoco"), ("paper", "atari"), ("fast", "mujoco"), ("fast", "atari")]
     lines = [

@@ -22,11 +22,12 @@ import typer
 
 from cache import Cache, JobCache
 from cache import connect as connect_cache
+from contract.jobspec import JobRequest, resolve
 from functions.actor.rollout import _env_action
 from functions.handlers import actor, parameter
 from functions.model.policies import ActorCritic
 from functions.runtime.context import Context, Instance
-from functions.runtime.jobspec import JobRequest, resolve, save_spec
+from functions.runtime.jobspec import save_spec
 
 
 @dataclass

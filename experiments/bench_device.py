@@ -24,9 +24,9 @@ import numpy as np
 import torch
 import typer
 
+from contract.algo_config import PPOConfig
 from contract.records import LearnerTask
 from functions.algos.algorithm import LearnInputs
-from functions.algos.config import PPOConfig
 from functions.algos.ppo_algo import PPO
 from functions.model.device import to_cpu, to_device
 from functions.model.policies import ActorCritic, build_policy

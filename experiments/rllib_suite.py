@@ -66,7 +66,7 @@ def serverful_cost_usd(wall_clock_s: float, *, cores: int, learners: int = LEARN
 def run_spec(stellaris: RunPlan, *, cores: int) -> dict[str, Any]:
     """`rllib_ppo.RunSpec` fields for RLlib's PPO with the Stellaris run's env, seed, env-step budget, actors (as env
     runners, one core each, at most `cores`) and resolved hyperparameters."""
-    from functions.runtime.jobspec import JobRequest, resolve
+    from contract.jobspec import JobRequest, resolve
     from stellaris.config import TrainConfig
 
     if cores < 1:

@@ -93,6 +93,23 @@ def print_summary(suite: str, rows: list[dict[str, Any]]) -> None:
     out.print(table)
 
 
+def suite_plans(
+    suite: str, preset: str, seeds: int, variants: list[str] | None, *, first_seed: int, rllib_cores: int | None
+) -> list[RunPlan]:
+    """The suite's runs; raises ValueError naming a bad suite, preset, seeds or variant."""
+    if suite == "rllib":
+        cores = rllib_cores if rllib_cores is not None else len(os.sched_getaffinity(0))
+        return rllib_suite.plans(preset, seeds, variants, cores=cores, first_seed=first_seed)
+    return plan(suite, preset, seeds, variants, first_seed=first_seed)
+
+
+def _check_limits(parallel: int, rllib_timeout_s: float) -> None:
+    if parallel < 1:
+        raise ValueError(f"parallel must be at least 1, got {parallel}")
+    if rllib_timeout_s <= 0:
+        raise ValueError(f"rllib_timeout_s must be positive, got {rllib_timeout_s}")
+
+
 def run_suite(
     suite: str,
     *,
@@ -116,19 +133,11 @@ def run_suite(
     this machine's) and runs everything one at a time, so wall-clock and cost compare systems on the same cores."""
     budget = PRESETS.get(preset)
     n_seeds = seeds if seeds is not None else (budget.default_seeds if budget else 1)
-    if suite == "rllib":
-        cores = rllib_cores if rllib_cores is not None else len(os.sched_getaffinity(0))
-        # raises ValueError as plan does
-        plans = rllib_suite.plans(preset, n_seeds, variants, cores=cores, first_seed=first_seed)
-        parallel = 1
-    else:
-        # raises ValueError naming a bad suite, preset, seeds or variant
-        plans = plan(suite, preset, n_seeds, variants, first_seed=first_seed)
+    plans = suite_plans(suite, preset, n_seeds, variants, first_seed=first_seed, rllib_cores=rllib_cores)
+    parallel = 1 if suite == "rllib" else parallel
     assert budget is not None
-    if parallel < 1:
-        raise ValueError(f"parallel must be at least 1, got {parallel}")
-    if rllib_timeout_s <= 0:
-        raise ValueError(f"rllib_timeout_s must be positive, got {rllib_timeout_s}")
+    _check_limits(parallel, rllib_timeout_s)
+    note = f"preset {preset}: {budget.description}"
     ours = [p for p in plans if not rllib_suite.is_rllib(p)]
     theirs = [p for p in plans if rllib_suite.is_rllib(p)]
     unique = {p.run_id for p in plans}
@@ -173,21 +182,36 @@ def run_suite(
         except KeyboardInterrupt:
             console.print(f"[yellow]interrupted[/]: finished runs are kept; run the same command to resume ({out})")
             code = 130
+    failed = _report(suite, out, plans, outcomes, note, target_reward=target_reward, seconds=time.monotonic() - t0)
+    return code or (1 if failed else 0)
+
+
+def _report(
+    suite: str,
+    out: Path,
+    plans: list[RunPlan],
+    outcomes: list[Outcome],
+    note: str,
+    *,
+    target_reward: float | None,
+    seconds: float,
+) -> list[Outcome]:
+    """The suite's CSVs, figures and summary table from the runs under `out`, and a line on this invocation's
+    `outcomes`; returns the failed ones."""
     failed = [o for o in outcomes if o.status == "failed"]
     results = [r for p in plans if (r := run_result(p, run_dir(out, p), target_reward=target_reward)) is not None]
     suite_dir = out / suite
     rows = write_outputs(suite_dir, suite, results)
-    note = f"preset {preset}: {budget.description}"
     made = make_figures(suite, suite_dir, out, plans, results, note) if results else []
     print_summary(suite, rows)
     console.print(
         f"{sum(o.status == 'done' for o in outcomes)} runs done, {sum(o.status == 'skipped' for o in outcomes)} "
-        f"already finished, {len(failed)} failed in {time.monotonic() - t0:.0f} s; "
+        f"already finished, {len(failed)} failed in {seconds:.0f} s; "
         f"wrote {suite_dir / 'summary.csv'}, {suite_dir / 'runs.csv'}" + "".join(f", {p}" for p in made)
     )
     for o in failed:
         console.print(f"[red]failed[/] {o.plan.run_id}: {o.detail} (log: {run_dir(out, o.plan) / 'log.txt'})")
-    return code or (1 if failed else 0)
+    return failed
 
 
 def _interrupt(signum: int, frame: object) -> None:

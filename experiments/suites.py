@@ -153,6 +153,33 @@ def _config(suite: str, budget: Budget, env: str, algo: str, seed: int, fields: 
     }
 
 
+def _seed_runs(suite: str, budget: Budget, seed: int) -> list[RunPlan]:
+    """The runs of `suite` (a known one) for one seed."""
+
+    def run(group: str, variant: str, env: str, algo: str, fields: dict[str, Any]) -> RunPlan:
+        return RunPlan(group, variant, seed, _config(suite, budget, env, algo, seed, fields))
+
+    stellaris = VARIANTS["stellaris"]
+    if suite in ("algorithms", "cost"):
+        return [
+            run(f"{algo}/{env_label(env)}", variant, env, algo, fields)
+            for algo in ALGOS
+            for env in ENVS
+            for variant, fields in VARIANTS.items()
+        ]
+    if suite == "breakdown":
+        return [run(f"ppo/{env_label(env)}", "stellaris", env, "ppo", stellaris) for env in ENVS]
+    if suite == "rllib":  # the Stellaris side; rllib_suite adds RLlib's run of the same budget
+        return [run("ppo/Hopper", "stellaris", "Hopper-v5", "ppo", stellaris)]
+    if suite == "ablation":
+        return [run("ppo/Hopper", variant, "Hopper-v5", "ppo", fields) for variant, fields in ABLATION.items()]
+    return [  # sensitivity: one parameter at a time away from the paper's defaults
+        run(name, f"{name}={value:g}", "Hopper-v5", "ppo", {**stellaris, **SENSITIVITY_DEFAULTS, name: value})
+        for name, values in SENSITIVITY.items()
+        for value in values
+    ]
+
+
 def plan(
     suite: str, preset: str, seeds: int, variants: Sequence[str] | None = None, *, first_seed: int = 0
 ) -> list[RunPlan]:
@@ -167,31 +194,7 @@ def plan(
     if first_seed < 0:
         raise ValueError(f"first_seed must be at least 0 (env seeds are non-negative), got {first_seed}")
     budget = PRESETS[preset]
-    runs: list[RunPlan] = []
-    for seed in range(first_seed, first_seed + seeds):
-        if suite in ("algorithms", "cost"):
-            for algo in ALGOS:
-                for env in ENVS:
-                    for variant, fields in VARIANTS.items():
-                        group = f"{algo}/{env_label(env)}"
-                        runs.append(RunPlan(group, variant, seed, _config(suite, budget, env, algo, seed, fields)))
-        elif suite == "breakdown":
-            for env in ENVS:
-                config = _config(suite, budget, env, "ppo", seed, VARIANTS["stellaris"])
-                runs.append(RunPlan(f"ppo/{env_label(env)}", "stellaris", seed, config))
-        elif suite == "rllib":  # the Stellaris side; rllib_suite adds RLlib's run of the same budget
-            config = _config(suite, budget, "Hopper-v5", "ppo", seed, VARIANTS["stellaris"])
-            runs.append(RunPlan("ppo/Hopper", "stellaris", seed, config))
-        elif suite == "ablation":
-            for variant, fields in ABLATION.items():
-                config = _config(suite, budget, "Hopper-v5", "ppo", seed, fields)
-                runs.append(RunPlan("ppo/Hopper", variant, seed, config))
-        else:
-            for name, values in SENSITIVITY.items():
-                for value in values:
-                    fields = {**VARIANTS["stellaris"], **SENSITIVITY_DEFAULTS, name: value}
-                    config = _config(suite, budget, "Hopper-v5", "ppo", seed, fields)
-                    runs.append(RunPlan(name, f"{name}={value:g}", seed, config))
+    runs = [run for seed in range(first_seed, first_seed + seeds) for run in _seed_runs(suite, budget, seed)]
     if variants is not None:
         known = list(dict.fromkeys(p.variant for p in runs))
         unknown = [v for v in variants if v not in known]

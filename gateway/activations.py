@@ -9,11 +9,11 @@ import logging
 import time
 from typing import Any
 
-import redis.asyncio as aioredis
 from pydantic import ValidationError
 
 from cache.keys import GatewayKeys
 from gateway.models import Activation, Status
+from gateway.redis_client import GatewayRedis
 
 FINAL = {Status.SUCCESS, Status.ERROR, Status.TIMEOUT, Status.REJECTED}
 # How long a read with `wait_s` waits for a record that is not there yet: a synchronous call's record is written
@@ -42,7 +42,7 @@ return math.max(extra, 0)
 
 class ActivationStore:
     def __init__(
-        self, client: aioredis.Redis, keys: GatewayKeys, *, ttl_s: float, max_records: int, batch_max: int = 512
+        self, client: GatewayRedis, keys: GatewayKeys, *, ttl_s: float, max_records: int, batch_max: int = 512
     ) -> None:
         self.client = client
         self.keys = keys
@@ -108,7 +108,9 @@ class ActivationStore:
         elif act is None or act.status in FINAL or timeout_s <= 0:
             return act
         done = self.keys.activation_done(activation_id)
-        await self.client.blmove(done, done, timeout_s, "LEFT", "RIGHT")  # leaves the wake-up for other readers
+        # Moved onto itself, the wake-up is left for other readers. The ignore: BLMOVE's timeout is a float number of
+        # seconds (Redis >= 6), which redis-py's stub types as int.
+        await self.client.blmove(done, done, timeout_s, "LEFT", "RIGHT")  # type: ignore[arg-type]
         return await self.get(activation_id)
 
 

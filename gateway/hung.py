@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import logging
 import time
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
@@ -27,30 +26,6 @@ if TYPE_CHECKING:
     from gateway.models import FunctionSpec
 
 log = logging.getLogger("stellaris.gateway")
-MIN_MISSES = 2  # a single unanswered probe is never enough (e.g. the prober itself was starved while it waited)
-
-
-@dataclass
-class Silence:
-    """A run of unanswered probes of one process: it counts as hung once MIN_MISSES or more in a row span
-    `hung_after_s`, from the sending of the first. Also the control plane's watches on its local gateway and
-    embedded Redis."""
-
-    since: float | None = None
-    misses: int = 0
-
-    def answered(self) -> None:
-        self.since, self.misses = None, 0
-
-    def missed(self, sent: float) -> None:
-        self.since = sent if self.since is None else self.since
-        self.misses += 1
-
-    def silent_s(self, now: float) -> float:
-        return 0.0 if self.since is None else now - self.since
-
-    def hung(self, now: float, hung_after_s: float) -> bool:
-        return self.misses >= MIN_MISSES and self.silent_s(now) >= hung_after_s
 
 
 class BusyProbes:
@@ -62,7 +37,7 @@ class BusyProbes:
 
     async def probe_busy(self, *, timeout_s: float, hung_after_s: float) -> list[str]:
         """One probe of every instance under a call, at once; kills the ones silent for `hung_after_s` over at least
-        MIN_MISSES probes in a row. Returns their ids."""
+        `silence.MIN_MISSES` probes in a row. Returns their ids."""
         for live in self.instances.values():
             if not live.in_flight:  # a run counts only probes of a call in flight
                 live.silence.answered()

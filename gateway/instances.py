@@ -10,7 +10,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from gateway.backends.base import InstanceHandle
-from gateway.hung import Silence
+from gateway.silence import Silence
 
 MAX_AFFINITY_KEY_CHARS = 200
 

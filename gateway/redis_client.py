@@ -86,7 +86,9 @@ class GatewayCluster(redis.asyncio.cluster.RedisCluster):
     def pipeline(self, transaction: Any = None, shard_hint: Any = None) -> GatewayClusterPipeline:
         if shard_hint:
             raise redis.cluster.RedisClusterException("shard_hint is deprecated in cluster mode")
-        return GatewayClusterPipeline(self, transaction)
+        # The ignore: redis-py's CommandsProtocol declares `_event_dispatcher`, which its ClusterPipeline never sets
+        # (redis-py's own `RedisCluster.pipeline` builds one just so).
+        return GatewayClusterPipeline(self, transaction)  # type: ignore[abstract]
 
 
 class GatewayClusterPipeline(redis.asyncio.cluster.ClusterPipeline):

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import logging
 
-import redis.asyncio as aioredis
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException
 
 from cache.keys import GatewayKeys
 from gateway.models import FunctionSpec
+from gateway.redis_client import GatewayRedis
 
 log = logging.getLogger("stellaris.gateway")
 
@@ -19,7 +19,7 @@ def _problems(exc: ValidationError) -> str:
 
 
 class Registry:
-    def __init__(self, client: aioredis.Redis, keys: GatewayKeys) -> None:
+    def __init__(self, client: GatewayRedis, keys: GatewayKeys) -> None:
         self.client = client
         self.keys = keys
 

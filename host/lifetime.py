@@ -15,7 +15,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, NoReturn
+from typing import NoReturn, Protocol
 
 _PR_SET_PDEATHSIG = 1
 
@@ -39,7 +39,17 @@ def dies_with_us() -> Callable[[], None]:
     return functools.partial(die_with_parent, os.getpid())
 
 
-def stop_process(proc: subprocess.Popen[Any], timeout_s: float) -> None:
+class Stoppable(Protocol):
+    """What `stop_process` needs of a process: a `subprocess.Popen`, or one that stands for it (the process backend's
+    `ForkedProcess`)."""
+
+    def poll(self) -> int | None: ...
+    def terminate(self) -> None: ...
+    def kill(self) -> None: ...
+    def wait(self, timeout: float | None = None) -> int: ...
+
+
+def stop_process(proc: Stoppable, timeout_s: float) -> None:
     """SIGTERM, then SIGKILL if it has not exited after `timeout_s`; always reaps it."""
     if proc.poll() is None:
         proc.terminate()

@@ -21,7 +21,7 @@ def known_env(env: str, env_module: str | None) -> str:
     """The id gym.make takes for `env`: importing `env_module` (already checked) may have registered it."""
     import gymnasium as gym
 
-    from functions.actor.envs import gym_id
+    from host.env_ids import gym_id
 
     if env.startswith("ALE/"):
         import ale_py

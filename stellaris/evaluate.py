@@ -7,7 +7,7 @@ from pathlib import Path
 import yaml
 from pydantic import ValidationError
 
-from functions.runtime.jobspec import JobSpec
+from contract.jobspec import JobSpec
 from stellaris.api import load_policy
 from stellaris.policy_file import PolicyFileError
 from stellaris.round.evaluation import EVAL_SEED_OFFSET

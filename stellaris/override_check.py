@@ -1,23 +1,26 @@
 """`overrides:` (YAML and `--set`) checked before anything starts, each problem named as the user wrote it.
 
 This is a local check in the user's process, as stellaris/env_check.py's are: it resolves the job request with the
-same pure function the parameter function runs (functions.runtime.jobspec.resolve: preset + overrides -> a validated
-JobSpec; no cache, no gateway, no job), so what passes here passes there. The control plane (stellaris/round/)
-still reaches functions only through the gateway; this module only validates a request before one exists.
+same pure function the parameter function runs (contract.jobspec.resolve: preset + overrides -> a validated JobSpec;
+no cache, no gateway, no job), so what passes here passes there. The request's resolution and the algorithm configs
+it validates against are both the contract's: this check imports nothing of the functions, and the control plane
+(stellaris/round/) reaches them only through the gateway.
 """
 
 from __future__ import annotations
 
+from difflib import get_close_matches
 from typing import Any
 
 from pydantic import ValidationError
+
+from contract.algo_config import CONFIGS, NetworkConfig, StellarisConfig
+from contract.jobspec import JobRequest, resolve
 
 
 def override_problems(request: dict[str, Any]) -> str | None:
     """None if the job request resolves, else one line: `overrides.<field as written>: <what is wrong>`, each
     problem once (several joined by '; ')."""
-    from functions.runtime.jobspec import JobRequest, resolve
-
     try:
         resolve(JobRequest.model_validate(request))
     except ValidationError as exc:
@@ -37,10 +40,6 @@ def override_problems(request: dict[str, Any]) -> str | None:
 def _unknown_field_hint(loc: tuple[int | str, ...], algo: str) -> str:
     """For a field no config has where it was written: the algorithms that have it there, and the near spellings
     of fields that exist (e.g. ` (a setting of impact and appo; this job's --algo is ppo)`, ` (did you mean: lr?)`)."""
-    from difflib import get_close_matches
-
-    from functions.algos.config import CONFIGS, NetworkConfig, StellarisConfig
-
     name = str(loc[-1])
     nested = {"stellaris": StellarisConfig, "network": NetworkConfig}
     if len(loc) == 1 and algo in CONFIGS:

@@ -25,30 +25,31 @@ from stellaris.rundir.progress import Standing, clock, sparkline
 TOKEN_FILE = "gateway-token"  # the local gateway's bearer token, for scraping /metrics during the run (0600)
 
 
-def _times(trainer: Trainer) -> str:
+def _times(standing: Standing) -> str:
     """elapsed and ETA against the run's budget (the first of rounds, steps and minutes to run out)."""
-    cfg, elapsed = trainer.cfg, trainer.elapsed_s()
-    eta = Standing.of(cfg, elapsed_s=elapsed, round_k=trainer.round, env_steps=trainer.env_steps).eta_s()
-    return f"elapsed {clock(elapsed)} eta {clock(eta)}"
+    return f"elapsed {clock(standing.elapsed_s)} eta {clock(standing.eta_s())}"
 
 
-def _progress(trainer: Trainer, row: dict | None, steps_per_s: float, history: list[float]) -> Table:
+def _progress(
+    cfg: TrainConfig, standing: Standing, cost: float, row: dict | None, steps_per_s: float, history: list[float]
+) -> Table:
+    """The live table: `cfg`, the trainer's (its counts as the last round left them), where the run stands, and
+    what it cost so far."""
     table = Table.grid(padding=(0, 2))
-    cfg = trainer.cfg
     budget = cfg.rounds or "-"
     table.add_row(
         f"[bold]{cfg.env}[/] {cfg.algo}/{cfg.preset} mode={cfg.mode}",
-        f"round {trainer.round}/{budget}",
-        f"env steps {trainer.env_steps:,}",
+        f"round {standing.round_k}/{budget}",
+        f"env steps {standing.env_steps:,}",
         f"{steps_per_s:,.0f} steps/s",
-        _times(trainer),
+        _times(standing),
     )
     if row is not None:
         table.add_row(
             f"reward {fmt(row['train_reward_mean'])} (max {fmt(row['train_reward_max'])})",
             f"staleness {fmt(row['staleness_mean'], '.2f')} bound {fmt(row['staleness_bound'], '.2f')}",
             f"learners in flight {row.get('max_in_flight', 0)}/{cfg.learners}",
-            f"cost ${trainer.cost:.4f}",
+            f"cost ${cost:.4f}",
             f"eval {fmt(row['eval_reward_mean'])}" if row.get("eval_episodes") else "",
         )
         table.add_row(f"return history {sparkline(history)}", "", "", "", "")
@@ -210,18 +211,20 @@ def _run_epoch(cfg: TrainConfig, console: Console, *, resume: bool) -> int:
                 in_rounds = True  # the job's data is in the cache from here on
                 # A terminal gets the live table; logs and CI one plain line per round, and no Live, whose last
                 # frame would leave the summary on its line.
-                live = Live(_progress(trainer, None, 0.0, history), console=console, refresh_per_second=4)
+                shown = _progress(trainer.cfg, trainer.standing(), trainer.cost, None, 0.0, history)
+                live = Live(shown, console=console, refresh_per_second=4)
                 with live if console.is_terminal else contextlib.nullcontext():
                     while not trainer.done():
                         row = trainer.step()
                         history.append(float(row["train_reward_mean"]))
                         rate = (trainer.env_steps - start_steps) / max(time.monotonic() - t0, 1e-9)
                         if console.is_terminal:
-                            live.update(_progress(trainer, row, rate, history))
+                            live.update(_progress(trainer.cfg, trainer.standing(), trainer.cost, row, rate, history))
                         else:
                             console.print(
                                 f"round {row['round_id']} env_steps {row['env_steps']} "
-                                f"reward {fmt(row['train_reward_mean'])} cost {row['cost']:.6f} {_times(trainer)}",
+                                f"reward {fmt(row['train_reward_mean'])} cost {row['cost']:.6f} "
+                                f"{_times(trainer.standing())}",
                                 highlight=False,
                             )
                 in_rounds = False

@@ -2,8 +2,8 @@
 (`pattern.ReplayPattern`), one bounded store (`store.ReplayStore`), a factory by name (`buffer.make_pattern`)."""
 
 from cache.replay.buffer import make_pattern
-from cache.replay.pattern import ReplayEntry, ReplayPattern, Sample
-from cache.replay.store import REPLAY_PREFIX, ReplayStore, is_replay_id, replay_id
+from cache.replay.pattern import ReplayPattern, Sample
+from cache.replay.store import REPLAY_PREFIX, ReplayEntry, ReplayStore, is_replay_id, replay_id
 from contract.replay import ReplayName, ReplaySettings
 
 __all__ = [

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import redis
-
 from cache.keys import JobKeys
+from cache.redis_types import RedisClient
 from cache.replay.fifo import Fifo
 from cache.replay.full_batch import FullBatch
 from cache.replay.pattern import ReplayPattern
@@ -17,7 +16,7 @@ PATTERNS: dict[str, type[ReplayPattern]] = {p.name: p for p in (FullBatch, Fifo,
 
 
 def make_pattern(
-    settings: ReplaySettings, client: redis.Redis, keys: JobKeys, *, seed: int = 0, ttl_s: float = 86400.0
+    settings: ReplaySettings, client: RedisClient, keys: JobKeys, *, seed: int = 0, ttl_s: float = 86400.0
 ) -> ReplayPattern:
     """The pattern `settings.replay` over the job's store; full_batch gets no store (it writes no replay key)."""
     cls = PATTERNS[settings.replay]

@@ -9,8 +9,8 @@ from typing import Any
 
 import numpy as np
 
-from cache.replay.pattern import ReplayEntry, ReplayPattern, Sample
-from cache.replay.store import ReplayStore
+from cache.replay.pattern import ReplayPattern, Sample
+from cache.replay.store import ReplayEntry, ReplayStore
 from contract.replay import ReplaySettings
 
 

@@ -6,25 +6,12 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 
+from cache.replay.store import ReplayEntry, ReplayStore
 from contract.replay import ReplayName, ReplaySettings
-
-if TYPE_CHECKING:
-    from cache.replay.store import ReplayStore
-
-
-@dataclass(frozen=True)
-class ReplayEntry:
-    """One held batch: replay id, the actor that collected it, arrival seq (1, 2, ...), payload bytes, priority."""
-
-    rid: str
-    actor: str
-    seq: int
-    size_bytes: int
-    priority: float | None = None
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,8 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from cache.replay.pattern import ReplayEntry, ReplayPattern, Sample
+from cache.replay.pattern import ReplayPattern, Sample
+from cache.replay.store import ReplayEntry
 
 
 def priority_probabilities(priorities: Sequence[float], *, alpha: float) -> np.ndarray:

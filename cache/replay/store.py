@@ -11,10 +11,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 import redis
+from redis.typing import EncodableT
 
 from cache.keys import JobKeys
+from cache.redis_types import RedisClient, hash_fields, members
 from cache.replay import scripts
-from cache.replay.pattern import ReplayEntry
 from contract.errors import CacheError
 
 REPLAY_PREFIX = "r"
@@ -30,6 +31,17 @@ def replay_id(batch_id: str) -> str:
 def is_replay_id(batch_id: str) -> bool:
     # A stream id starts with a digit (its milliseconds), so an id like an actor's "runner-..." is not taken for one.
     return batch_id.startswith(REPLAY_PREFIX) and batch_id[len(REPLAY_PREFIX) : len(REPLAY_PREFIX) + 1].isdigit()
+
+
+@dataclass(frozen=True)
+class ReplayEntry:
+    """One held batch: replay id, the actor that collected it, arrival seq (1, 2, ...), payload bytes, priority."""
+
+    rid: str
+    actor: str
+    seq: int
+    size_bytes: int
+    priority: float | None = None
 
 
 @dataclass(frozen=True)
@@ -59,7 +71,7 @@ class ReplayStore:
 
     def __init__(
         self,
-        client: redis.Redis,
+        client: RedisClient,
         keys: JobKeys,
         *,
         capacity: int = 256,
@@ -83,7 +95,14 @@ class ReplayStore:
 
     def add(self, batch_id: str, actor: str) -> Added:
         """Copy the landed batch `batch_id` (still on the trajectory stream) into the store, evicting atomically."""
-        args = [batch_id, replay_id(batch_id), actor, self.capacity, self.bytes_max, self.per_actor or 0]
+        args: list[EncodableT] = [
+            batch_id,
+            replay_id(batch_id),
+            actor,
+            self.capacity,
+            self.bytes_max,
+            self.per_actor or 0,
+        ]
         try:
             out = self._add(keys=[*self.k, self.keys.traj], args=[*args, self.ttl_ms, int(self.prioritized)])
         except redis.ResponseError as exc:
@@ -112,7 +131,7 @@ class ReplayStore:
         if unknown:
             raise ValueError(f"replay store: unknown counters {sorted(unknown)}, expected some of {list(_COUNTERS)}")
         if counters:
-            self.client.hset(self.k[5], mapping=dict(counters))
+            self.client.hset(self.k[5], mapping=hash_fields(counters))
             self.client.pexpire(self.k[5], self.ttl_ms)
 
     def read(self, rid: str) -> dict[bytes, bytes] | None:
@@ -158,8 +177,8 @@ class ReplayStore:
         entries = self.entries()
         ids = {e.rid for e in entries}
         problems = []
-        order = {_s(r) for r in self.client.zrange(self.k[2], 0, -1)}
-        actors = {_s(m).rsplit("\0", 1)[-1] for m in self.client.zrange(self.k[3], 0, -1)}
+        order = set(members(self.client.zrange(self.k[2], 0, -1)))
+        actors = {m.rsplit("\0", 1)[-1] for m in members(self.client.zrange(self.k[3], 0, -1))}
         if order != ids or actors != ids:
             problems.append(f"index {sorted(ids)}, order {sorted(order)}, actors {sorted(actors)}")
         if self.client.xlen(self.k[0]) != len(ids):
@@ -171,6 +190,6 @@ class ReplayStore:
         return problems
 
 
-def read_batch_fields(client: redis.Redis, keys: JobKeys, rid: str) -> dict[bytes, bytes] | None:
+def read_batch_fields(client: RedisClient, keys: JobKeys, rid: str) -> dict[bytes, bytes] | None:
     """A replayed batch's fields by its replay id (what the learners' batch lookup calls)."""
     return ReplayStore(client, keys).read(rid)

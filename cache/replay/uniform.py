@@ -6,7 +6,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from cache.replay.pattern import ReplayEntry, ReplayPattern, Sample
+from cache.replay.pattern import ReplayPattern, Sample
+from cache.replay.store import ReplayEntry
 
 
 def uniform_choice(entries: Sequence[ReplayEntry], n: int, rng: np.random.Generator) -> tuple[str, ...]:

@@ -3,29 +3,12 @@ module registers (`env_module`); `module:EnvClass` entry points."""
 
 from __future__ import annotations
 
-import importlib
-import inspect
 from typing import Any
 
 import gymnasium as gym
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
-
-def gym_id(env_id: str, env_module: str | None = None) -> str:
-    """The id to give gym.make: imports `env_module` first (it registers its ids); `module:EnvClass` naming a class
-    is registered here as `module.EnvClass` (gymnasium itself reads `module:id` as an id the module registers)."""
-    if env_module:
-        importlib.import_module(env_module)
-    if ":" not in env_id:
-        return env_id
-    module_name, name = env_id.split(":", 1)
-    target = getattr(importlib.import_module(module_name), name, None)
-    if not (inspect.isclass(target) and issubclass(target, gym.Env)):
-        return env_id
-    registered = f"{module_name}.{name}"
-    if registered not in gym.registry:
-        gym.register(id=registered, entry_point=target)
-    return registered
+from host.env_ids import gym_id
 
 
 def make_vector_env(

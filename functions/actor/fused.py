@@ -19,12 +19,12 @@ from typing import Any
 
 from cache import BatchMeta, JobCache, LearnerTask, TrajectoryBatch
 from cache.gradient_push import ActorGradients
+from contract.jobspec import JobSpec
 from functions.algos.registry import algorithm_of
-from functions.handlers import Stopwatch
 from functions.learner.gradient import gradient_record, task_inputs
 from functions.model.device import to_device
 from functions.runtime.context import Context
-from functions.runtime.jobspec import JobSpec
+from functions.runtime.stopwatch import Stopwatch
 
 
 def batch_minibatches(env_steps: int, *, train_batch_size: int, num_minibatches: int) -> int:

@@ -24,7 +24,7 @@ from functions.handlers import actor
 from functions.runtime.context import Context, Instance
 
 log = logging.getLogger("stellaris.actor")
-BEAT_S = 1.0  # how often an actor beats; stellaris/round/actor_watch.py's LOOK_GAP_S spans several
+BEAT_S = 1.0  # how often an actor beats; stellaris/platform/actor_watch.py's LOOK_GAP_S spans several
 
 
 def actor_loop(

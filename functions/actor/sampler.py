@@ -5,16 +5,25 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
 from functions.model.networks import FlattenObs
+from functions.model.normalizers import RunningNormalizer
 
-if TYPE_CHECKING:
-    from functions.model.policies import ActorCritic
+
+class SampledPolicy(Protocol):
+    """What a sampler reads of a policy (``functions.model.policies.ActorCritic``): its encoder, actor and critic
+    modules, the observation normaliser and the Gaussian's log-std (None: categorical)."""
+
+    encoder: nn.Module
+    actor: nn.Module
+    critic: nn.Module
+    obs_normalizer: RunningNormalizer | None
+    log_std: nn.Parameter | None
 
 
 def _plain_calls(module: nn.Module) -> list[Callable[[Tensor], Tensor]]:
@@ -53,7 +62,7 @@ class Sampler:
     loaded, an optimiser step, a normaliser update). Outputs are inference tensors, outside autograd.
     """
 
-    def __init__(self, policy: ActorCritic, generator: torch.Generator | None = None) -> None:
+    def __init__(self, policy: SampledPolicy, generator: torch.Generator | None = None) -> None:
         self.generator = generator  # None: torch's global RNG
         self.encode = _plain_calls(policy.encoder)
         self.actor = _plain_calls(policy.actor)

@@ -20,7 +20,7 @@ from typing import Any
 from torch import Tensor
 
 from contract import AggregatorState
-from functions.algos.config import AlgoConfig
+from contract.algo_config import AlgoConfig
 from functions.algos.impact import should_update_target
 from functions.model.policies import ActorCritic
 

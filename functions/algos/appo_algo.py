@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import torch
 
+from contract.algo_config import APPOConfig
 from contract.records import LearnerTask
 from functions.algos import impact_algo
 from functions.algos.algorithm import Algorithm, Gradient, LearnInputs
 from functions.algos.appo import appo_loss
-from functions.algos.config import APPOConfig
 from functions.algos.replay_priority import replay_priority_stats
 from functions.learner.learn import Batch, flat, gradients, is_weights, loss_stats, sample_weights, time_chunk
 from functions.model.policies import ActorCritic

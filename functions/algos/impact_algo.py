@@ -8,9 +8,9 @@ from collections.abc import Sequence
 import torch
 
 from contract import AggregatorState
+from contract.algo_config import APPOConfig, IMPACTConfig
 from contract.records import LearnerTask
 from functions.algos.algorithm import Algorithm, Gradient, LearnInputs, refresh_target, reset_round_kl
-from functions.algos.config import APPOConfig, IMPACTConfig
 from functions.algos.impact import impact_loss
 from functions.algos.replay_priority import replay_priority_stats
 from functions.learner.learn import Batch, flat, gradients, is_weights, loss_stats, sample_weights, time_chunk

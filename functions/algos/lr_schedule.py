@@ -5,10 +5,9 @@ fraction)."""
 
 from __future__ import annotations
 
-from typing import Literal, get_args
+from typing import get_args
 
-LrSchedule = Literal["constant", "linear", "exponential"]
-FINAL_FRACTION = 0.01  # the exponential schedule's default lr·f at the horizon
+from contract.algo_config import FINAL_FRACTION, LrSchedule
 
 
 def learning_rate(

@@ -4,47 +4,21 @@ round boundary (loss math in ``ppo``, ``gae``)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import torch
 from torch import Tensor
 
 from contract import AggregatorState
+from contract.algo_config import PPOConfig
 from contract.records import LearnerTask
 from functions.algos import ppo_numpy
 from functions.algos.algorithm import Algorithm, Gradient, LearnInputs, reset_round_kl
-from functions.algos.config import PPOConfig
 from functions.algos.gae import gae
 from functions.algos.ppo import adaptive_kl_coef, ppo_loss
+from functions.algos.ppo_round import PPORound, Rollout
 from functions.learner.learn import Batch, as_tensor, flat, gradients, is_weights, loss_stats, minibatch_index
 from functions.model.policies import ActorCritic
-
-
-@dataclass(frozen=True)
-class PPORound:
-    """A round's samples flattened over time and envs, with GAE advantages and returns (from the actors' values,
-    so the same for every task of the round: computed once per learner instance and round), and, for the decoupled
-    clip, their log-probs under the instance's first policy of the round."""
-
-    obs: Tensor
-    actions: Tensor
-    behaviour_log_probs: Tensor
-    advantages: Tensor
-    returns: Tensor
-    values: Tensor
-    proximal_log_probs: Tensor | None = None
-    rollouts: tuple[Rollout, ...] = ()  # what GAE needs to run again on other values (recompute_values)
-
-
-@dataclass(frozen=True)
-class Rollout:
-    """One batch's GAE inputs, time-major [T, N], but for its values (the bootstraps stay the actor's)."""
-
-    rewards: Tensor
-    bootstrap_value: Tensor
-    terminations: Tensor
-    truncations: Tensor
-    truncation_values: Tensor
 
 
 def prepare(batches: Sequence[Batch], cfg: PPOConfig) -> PPORound:

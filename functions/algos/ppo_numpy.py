@@ -29,8 +29,8 @@ from functions.model.numpy_mlp import F32, LOG_SQRT_2PI, Net, log_prob_of, nets
 from functions.model.policies import ActorCritic
 
 if TYPE_CHECKING:
-    from functions.algos.config import PPOConfig
-    from functions.algos.ppo_algo import PPORound
+    from contract.algo_config import PPOConfig
+    from functions.algos.ppo_round import PPORound
 
 
 def plan(policy: ActorCritic, others: Sequence[ActorCritic] = ()) -> list[Net] | None:
@@ -69,6 +69,7 @@ def _surrogate(
     """(per-sample surrogate s, ∂s/∂log π, the ratio the clip is taken on) for `ppo.clipped_surrogate`'s forms;
     `ratio` is π_θ/μ."""
     form, lo, hi = cfg.stellaris.truncation_form, 1.0 - cfg.clip, 1.0 + cfg.clip
+    scale: np.ndarray | None  # what s and its gradient are scaled by, if anything
     if form == "decoupled":
         if prox is None:
             raise ValueError("the decoupled form needs the round's proximal log-probs")

@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from types import MappingProxyType
 
+from contract.algo_config import AlgoConfig
 from functions.algos.algorithm import Algorithm
 from functions.algos.appo_algo import APPO
-from functions.algos.config import AlgoConfig
 from functions.algos.impact_algo import IMPACT
 from functions.algos.ppo_algo import PPO
 

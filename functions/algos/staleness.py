@@ -14,23 +14,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
+from contract.algo_config import Rule, Schedule, StellarisConfig
 from functions.algos.staleness_equations import (
-    Schedule,
     calibrate_delta_max,
     staleness,
     staleness_bound,
     staleness_scale,
 )
-
-
-class Rule(StrEnum):
-    """Aggregation rules of the parameter function (docs/algorithms.md)."""
-
-    STELLARIS = "stellaris"
-    SYNC = "sync"
-    ASYNC = "async"
-    SOFTSYNC = "softsync"
-    SSP = "ssp"
 
 
 class Decision(StrEnum):
@@ -235,6 +225,20 @@ class AggregationRule:
     beta_floor: float = 1.0
     softsync_k: int = 4
     ssp_bound: int = 2
+
+
+def aggregation_rule(stellaris: StellarisConfig) -> AggregationRule:
+    """The rule a job's `stellaris` section configures."""
+    return AggregationRule(
+        rule=stellaris.rule,
+        d=stellaris.d,
+        v=stellaris.v,
+        softsync_k=stellaris.softsync_k,
+        ssp_bound=stellaris.ssp_bound,
+        schedule=stellaris.schedule,
+        horizon_rounds=stellaris.horizon_rounds,
+        beta_floor=stellaris.beta_floor,
+    )
 
 
 def applies_from_queue_alone(rule: AggregationRule) -> bool:

@@ -9,8 +9,9 @@ decide when to apply them are in ``functions.algos.staleness``.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from enum import StrEnum
 from typing import TYPE_CHECKING
+
+from contract.algo_config import Schedule
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -31,26 +32,6 @@ def staleness_threshold(delta_max: float, *, d: float, round_k: int) -> float:
     if round_k < 1:
         raise ValueError(f"rounds count from 1, got {round_k}")
     return delta_max * d**round_k
-
-
-class Schedule(StrEnum):
-    """How β_k of paper Eq. 3 follows the run; every schedule keeps d = 0 synchronous and d = 1 at β = δ_max.
-
-    PAPER: Eq. 3 literally, k = round. Over runs much longer than the paper's 50 rounds β sinks below any
-    reachable mean staleness and nearly every round ends in a liveness flush.
-    HORIZON: k measured against the run's planned horizon, k_eff = k·paper_rounds/horizon_rounds, so the decay
-    over the whole run equals the paper's decay over its 50 rounds; PAPER when no horizon is known.
-    FLOOR: β = max(δ_max·d^k, beta_floor): with L learners applying as their gradients land, the gradient that
-    ends a round is about L + 1 versions old, so a floor there keeps rounds ending on the rule rather than in a
-    flush. The floor is not capped at δ_max: δ_max comes from round 1's start-up timing (2 to 34 over 18 runs of
-    the same 3 seeds), and a cap at a small δ_max would bring the flushes back.
-    HORIZON_FLOOR: the horizon-relative k and the floor.
-    """
-
-    PAPER = "paper"
-    HORIZON = "horizon"
-    FLOOR = "floor"
-    HORIZON_FLOOR = "horizon_floor"
 
 
 def staleness_bound(

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import os
-import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -62,18 +61,3 @@ def _lost(event: dict[str, Any], ctx: Context) -> bool:
         return not event.get("init") and ctx.job(job_id_of(event)).data_lost()
     except Exception:
         return False
-
-
-class Stopwatch:
-    """Seconds spent inside `with watch:` blocks, summed: a handler's algorithm time, apart from its cache I/O."""
-
-    def __init__(self) -> None:
-        self.seconds = 0.0
-        self._t0 = 0.0
-
-    def __enter__(self) -> Stopwatch:
-        self._t0 = time.perf_counter()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.seconds += time.perf_counter() - self._t0

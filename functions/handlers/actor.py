@@ -5,39 +5,23 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
 from typing import Any
 
-import gymnasium as gym
-import numpy as np
 import torch
 
 from cache import TrajectoryBatch, VersionNotFound
 from contract import ActorResult
+from contract.jobspec import env_kind
 from contract.results import EvalRequest, EvalResult
 from functions.actor.envs import make_vector_env
 from functions.actor.evaluation import run_episodes
 from functions.actor.fused import ship_gradients
 from functions.actor.rollout import ClippedRewards, EpisodeTracker, RewardScaler, collect
+from functions.actor.state import ActorState
 from functions.handlers import job_id_of, quiet_on_job_loss
-from functions.model.policies import ActorCritic
 from functions.model.serialize import load_policy_bytes
 from functions.model.warm import new_policy, spec_of
 from functions.runtime.context import Context
-from functions.runtime.jobspec import env_kind
-
-
-@dataclass
-class ActorState:
-    envs: gym.vector.VectorEnv
-    obs: np.ndarray
-    tracker: EpisodeTracker
-    policy: ActorCritic
-    reward_scaler: RewardScaler | ClippedRewards | None
-    rng: torch.Generator  # the actor's own action sampling, seeded like its envs: round 1 repeats for a seed
-    version: int = -1
-    round_trips: int = 0  # the cache client's count when the last batch was pushed
-    batches_pushed: int = 0  # numbers the batches, so that the control plane can tell a lost one
 
 
 def evaluate(event: dict[str, Any], ctx: Context) -> dict[str, Any]:

@@ -19,9 +19,10 @@ from typing import Any
 
 from cache import CodecError, GradientRecord, JobCache, LearnerTask, RecordError
 from contract import LearnerResult
+from contract.jobspec import JobSpec
 from functions.actor.replay_feedback import write_priorities
 from functions.algos.registry import algorithm_of
-from functions.handlers import EventError, Stopwatch, job_id_of, quiet_on_job_loss
+from functions.handlers import EventError, job_id_of, quiet_on_job_loss
 from functions.learner.claim_ahead import Ahead, Finished, Next, claims_ahead
 from functions.learner.gradient import gradient_record
 from functions.model.device import to_device
@@ -29,7 +30,7 @@ from functions.model.policies import ActorCritic
 from functions.model.warm import spec_of
 from functions.runtime.context import Context, PreparedRound
 from functions.runtime.faults import fault_point
-from functions.runtime.jobspec import JobSpec
+from functions.runtime.stopwatch import Stopwatch
 
 # How long an idle learner waits for work before it looks again (an ack or an enqueue wakes it sooner).
 IDLE_WAIT_S = 5.0

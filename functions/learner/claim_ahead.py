@@ -16,11 +16,11 @@ from dataclasses import dataclass
 
 from cache import Claim, GradientRecord, JobCache
 from cache.tasks import PendingClaim
+from contract.jobspec import JobSpec
 from functions.algos.algorithm import LearnInputs
 from functions.learner.gradient import task_inputs
 from functions.model.policies import ActorCritic
 from functions.runtime.context import Context
-from functions.runtime.jobspec import JobSpec
 
 Finished = tuple[str, GradientRecord]  # a computed task's id and gradient, stored with the next claim
 

@@ -12,16 +12,16 @@ from typing import Any
 
 from cache import GradientMeta, GradientRecord, JobCache, LearnerTask, VersionNotFound
 from cache.replay import is_replay_id
+from contract.jobspec import JobSpec
 from contract.records import ObsMoments
 from functions.algos.algorithm import LearnInputs
 from functions.algos.registry import algorithm_of
-from functions.handlers import Stopwatch
 from functions.learner.learn import obs_moments
 from functions.model.device import to_cpu
 from functions.model.policies import ActorCritic
 from functions.model.warm import policy_at
 from functions.runtime.context import Context
-from functions.runtime.jobspec import JobSpec
+from functions.runtime.stopwatch import Stopwatch
 
 
 def _policy_or_none(

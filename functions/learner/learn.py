@@ -79,13 +79,19 @@ def gradients(policy: ActorCritic, loss: Tensor, max_grad_norm: float | None) ->
 
 
 class LossTerms(Protocol):
-    """What every algorithm's named loss terms have (``PPOLossTerms``, ``IMPACTLossTerms``, ``APPOLossTerms``)."""
+    """What every algorithm's named loss terms have (``PPOLossTerms``, ``IMPACTLossTerms``, ``APPOLossTerms``): read
+    only, as those frozen dataclasses' fields are."""
 
-    total: Tensor
-    policy_loss: Tensor
-    value_loss: Tensor
-    entropy: Tensor
-    clip_fraction: Tensor
+    @property
+    def total(self) -> Tensor: ...
+    @property
+    def policy_loss(self) -> Tensor: ...
+    @property
+    def value_loss(self) -> Tensor: ...
+    @property
+    def entropy(self) -> Tensor: ...
+    @property
+    def clip_fraction(self) -> Tensor: ...
 
 
 def loss_stats(terms: LossTerms, *, kl: Tensor, samples: int) -> dict[str, float]:

@@ -10,12 +10,13 @@ import gymnasium as gym
 import torch
 
 from cache import JobCache
+from contract.jobspec import JobSpec
 from functions.actor.envs import make_vector_env
 from functions.model.flat_params import flatten_parameters
 from functions.model.policies import ActorCritic, build_policy
 from functions.model.serialize import load_policy_bytes
 from functions.runtime.context import Context
-from functions.runtime.jobspec import JobSpec, load_spec
+from functions.runtime.jobspec import load_spec
 
 MAX_CACHED_POLICIES = 8
 

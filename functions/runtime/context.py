@@ -17,9 +17,9 @@ if TYPE_CHECKING:
     import gymnasium as gym
     import torch
 
-    from functions.handlers.actor import ActorState
+    from contract.jobspec import JobSpec
+    from functions.actor.state import ActorState
     from functions.model.policies import ActorCritic
-    from functions.runtime.jobspec import JobSpec
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ import signal
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -229,7 +229,7 @@ class Runtime:
             return _error(RuntimeStatus.DRAINING, ErrorType.DRAINING, DRAINING_MESSAGE)
         except TimeoutError:
             message = f"no slot freed within {timeout_s:g} s"
-            return _error(RuntimeStatus.TIMEOUT, ErrorType.QUEUE_TIMEOUT, message, **{RECYCLE_FIELD: False})
+            return _error(RuntimeStatus.TIMEOUT, ErrorType.QUEUE_TIMEOUT, message, extra={RECYCLE_FIELD: False})
 
         started = time.perf_counter()
         future = self._pool.submit(self._call, event, current_call_id.get())
@@ -242,7 +242,7 @@ class Runtime:
             self.timed_out += 1
             log.error("timed out after %g s; this instance should be recycled", timeout_s)
             message = f"handler ran past {timeout_s:g} s"
-            return _error(RuntimeStatus.TIMEOUT, ErrorType.TIMEOUT, message, **{RECYCLE_FIELD: True})
+            return _error(RuntimeStatus.TIMEOUT, ErrorType.TIMEOUT, message, extra={RECYCLE_FIELD: True})
         finished = time.perf_counter()
         wait_ms, duration_ms = (started - queued_at) * 1e3, (finished - started) * 1e3
         log.info("invoke %d in %.1f ms (waited %.1f ms)", status, duration_ms, wait_ms)
@@ -263,8 +263,11 @@ class Runtime:
             current_call_id.reset(token)
 
 
-def _error(status: int, kind: str, message: str, headers: dict[str, str] | None = None, **extra: Any) -> web.Response:
-    body = error_body(kind, message, **extra)
+def _error(
+    status: int, kind: str, message: str, headers: dict[str, str] | None = None, extra: Mapping[str, Any] | None = None
+) -> web.Response:
+    """An error response; `extra`: more fields of the error (beside its type and message)."""
+    body = error_body(kind, message, **(extra or {}))
     return web.Response(status=status, body=body, content_type="application/json", headers=headers)
 
 

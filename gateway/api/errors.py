@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import redis
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -11,7 +13,7 @@ from starlette.exceptions import HTTPException
 from gateway.limits import ERROR_KINDS, TooDeep
 
 
-def error_response(status: int, kind: str, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
+def error_response(status: int, kind: str, message: str, headers: Mapping[str, str] | None = None) -> JSONResponse:
     return JSONResponse({"error": {"type": kind, "message": message}}, status_code=status, headers=headers)
 
 

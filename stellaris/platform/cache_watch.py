@@ -25,7 +25,7 @@ from cache.cluster_client import is_cluster_url, node_url
 from cache.connection import redact_url
 from cache.server import EmbeddedRedis
 from gateway.settings import HangSettings
-from stellaris.round.probing import Watched, name_silences, probe_until_hung, to_stderr
+from stellaris.platform.probing import Watched, name_silences, probe_until_hung, to_stderr
 
 
 class CacheWatch:

@@ -19,8 +19,8 @@ from contract.runtime_http import DEVICE_ENV
 from gateway.client import GatewayClient, GatewayError
 from gateway.models import ACTOR_PRICING, LEARNER_PRICING, BackendName, FunctionSpec, Resources
 from stellaris.config import TrainConfig
+from stellaris.platform.calls import Call, Role
 from stellaris.platform.serverful_actors import ServerfulActors
-from stellaris.round.protocol import Call, Role
 
 PREWARM_WAIT_S = 120.0
 REDIS_WATCH_S = 1.0  # how often the control plane pings Redis, so that it sees a restart (and re-grants) at once

@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 
 from gateway.settings import HangSettings
-from stellaris.round.probing import GiveUp, Watched, name_silences, probe_until_hung, to_stderr
+from stellaris.platform.probing import GiveUp, Watched, name_silences, probe_until_hung, to_stderr
 
 Current = Callable[[], tuple["subprocess.Popen[str] | None", "str | None"]]
 

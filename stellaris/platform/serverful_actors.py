@@ -18,9 +18,9 @@ from contract.zygote import SpawnRequest
 from gateway.backends.process.zygote import ForkedProcess, ForkServer, ForkServerError
 from gateway.settings import HangSettings
 from host.lifetime import dies_with_us
+from stellaris.platform.actor_watch import ActorWatch
+from stellaris.platform.calls import TrainingError
 from stellaris.platform.env_limits import count_from_env
-from stellaris.round.actor_watch import ActorWatch
-from stellaris.round.protocol import TrainingError
 
 ACTOR_MODULE = "functions.actor.loop"
 # A serverful actor is restarted at most this many times in a row with no batch of its landing in between; its next
@@ -120,7 +120,7 @@ class ServerfulActors:
         return restarted
 
     def kill_hung(self) -> list[str]:
-        """Actors whose heartbeat stood still for `hung_after_s` of looking (stellaris/round/actor_watch.py) are
+        """Actors whose heartbeat stood still for `hung_after_s` of looking (stellaris/platform/actor_watch.py) are
         killed, for `restart_dead` to start them again; returns their ids. Called while batches are waited for."""
         if self.job is None or self.watch.hung_after_s <= 0 or not self.procs:
             return []

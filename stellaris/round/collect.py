@@ -16,26 +16,54 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Mapping
-from dataclasses import asdict, replace
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, replace
+from typing import Any
 
-from cache import BatchMeta, JobCache
+from cache import JobCache
 from cache.claims import BatchClaims
-from stellaris.round.batches import actors_in, first_of_each
+from stellaris.platform.serverful_actors import ServerfulActors
+from stellaris.round.batches import Landed, actors_in, first_of_each
 from stellaris.round.protocol import RoundStats, TrainingError
 from stellaris.round.triggers import LandedFacts, LearnerTrigger
-from stellaris.rundir.trigger_log import learner_row
-
-if TYPE_CHECKING:
-    from stellaris.round.trainer import Trainer
 
 BATCH_WAIT_S = 300.0  # no batch landing for this long: the actors are taken for dead
 ACTOR_CHECK_S = 1.0  # while waiting, how often dead serverful actors (and time-based conditions) are looked at
 CLAIMER = "control"  # the consumer-group name the control plane's learner trigger claims under
 
-Landed = tuple[str, BatchMeta]
 ROUND_ONE = LearnerTrigger()  # a train batch of steps, with each actor's first batch (below)
+
+
+@dataclass(frozen=True)
+class Intake:
+    """What the gate reads while it collects round `round_k`: the round's train batch size, the actor count (round 1
+    waits for each actor's first batch), the serverful actors (hung ones killed, dead ones restarted, landings noted;
+    none under serverless actors) and the policy version now (a round trip: read only where a condition needs it)."""
+
+    round_k: int
+    train_batch_size: int
+    actors: int
+    crew: ServerfulActors
+    version: Callable[[], int | None]
+
+
+@dataclass(frozen=True)
+class Collected:
+    """A firing: the round's batches, those claimed beyond round 1's choice (the next round's first), each landing
+    actor's newest reward-scaler moments, and the facts the trigger fired on (its triggers.csv row's)."""
+
+    batches: list[Landed]
+    carried: list[Landed]
+    reward_scalers: dict[str, list[float]]
+    fired: dict[str, Any]
+
+    @property
+    def ids(self) -> list[str]:
+        return [bid for bid, _ in self.batches]
+
+    @property
+    def env_steps(self) -> int:
+        return sum(meta.env_steps for _, meta in self.batches)
 
 
 class LearnerGate:
@@ -82,29 +110,26 @@ class LearnerGate:
             return ACTOR_CHECK_S
         return min(ACTOR_CHECK_S, max(0.001, period - facts.since_fire_s))
 
-    def collect(self, t: Trainer, rs: RoundStats) -> tuple[list[Landed], float]:
-        """Claim batches until the trigger fires (round 1: and every actor has landed one); returns the round's
-        batches and the seconds it took. Serverless actors are invoked first; dead serverful ones restarted."""
-        assert t.shape is not None, "setup() first"
-        need = t.shape.train_batch_size
-        t0 = time.monotonic()
-        if t.cfg.actor_kind == "serverless":
-            t.rounds.invoke_actors(t.cfg.actors, rs)
-        batches, t.carried = t.carried, []
+    def collect(self, intake: Intake, carried: list[Landed], rs: RoundStats) -> Collected:
+        """Claim batches after `carried` (the last round's beyond its own) until the trigger fires (round 1: and
+        every actor has landed one). Dead serverful actors are restarted, hung ones killed, while it waits."""
+        k, crew, need = intake.round_k, intake.crew, intake.train_batch_size
+        batches = list(carried)
+        scalers: dict[str, list[float]] = {}  # each landing actor's newest reward-scaler moments
         last_landing = time.monotonic()
         while True:
             # Every look, not only after a claim that came back empty: an actor that died while the learners worked
             # would otherwise be found only once the others' batches are in and a claim has waited in vain.
             if time.monotonic() - last_landing >= ACTOR_CHECK_S:  # waiting: an actor may be hung (actor_watch.py)
-                t.deployment.actors.kill_hung()
-            rs.actor_restarts += t.deployment.actors.restart_dead()
+                crew.kill_hung()
+            rs.actor_restarts += crew.restart_dead()
             # The version costs a round trip: read it per look only where a condition needs it.
-            facts = self.facts(t.round, batches, t.job.policies.version() or 0 if self.trigger.needs_version else -1)
+            facts = self.facts(k, batches, intake.version() or 0 if self.trigger.needs_version else -1)
             # Round 1 is every actor's first batch whatever the trigger (a serverful actor waits after its first
             # batch for the policy it trains, so no count beyond one batch per actor could be met).
-            trigger = self.trigger if t.round > 1 else ROUND_ONE
+            trigger = self.trigger if k > 1 else ROUND_ONE
             held = trigger.held(facts, train_batch_size=need)
-            if all(held.values()) and (t.round != 1 or actors_in(batches) >= t.cfg.actors):
+            if all(held.values()) and (k != 1 or actors_in(batches) >= intake.actors):
                 break
             if len(batches) >= self.claims.stream.maxlen and not (held.get("batches", 1) and held.get("steps", 1)):
                 raise TrainingError(
@@ -118,20 +143,19 @@ class LearnerGate:
             # Nothing landed: a claim whose reply died with Redis may hold batches no later claim returns.
             got = got or self.claims.orphaned(CLAIMER, known={bid for bid, _ in batches})
             batches += got
-            t.deployment.actors.landed({b.actor_id for _, b in got})
-            t.reward_scalers |= {b.actor_id: b.info["reward_scaler"] for _, b in got if "reward_scaler" in b.info}
+            crew.landed({b.actor_id for _, b in got})
+            scalers |= {b.actor_id: b.info["reward_scaler"] for _, b in got if "reward_scaler" in b.info}
             rs.redis_round_trips += sum(int(b.info.get("redis_round_trips", 0)) for _, b in got)
             if got:
                 last_landing = time.monotonic()
-        if t.round == 1:  # the same seed, the same round 1 (docs/training.md)
-            batches, t.carried = first_of_each(batches)
-        facts = replace(facts, version=t.job.policies.version() or 0) if facts.version < 0 else facts
+        beyond: list[Landed] = []
+        if k == 1:  # the same seed, the same round 1 (docs/training.md)
+            batches, beyond = first_of_each(batches)
+        facts = replace(facts, version=intake.version() or 0) if facts.version < 0 else facts
         self.fired_at, self.fired_version = time.monotonic(), facts.version
         fired = {**asdict(facts), "since_fire_s": _finite(facts.since_fire_s), "held": sorted(held)}
         fired["fired_unix"] = time.time()  # to set against the activation records' clocks
-        t.run.triggers.write([learner_row(t.round, t.elapsed_s(), fired, [bid for bid, _ in batches])])
-        t.env_steps += sum(b.env_steps for _, b in batches)
-        return batches, time.monotonic() - t0
+        return Collected(batches, beyond, scalers, fired)
 
 
 def _finite(x: float) -> float | None:

@@ -25,6 +25,7 @@ from cache import JobCache, LearnerTask
 from contract import ActorResult, LearnerResult, ParameterResult
 from contract.knobs import RuleName
 from stellaris.platform.cache_faults import refused_for_memory
+from stellaris.platform.calls import TrainingError
 from stellaris.round.stats import Call, Role, RoundStats
 
 __all__ = ["Call", "Functions", "Role", "RoundStats", "Rounds", "TrainingError", "round_steps", "round_tasks"]
@@ -33,10 +34,6 @@ MAX_RESTARTS = 64  # replacements of failed invocations (or dead actors) per rou
 DRAIN_CHECK_S = 1.0  # while a sync step drains, how often finished invocations are looked at between versions
 LEARN_THREADS, ACT_THREADS = "learn", "act"  # the call pools' thread names (ThreadPoolExecutor adds "_<n>")
 CALL_THREADS = (f"{LEARN_THREADS}_", f"{ACT_THREADS}_")
-
-
-class TrainingError(RuntimeError):
-    pass
 
 
 class Functions(Protocol):

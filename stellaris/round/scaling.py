@@ -1,25 +1,24 @@
 """The trainer's elastic glue (docs/workflows.md): at a round's start the learner schedule sets the round's
 learner capacity; at its end the round's signal goes to the damped controller (stellaris/round/elastic.py), its
 count is applied (serverful actors started or stopped, serverless ones invoked that many, pre-warmed ahead), and
-the round's info.csv columns (ELASTIC_COLUMNS) say what changed and what it costs."""
+the round's info.csv columns (ELASTIC_COLUMNS, stellaris/rundir/outputs.py) say what changed and what it costs. The
+scaler acts on the round protocol, the billing and the actors it is given, and returns the config with the counts it
+changed; it reads nothing else of the job."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from cache import BatchMeta
+from stellaris.platform.billing import Billing
+from stellaris.platform.serverful_actors import ServerfulActors
 from stellaris.round.elastic import ActorController, Signal, actor_cost_per_round, backlog_gain_for
+from stellaris.round.protocol import Rounds
 
 if TYPE_CHECKING:
     from stellaris.config import TrainConfig
-    from stellaris.round.trainer import Trainer
-
-ELASTIC_COLUMNS = [
-    "learners", "actors", "actor_change", "actors_prewarmed", "actors_per_learner", "actor_demand", "backlog_steps",
-    "batch_wait_s", "actor_cost_round_before", "actor_cost_round_after", "batches_lost", "policy_lag",
-]  # fmt: skip
 
 
 def policy_lag(batches: Sequence[tuple[str, BatchMeta]], version: int | None) -> int | float:
@@ -69,12 +68,23 @@ def resumed_actors(cfg: TrainConfig, saved: Mapping[str, Any]) -> TrainConfig:
 
 
 class Scaler:
-    """Per round: `begin_round` before anything else of the round, `end_round` when its info row is built. `saved`
-    (a checkpoint's `state()`) refills the controller's window, so a resumed run decides from its first round on."""
+    """Per round: `begin_round` before anything else of the round, `end_round` when its info row is built; each
+    takes the job's config as the last round left it and returns it with the counts it changed. `saved` (a
+    checkpoint's `state()`) refills the controller's window, so a resumed run decides from its first round on. It
+    acts on `rounds` (the learners a round invokes), `billing` (the counts charged), `crew` (serverful actors
+    scaled) and `prewarm_actors` (serverless actor instances warmed, given the count)."""
 
-    def __init__(self, trainer: Trainer, saved: Mapping[str, Any] | None = None) -> None:
-        self.t = trainer
-        cfg = trainer.cfg
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        saved: Mapping[str, Any] | None = None,
+        *,
+        rounds: Rounds,
+        billing: Billing,
+        crew: ServerfulActors,
+        prewarm_actors: Callable[[int], None],
+    ) -> None:
+        self.rounds, self.billing, self.crew, self.prewarm_actors = rounds, billing, crew, prewarm_actors
         self.controller = (
             ActorController(
                 min_actors=cfg.min_actors,
@@ -90,40 +100,49 @@ class Scaler:
             self.controller.demands.extend(float(u) for u in (saved or {}).get("demands") or [])
         self.sequence = BatchSequence()
 
-    def state(self) -> dict[str, Any]:
-        """What a checkpoint keeps: the actor count and the controller's window of demands."""
+    def state(self, actors: int) -> dict[str, Any]:
+        """What a checkpoint keeps: the actor count (`actors`, the config's) and the controller's window of
+        demands."""
         demands = [] if self.controller is None else list(self.controller.demands)
-        return {"actors": self.t.cfg.actors, "demands": demands}
+        return {"actors": actors, "demands": demands}
 
-    def begin_round(self) -> None:
-        """The learner schedule's capacity for this round: the round protocol's learners and the pre-warm count
-        (the trainer's cfg), and under serverful billing the slots charged from now."""
-        t = self.t
-        learners = t.cfg.learners_at(t.round)
-        if learners == t.rounds.learners:
-            return
-        t.billing.charge_held(serverful_actors=bool(t.deployment.actors.procs))
-        t.billing.learners = learners
-        t.rounds.set_learners(learners)
-        t.cfg = t.cfg.model_copy(update={"learners": learners})
+    def begin_round(self, round_k: int, cfg: TrainConfig) -> TrainConfig:
+        """The learner schedule's capacity for round `round_k`: the round protocol's learners, and under serverful
+        billing the slots charged from now. Returns `cfg` with it (the pre-warm count's learners)."""
+        learners = cfg.learners_at(round_k)
+        if learners == self.rounds.learners:
+            return cfg
+        self.billing.charge_held(serverful_actors=bool(self.crew.procs))
+        self.billing.learners = learners
+        self.rounds.set_learners(learners)
+        return cfg.model_copy(update={"learners": learners})
 
     def end_round(
-        self, batches: Sequence[tuple[str, BatchMeta]], duration_s: float, collect_s: float
-    ) -> dict[str, Any]:
-        """The round's signal to the controller, its count applied for the next round; the round's columns. The
-        billing is charged up to now already (the trainer's _record), so a change is charged from now."""
-        t = self.t
-        serverful = t.cfg.actor_kind == "serverful"
-        actors, learners = t.cfg.actors, t.rounds.learners
+        self,
+        round_k: int,
+        cfg: TrainConfig,
+        batches: Sequence[tuple[str, BatchMeta]],
+        duration_s: float,
+        collect_s: float,
+        *,
+        queued: int,
+        fired_version: int | None,
+    ) -> tuple[dict[str, Any], TrainConfig]:
+        """The round's signal to the controller, its count applied for the next round: the round's columns, and
+        `cfg` with that count. `queued`: the batches waiting in the trajectory stream; `fired_version`: the version
+        the learner trigger fired at. The billing is charged up to now already (stellaris/round/wiring.py), so a
+        change is charged from now."""
+        serverful = cfg.actor_kind == "serverful"
+        actors, learners = cfg.actors, self.rounds.learners
         steps = float(sum(meta.env_steps for _, meta in batches))
-        backlog_steps = t.job.trajectories.stream.length() * steps / max(1, len(batches))  # batches of one size
+        backlog_steps = queued * steps / max(1, len(batches))  # batches of one size
         held_s = duration_s if serverful else collect_s  # serverful actors are held all round, invocations collect
         columns: dict[str, Any] = {
             "learners": learners,
             "batch_wait_s": round(collect_s, 4),  # the learners idle since the last round's learning ended
             "backlog_steps": round(backlog_steps, 1),
             "batches_lost": self.sequence.lost(batches) if serverful else 0,
-            "policy_lag": policy_lag(batches, t.gate.fired_version),
+            "policy_lag": policy_lag(batches, fired_version),
             "actors_per_learner": math.nan,
             "actor_demand": math.nan,
         }
@@ -134,13 +153,14 @@ class Scaler:
             sig = Signal(steps / learn_s, rate, backlog_steps, steps, learners)
             columns["actors_per_learner"] = self.controller.observe(sig)  # unrounded: the run can be replayed
             # Planned scale-ups are taken a round early (pre-warming): the learners of the round after next count.
-            soon, after = t.cfg.learners_at(t.round + 1), t.cfg.learners_at(t.round + 2)
+            soon, after = cfg.learners_at(round_k + 1), cfg.learners_at(round_k + 2)
             wanted = self.controller.wanted(max(soon, after))
             columns["actor_demand"] = math.nan if wanted is None else round(wanted, 3)
             base, target = self.controller.decide(actors, soon), self.controller.decide(actors, max(soon, after))
             prewarmed = max(0, target - max(base, actors))
             if target != actors:
-                self._apply(target, serverful)
+                self._apply(target, actors, serverful)
+                cfg = cfg.model_copy(update={"actors": target})
                 prewarmed = prewarmed if serverful else max(0, target - actors)  # serverless: every added instance
         return columns | {
             "actors": target,
@@ -148,13 +168,11 @@ class Scaler:
             "actors_prewarmed": prewarmed,
             "actor_cost_round_before": actor_cost_per_round(actors, held_s),
             "actor_cost_round_after": actor_cost_per_round(target, held_s),
-        }
+        }, cfg
 
-    def _apply(self, target: int, serverful: bool) -> None:
-        t = self.t
-        t.billing.actors = target
+    def _apply(self, target: int, actors: int, serverful: bool) -> None:
+        self.billing.actors = target
         if serverful:
-            t.deployment.actors.scale(target)
-        elif target > t.cfg.actors:  # instances warm before the next round invokes them
-            t.deployment.gateway.prewarm(t.names["actor"], target)
-        t.cfg = t.cfg.model_copy(update={"actors": target})
+            self.crew.scale(target)
+        elif target > actors:  # instances warm before the next round invokes them
+            self.prewarm_actors(target)

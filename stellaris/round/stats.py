@@ -1,41 +1,15 @@
-"""What one round's invocations leave behind: a finished call (`Call`) and the round's statistics (`RoundStats`),
-read from the handlers' results through the records of `contract`."""
+"""What one round's invocations leave behind: the round's statistics (`RoundStats`) of its finished calls (`Call`,
+stellaris/platform/calls.py), read from the handlers' results through the records of `contract`."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
 
 from contract import ActorResult, LearnerResult, ParameterResult
-from contract.results import device_of
 from gateway.models import Activation
+from stellaris.platform.calls import Call, Role
 
-Role = Literal["actor", "learner", "parameter"]
-
-
-@dataclass(frozen=True)
-class Call:
-    """One finished invocation: the handler's JSON result (read through its `contract` record), the
-    client-observed latency, and the gateway's metering (None for an in-process call)."""
-
-    result: dict[str, Any]
-    latency_s: float
-    activation: Activation | None = None
-
-    @property
-    def handler_s(self) -> float:
-        """Time inside the handler: the instance's measure, or the whole latency for an in-process call."""
-        if self.activation is None:
-            return self.latency_s
-        return self.activation.duration_s or 0.0
-
-    @property
-    def metered(self) -> Activation | None:
-        """The gateway's activation record, with the part of the handler's result that invocations.csv reports
-        (its `device`) where the record carries no copy of the result."""
-        if self.activation is None or self.activation.result is not None:
-            return self.activation
-        return self.activation.model_copy(update={"result": {"device": device_of(self.result)}})
+__all__ = ["Call", "Role", "RoundStats"]
 
 
 @dataclass

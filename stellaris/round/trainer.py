@@ -1,6 +1,7 @@
 """The training job driver (docs/algorithms.md): per round, a train batch from the actors, then the round protocol
-(`rounds.Rounds`) through the gateway, then the report rows and a checkpoint. Deployment, billing and report rows
-live in their own modules; this one holds the job's epoch, its loop and its checkpoints.
+(`rounds.Rounds`) through the gateway, then the report rows and a checkpoint. The round itself is wired in one place,
+`connect_round` (stellaris/round/wiring.py); deployment, billing and report rows live in their own modules. This
+one holds the job's epoch, what lies between its rounds, its checkpoints and its teardown.
 
 Event-driven: batches are awaited with XREADGROUP BLOCK, invocations as futures; nothing polls.
 """
@@ -8,6 +9,7 @@ Event-driven: batches are awaited with XREADGROUP BLOCK, invocations as futures;
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import time
@@ -26,12 +28,12 @@ from stellaris.platform.secrets import without_secrets
 from stellaris.round.collect import LearnerGate
 from stellaris.round.evaluation import Evaluator
 from stellaris.round.profiles import rounds_for
-from stellaris.round.protocol import RoundStats, TrainingError, round_tasks
+from stellaris.round.protocol import TrainingError
 from stellaris.round.replay import ReplayRounds
 from stellaris.round.scaling import Scaler, resumed_actors
+from stellaris.round.wiring import DeadLetters, RoundParts, connect_round
 from stellaris.rundir.outputs import RunDir
 from stellaris.rundir.progress import Standing
-from stellaris.rundir.report import RoundFacts, episode_returns, gradient_rows, info_row, take_applied, timeline_rows
 
 __all__ = ["Trainer", "TrainingError", "threads_env"]
 
@@ -80,13 +82,16 @@ class Trainer:
         self.collect_estimate_s = 0.0
         self.last_policy: bytes | None = None  # the newest checkpointed weights, written as safetensors at the end
         self.shape: RoundShape | None = None  # from the job's resolved spec, once the parameter function made it
-        self.dead_letters_after = "0-0"
+        self.parts: RoundParts | None = None  # the round's producers and consumers, once setup() made them
         # Each actor's reward-scaler moments from its newest batch: checkpointed, and given back to actors on resume.
         self.reward_scalers: dict[str, list[float]] = dict(self.state.get("reward_scalers") or {})
         self.carried: list[tuple[str, BatchMeta]] = []  # landed beyond a round's choice: the next round's first
         self.finished = False
         # Elastic actors and the learner schedule (docs/workflows.md).
-        self.elastic = Scaler(self, self.state.get("elastic"))
+        self.scaler = Scaler(
+            cfg, self.state.get("elastic"), rounds=self.rounds, billing=self.billing, crew=self.deployment.actors,
+            prewarm_actors=functools.partial(self.deployment.gateway.prewarm, self.names["actor"]),
+        )  # fmt: skip
         gate_state = self.state.get("learner_trigger")
         payloads = cfg.distribution == "trajectories"  # a header alone is the batch under gradients_at_actors
         self.gate = LearnerGate(cfg.triggers.learner, self.job, gate_state, payloads=payloads)  # docs/workflows.md
@@ -136,6 +141,23 @@ class Trainer:
                 self.deployment.register_pool("actor", 1, env)
         # Learners warm before round 1, so that round is like the others (δ_max is calibrated in it).
         self.deployment.prewarm("learner", self.cfg.learners + self.cfg.standby, wait=True)
+        self.parts = RoundParts(
+            crew=self.deployment.actors,
+            job=self.job,
+            gate=self.gate,
+            replay=self.replay,
+            shape=self.shape,
+            rounds=self.rounds,
+            run=self.run,
+            evaluator=self.evaluator,
+            billing=self.billing,
+            dead_letters=DeadLetters(self.job),
+            scaler=self.scaler,
+            names=self.names,
+            prewarm_learners=lambda n, by_s: self.deployment.prewarm("learner", n, by_s=by_s),
+            round_trips=lambda: self.cache.round_trips,
+            clock=self.elapsed_s,
+        )
 
     def _restore(self) -> None:
         """On resume, put the checkpoint into this epoch's fresh namespace: the policy at its version, optimizer state,
@@ -157,90 +179,34 @@ class Trainer:
     def elapsed_s(self) -> float:
         return self.elapsed_before + time.monotonic() - self.started
 
+    def standing(self) -> Standing:
+        """Where the run stands against its budgets."""
+        return Standing.of(self.cfg, elapsed_s=self.elapsed_s(), round_k=self.round, env_steps=self.env_steps)
+
     def done(self) -> bool:
-        standing = Standing.of(self.cfg, elapsed_s=self.elapsed_s(), round_k=self.round, env_steps=self.env_steps)
-        return standing.spent() is not None
+        return self.standing().spent() is not None
 
     def step(self) -> dict[str, Any]:
-        """One round: collect a train batch, let learner invocations work through its tasks while the parameter
-        function applies their gradients as they land, and record. Returns the info row."""
+        """One round (`connect_round`: collect a train batch, let learner invocations work through its tasks while
+        the parameter function applies their gradients as they land, and record), then its checkpoint. Returns the
+        info row."""
+        assert self.parts is not None, "setup() first"
         self.round += 1
-        self.elastic.begin_round()
-        t0 = time.monotonic()
-        trips0 = self.cache.round_trips
-        rs = RoundStats()
-        self.rounds.begin(self.round, rs)
-        # Learner instances warm by the time this round's batch is in, from the measured collection time.
-        self.deployment.prewarm("learner", self.cfg.learners + self.cfg.standby, by_s=self.collect_estimate_s)
-        batches, actor_time = self._collect(rs)
-        self.collect_estimate_s = 0.5 * self.collect_estimate_s + 0.5 * actor_time
-        ids = [bid for bid, _ in batches]
-        assert self.shape is not None, "setup() first"
-        trained = ids + self.replay.extend(self.round, batches)  # replayed batches after the fresh (cache/replay)
-        tasks = round_tasks(self.round, trained, epochs=self.shape.num_epochs, minibatches=self.shape.num_minibatches)
-        tasks = self.replay.weigh(tasks)  # prioritized replay's importance weights, one per batch
-        self.rounds.learn(self.round, tasks, rs)
-        self.job.trajectories.ack(ids)
-        rs.redis_round_trips += self.cache.round_trips - trips0  # the control plane's own
-        return self._record(batches, rs, time.monotonic() - t0, actor_time)
-
-    def _collect(self, rs: RoundStats) -> tuple[list[tuple[str, BatchMeta]], float]:
-        """Batch headers until the round's env steps are in (the control plane never decodes arrays). Dead
-        serverful actors are restarted, failed serverless actor calls invoked again."""
-        return self.gate.collect(self, rs)  # the learner trigger's gate (stellaris/round/collect.py)
+        played = connect_round(
+            self.parts, self.round, self.cfg, env_steps=self.env_steps, carried=self.carried,
+            warm_by_s=self.collect_estimate_s,
+        )  # fmt: skip
+        self.cfg, self.env_steps, self.carried = played.cfg, played.env_steps, played.carried
+        self.reward_scalers |= played.reward_scalers
+        self.collect_estimate_s = 0.5 * self.collect_estimate_s + 0.5 * played.collect_s
+        self._checkpoint()
+        return played.row
 
     # -- accounting -------------------------------------------------------------------------------------------
     def _charge(self, acts: list[Any]) -> None:
         """Record the activations; under serverless billing charge each its metered cost (docs/experiments.md)."""
         self.run.record_invocations(acts)
         self.billing.charge(acts)
-
-    def _dead_letters(self) -> int:
-        """Dead letters added since the last call."""
-        items = self.job.board.read_dead_letters(self.dead_letters_after)
-        if items:
-            self.dead_letters_after = items[-1][0]
-        return len(items)
-
-    def _record(
-        self, batches: list[tuple[str, BatchMeta]], rs: RoundStats, duration: float, actor_time: float
-    ) -> dict[str, Any]:
-        returns = episode_returns(batches)
-        steps_before = self.env_steps - sum(meta.env_steps for _, meta in batches)
-        rows = timeline_rows(batches, steps_before=steps_before, now_s=self.elapsed_s(), now_unix=time.time())
-        self.run.timeline.write(rows)
-        applied = take_applied(self.job)
-        self.run.gradients.write(gradient_rows(applied))
-        evaluated = self._evaluate(rs)
-        self._charge(rs.activations)
-        self.billing.charge_held(serverful_actors=bool(self.deployment.actors.procs))
-        facts = RoundFacts(
-            round_k=self.round,
-            duration_s=duration,
-            actor_time_s=actor_time,
-            actors=self.cfg.actors,
-            envs_per_actor=self.cfg.envs_per_actor,
-            env_steps=self.env_steps,
-            learner_function=self.names["learner"],
-            parameter_function=self.names["parameter"],
-            cost_learner=self.billing.cost_learner,
-            cost_actor=self.billing.cost_actor,
-            dead_lettered=self._dead_letters(),
-        )
-        row = info_row(facts, rs, returns, applied) | evaluated | self.elastic.end_round(batches, duration, actor_time)
-        self.run.record_round(row)
-        self._checkpoint()
-        row["max_in_flight"] = rs.max_in_flight
-        return row
-
-    def _evaluate(self, rs: RoundStats) -> dict[str, Any]:
-        """When due, deterministic episodes of the policy the round ended with (stellaris.round.evaluation): its
-        info-row columns; its calls are metered with the round's."""
-        if not self.evaluator.due(self.round, last=self.done()):
-            return {}
-        columns, acts = self.evaluator.evaluate(self.round, self.job.policies.version())
-        rs.activations += acts
-        return columns
 
     def _checkpoint(self) -> None:
         version, policy = self.job.policies.latest()
@@ -255,7 +221,7 @@ class Trainer:
             "elapsed_s": self.elapsed_s(),
             "aggregator": self.job.aggregator.get().to_fields(),
             "reward_scalers": self.reward_scalers,
-            "elastic": self.elastic.state(),
+            "elastic": self.scaler.state(self.cfg.actors),
             "learner_trigger": self.gate.state(),
             "replay": self.replay.checkpoint(),  # writes the batches no earlier checkpoint wrote
         }

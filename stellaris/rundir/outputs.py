@@ -21,7 +21,6 @@ from contract.packed import unpacked
 from contract.results import device_of
 from gateway.models import Activation
 from stellaris.policy_file import FILE_NAME, policy_metadata
-from stellaris.round.scaling import ELASTIC_COLUMNS
 from stellaris.rundir.lock import DirInUse, lock_dir
 from stellaris.rundir.tensorboard import RoundBoard
 from stellaris.rundir.trigger_log import TRIGGER_COLUMNS, parameter_rows
@@ -37,7 +36,12 @@ INFO_COLUMNS = [
     "cost_learner", "cost_actor", "learner_wait_time", "dead_lettered", "gradients_applied", "redis_round_trips",
     "learner_restarts", "parameter_restarts", "actor_restarts",
 ]  # fmt: skip
-INFO_COLUMNS += ELASTIC_COLUMNS  # elastic actors and the learner schedule (stellaris/round/scaling.py)
+# Elastic actors and the learner schedule: what changed and what it costs (stellaris/round/scaling.py fills them).
+ELASTIC_COLUMNS = [
+    "learners", "actors", "actor_change", "actors_prewarmed", "actors_per_learner", "actor_demand", "backlog_steps",
+    "batch_wait_s", "actor_cost_round_before", "actor_cost_round_after", "batches_lost", "policy_lag",
+]  # fmt: skip
+INFO_COLUMNS += ELASTIC_COLUMNS
 GRADIENT_COLUMNS = ["gradient_id", "task_id", "round", "base_version", "applied_version"]
 TIMELINE_COLUMNS = ["wall_clock_s", "env_steps", "episodic_reward"]
 INVOCATION_COLUMNS = [

@@ -6,11 +6,11 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from cache import BatchMeta, JobCache
-from contract import AppliedRow
-from stellaris.round.protocol import RoundStats
+from contract import AppliedRow, LearnerResult
+from gateway.models import Activation
 from stellaris.rundir.outputs import stats
 
 
@@ -73,6 +73,23 @@ def timeline_rows(
     return sorted(rows, key=lambda row: (row["wall_clock_s"], row["env_steps"]))
 
 
+class RoundTotals(Protocol):
+    """What the info row reads of a round's statistics (`RoundStats`, stellaris/round/stats.py), by shape: the run
+    directory is written from the round's outputs and imports nothing of the round."""
+
+    learner_results: list[LearnerResult]
+    activations: list[Activation]
+    learner_compute_s: float
+    parameter_compute_s: float
+    cache_s: float
+    invocation_s: float
+    learner_wait_s: float
+    redis_round_trips: int
+    learner_restarts: int
+    parameter_restarts: int
+    actor_restarts: int
+
+
 @dataclass(frozen=True)
 class RoundFacts:
     """What the info row reports beyond the round's stats: who ran, how long, what it cost so far."""
@@ -91,7 +108,7 @@ class RoundFacts:
 
 
 def info_row(
-    facts: RoundFacts, rs: RoundStats, returns: Sequence[float], applied: Sequence[AppliedRow]
+    facts: RoundFacts, rs: RoundTotals, returns: Sequence[float], applied: Sequence[AppliedRow]
 ) -> dict[str, Any]:
     deltas = [float(g.staleness) for a in applied for g in a.gradients]
     thresholds = [a.threshold for a in applied if a.threshold is not None]

@@ -1,5 +1,5 @@
-"""triggers.csv: one row per trigger firing (docs/workflows.md). Learner firings are written by the
-learner gate when they happen; parameter firings are read from the applied log, one per published version, when
+"""triggers.csv: one row per trigger firing (docs/workflows.md). Learner firings are written as the learner gate
+fires (stellaris/round/wiring.py); parameter firings are read from the applied log, one per published version, when
 the round's gradients.csv rows are written (the parameter function runs behind the gateway and logs them there)."""
 
 from __future__ import annotations

@@ -11,10 +11,11 @@ from typing import Any
 
 from cache import Cache, JobCache, JobLimits, LearnerTask
 from contract import AppliedRow, ParameterResult
+from contract.jobspec import JobSpec
 from contract.knobs import RuleName
 from functions.handlers import actor, learner, parameter
 from functions.runtime.context import Context, Instance
-from functions.runtime.jobspec import JobSpec, save_spec
+from functions.runtime.jobspec import save_spec
 from stellaris.round.protocol import Call, Role, Rounds, RoundStats, round_tasks
 
 Invoke = Callable[[dict[str, Any]], dict[str, Any]]

@@ -9,15 +9,15 @@ import pytest
 import torch
 
 from contract import AggregatorState
+from contract.algo_config import CONFIGS, APPOConfig, IMPACTConfig, NetworkConfig, PPOConfig
+from contract.jobspec import JobSpec
 from contract.records import GradientMeta, GradientRecord, LearnerTask, ObsMoments, RecordError
 from functions.algos.algorithm import LearnInputs
-from functions.algos.config import CONFIGS, APPOConfig, IMPACTConfig, NetworkConfig, PPOConfig
 from functions.algos.registry import ALGORITHMS, algorithm_of
-from functions.handlers import Stopwatch
 from functions.learner.gradient import gradient_record
 from functions.learner.learn import column_weights, obs_moments, sample_weights, time_chunk
 from functions.model.policies import build_policy
-from functions.runtime.jobspec import JobSpec
+from functions.runtime.stopwatch import Stopwatch
 
 
 def test_one_table_row_per_config() -> None:

@@ -8,10 +8,10 @@ import math
 import pytest
 import torch
 
+from contract.algo_config import APPOConfig, preset
+from contract.jobspec import JobRequest, JobSpec, resolve
 from functions.algos.appo import appo_loss
-from functions.algos.config import APPOConfig, preset
 from functions.algos.vtrace import vtrace
-from functions.runtime.jobspec import JobRequest, JobSpec, resolve
 
 
 def _inputs() -> dict[str, torch.Tensor]:

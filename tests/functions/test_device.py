@@ -13,9 +13,9 @@ import torch
 
 from cache import Cache, JobCache
 from contract import InitResult, LearnerResult, ParameterResult
+from contract.algo_config import Rule
 from contract.codec import decode
 from contract.results import device_of
-from functions.algos.staleness import Rule
 from functions.handlers import learner, parameter
 from functions.model.device import ENV_VAR, DeviceError, choose_device, module_device, to_cpu, to_device
 from functions.model.policies import build_policy

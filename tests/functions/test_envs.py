@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 
 from cache import Cache
+from contract.algo_config import preset
+from contract.jobspec import JobSpec
 from functions.actor.rollout import ClippedRewards
-from functions.algos.config import preset
-from functions.runtime.jobspec import JobSpec
 from tests.functions.driver import Driver
 
 ENVS = [

@@ -9,11 +9,11 @@ import pytest
 
 from cache import Cache, GradientMeta, GradientRecord, JobCache
 from cache.gradient_push import ActorGradients
+from contract.algo_config import NetworkConfig, PPOConfig
 from contract.codec import HEADER_FIELD, decode_fields_meta
 from contract.errors import BackpressureTimeout
+from contract.jobspec import JobSpec
 from functions.actor.fused import batch_minibatches, batch_tasks
-from functions.algos.config import NetworkConfig, PPOConfig
-from functions.runtime.jobspec import JobSpec
 from stellaris.round.profiles import FusedRounds
 from stellaris.round.protocol import RoundStats
 from tests.functions.driver import Driver, applied_log

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from functions.algos.config import IMPACTConfig, preset
+from contract.algo_config import IMPACTConfig, preset
 from functions.algos.impact import impact_loss, should_update_target
 from functions.algos.vtrace import vtrace
 

@@ -12,9 +12,8 @@ import pytest
 import torch
 
 from cache import Cache
-from functions.algos.config import AlgoConfig, APPOConfig, IMPACTConfig, NetworkConfig, PPOConfig, StellarisConfig
-from functions.algos.staleness import Rule
-from functions.runtime.jobspec import JobSpec
+from contract.algo_config import AlgoConfig, APPOConfig, IMPACTConfig, NetworkConfig, PPOConfig, Rule, StellarisConfig
+from contract.jobspec import JobSpec
 from tests.functions.driver import Driver
 from tests.functions.test_pipeline import spawn, stop
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from cache import Cache
-from functions.algos.config import StellarisConfig, preset
+from contract.algo_config import StellarisConfig, preset
 from functions.algos.lr_schedule import learning_rate
 from tests.functions.driver import Driver
 from tests.functions.test_pipeline import small_spec

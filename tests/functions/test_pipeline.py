@@ -20,12 +20,11 @@ import numpy as np
 import pytest
 
 from cache import Cache, GradientMeta, GradientRecord, JobCache, JobLimits
+from cache.gradient_feed import GradientFeed
+from contract.algo_config import NetworkConfig, PPOConfig, Rule, StellarisConfig
 from contract.codec import decode
+from contract.jobspec import JobSpec
 from contract.packed import PACKED
-from functions.algos.config import NetworkConfig, PPOConfig, StellarisConfig
-from functions.algos.staleness import Rule
-from functions.handlers import parameter
-from functions.runtime.jobspec import JobSpec
 from tests.functions.driver import Driver, applied_log
 from tests.functions.workers import stop_key
 from tests.procs import wait_pid_gone
@@ -133,7 +132,7 @@ def test_multi_task_learner_processes_with_the_parameter_function_applying_as_gr
     events: list[str] = []
     monkeypatch.setattr(job.policies, "publish_and_ack", wrapped(events, "P", job.policies.publish_and_ack))
     monkeypatch.setattr(job.learners, "work_snapshot", wrapped(events, "L", job.learners.work_snapshot))
-    monkeypatch.setattr(parameter._Server, "wait", wrapped(events, "W", parameter._Server.wait))
+    monkeypatch.setattr(GradientFeed, "wait", wrapped(events, "W", GradientFeed.wait))
     learners = spawn("learner", redis_server.url, job_id, 2)
     try:
         rounds = 4

@@ -8,7 +8,7 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from functions.algos.config import PPOConfig, preset
+from contract.algo_config import PPOConfig, preset
 from functions.algos.ppo import adaptive_kl_coef, clipped_surrogate, ppo_loss, truncated_ratio, value_loss
 
 

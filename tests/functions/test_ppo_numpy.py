@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 import torch
 
+from contract.algo_config import PPOConfig
 from contract.packed import PACKED
 from contract.records import LearnerTask
 from functions.algos import ppo_numpy
 from functions.algos.algorithm import LearnInputs
-from functions.algos.config import PPOConfig
 from functions.algos.ppo_algo import PPO
 from functions.model.flat_params import flatten_parameters
 from functions.model.policies import ActorCritic, build_policy

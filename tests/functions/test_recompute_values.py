@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from functions.algos.config import PPOConfig
+from contract.algo_config import PPOConfig
 from functions.algos.ppo_algo import prepare, with_proximal, with_values
 from functions.model.policies import mujoco_actor_critic
 

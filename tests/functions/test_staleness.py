@@ -12,13 +12,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from functions.algos.config import AlgoName, EnvKind, StellarisConfig, preset
+from contract.algo_config import AlgoName, EnvKind, Rule, Schedule, StellarisConfig, preset
+from contract.jobspec import JobRequest, resolve
 from functions.algos.staleness import (
     AggregationRule,
     AggregationState,
     Decision,
     QueueSnapshot,
-    Rule,
+    aggregation_rule,
     applies_from_queue_alone,
     decide,
     decide_async,
@@ -31,7 +32,6 @@ from functions.algos.staleness import (
     observe,
 )
 from functions.algos.staleness_equations import (
-    Schedule,
     aggregate,
     calibrate_delta_max,
     optimizer_step_gradients,
@@ -40,7 +40,6 @@ from functions.algos.staleness_equations import (
     staleness_scale,
     staleness_threshold,
 )
-from functions.runtime.jobspec import JobRequest, resolve
 
 CALIBRATED = AggregationState(round_k=2, delta_max=4)
 
@@ -349,10 +348,10 @@ def test_every_round_drains_under_every_schedule(schedule: Schedule) -> None:
 
 def test_config_carries_the_schedule_into_the_rule() -> None:
     config = StellarisConfig(schedule=Schedule.HORIZON, horizon_rounds=245, beta_floor=0.5)
-    rule = config.aggregation_rule()
+    rule = aggregation_rule(config)
     assert (rule.schedule, rule.horizon_rounds, rule.beta_floor, rule.paper_rounds) == (Schedule.HORIZON, 245, 0.5, 50)
     assert StellarisConfig.model_validate({"schedule": "floor"}).schedule is Schedule.FLOOR
-    assert StellarisConfig().aggregation_rule() == AggregationRule()
+    assert aggregation_rule(StellarisConfig()) == AggregationRule()
 
 
 @pytest.mark.parametrize(
@@ -388,7 +387,7 @@ def test_job_overrides_merge_over_the_preset_schedule() -> None:
     assert stellaris("fast", "ALE/Pong-v5").schedule is Schedule.HORIZON_FLOOR
     # and can itself be overridden, by name
     assert stellaris("fast", "Hopper-v4", schedule="paper").schedule is Schedule.PAPER
-    assert stellaris("paper", "Hopper-v4", schedule="floor", beta_floor=2.0).aggregation_rule().beta_floor == 2.0
+    assert aggregation_rule(stellaris("paper", "Hopper-v4", schedule="floor", beta_floor=2.0)).beta_floor == 2.0
 
 
 # --- baselines ---------------------------------------------------------------------------------------------

@@ -7,11 +7,12 @@ from __future__ import annotations
 import torch
 
 from cache import Cache, JobCache
-from functions.algos.config import NetworkConfig, PPOConfig
+from contract.algo_config import NetworkConfig, PPOConfig
+from contract.jobspec import JobSpec
 from functions.model.serialize import policy_to_bytes
 from functions.model.warm import MAX_CACHED_POLICIES, new_policy, policy_at
 from functions.runtime.context import Context, Instance
-from functions.runtime.jobspec import JobSpec, save_spec
+from functions.runtime.jobspec import save_spec
 
 
 def _weights(ctx: Context, spec: JobSpec, version: int) -> bytes:

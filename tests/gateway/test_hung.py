@@ -16,9 +16,9 @@ import pytest
 from cache import Cache
 from cache.connection import credentials_env
 from gateway.client import GatewayClient
-from gateway.hung import Silence
 from gateway.models import FunctionSpec
 from gateway.settings import GatewaySettings
+from gateway.silence import Silence
 from tests.gateway.conftest import RunningGateway, start_gateway, stop_gateway
 from tests.gateway.test_api import pids, spec
 from tests.procs import wait_pid_gone

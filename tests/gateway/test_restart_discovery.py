@@ -176,6 +176,25 @@ def wait_stopped(engine: DockerClient, cid: str) -> None:  # noqa: F811
     assert "running" not in [ct["State"] for ct in engine.api.containers(all=True, filters={"id": cid})]
 
 
+def assert_adopted(
+    c: GatewayClient, name: str, containers: set[str], instance_ids: set[str], warm_state: dict[str, Any]
+) -> None:
+    """The restarted gateway serves `name` from its containers and instances from before the restart."""
+    assert container_ids(c, name) == containers, f"{name!r} adopted the wrong containers"
+    assert {i["id"] for i in instances(c, name)} == instance_ids
+    got = answers(c, name)
+    assert {a["instance"] for a in got} <= instance_ids
+    if WARM[name] == 1:  # its one instance, warm state intact: adopted, not started again
+        assert [a["calls"] for a in got] == [2, 3, 4] and got[0]["pid"] == warm_state["pid"]
+    result, act = c.invoke_metered(name, {})
+    assert result["kind"] == name and act.cold is False
+    assert act.container_id in containers and act.image == IMAGE
+    call_id, _ = c.invoke_with_id(name, {})
+    record = c.activation(call_id, wait_s=5)
+    assert record.container_id in containers and record.image == IMAGE
+    assert record.instance in instance_ids
+
+
 def test_a_restarted_gateway_adopts_each_container_into_its_own_function(
     redis_server,
     cache_conn: Cache,
@@ -212,19 +231,7 @@ def test_a_restarted_gateway_adopts_each_container_into_its_own_function(
         second = restart_gateway(redis_server.url, gateway_id, namespace=first.namespace)
         with second.client() as c:
             for name in WARM:
-                assert container_ids(c, name) == before[name], f"{name!r} adopted the wrong containers"
-                assert {i["id"] for i in instances(c, name)} == ids_before[name]
-                got = answers(c, name)
-                assert {a["instance"] for a in got} <= ids_before[name]
-                if WARM[name] == 1:  # its one instance, warm state intact: adopted, not started again
-                    assert [a["calls"] for a in got] == [2, 3, 4] and got[0]["pid"] == warm_state[name]["pid"]
-                result, act = c.invoke_metered(name, {})
-                assert result["kind"] == name and act.cold is False
-                assert act.container_id in before[name] and act.image == IMAGE
-                call_id, _ = c.invoke_with_id(name, {})
-                record = c.activation(call_id, wait_s=5)
-                assert record.container_id in before[name] and record.image == IMAGE
-                assert record.instance in ids_before[name]
+                assert_adopted(c, name, before[name], ids_before[name], warm_state[name])
             for cid in before["gone"] | before["stale"]:
                 wait_stopped(engine, cid)
             assert c.invoke("stale", {})["kind"] == "blue"

@@ -1,8 +1,8 @@
-"""The hung-actor rule (stellaris/round/actor_watch.py) against hand-worked timelines."""
+"""The hung-actor rule (stellaris/platform/actor_watch.py) against hand-worked timelines."""
 
 from __future__ import annotations
 
-from stellaris.round.actor_watch import LOOK_GAP_S, ActorWatch
+from stellaris.platform.actor_watch import LOOK_GAP_S, ActorWatch
 
 
 def test_an_actor_whose_count_stands_still_for_hung_after_s_of_looking_is_hung() -> None:

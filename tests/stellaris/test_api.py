@@ -22,9 +22,9 @@ from safetensors.torch import load_file
 
 import stellaris
 from contract.codec import decode
+from contract.jobspec import JobSpec
 from contract.packed import unpacked
 from functions.model.policies import build_policy
-from functions.runtime.jobspec import JobSpec
 from stellaris.config import ConfigError
 from stellaris.evaluate import evaluate_run
 from stellaris.rundir.outputs import RunDirError

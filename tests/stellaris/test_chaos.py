@@ -119,6 +119,22 @@ def start_job(
     return proc, _Output(proc), out
 
 
+def assert_every_task_applied_once(info: list[dict[str, str]], grads: list[dict[str, str]]) -> None:
+    """Every round recorded, each of its tasks' gradients applied exactly once, none dead-lettered, and one version
+    per aggregation."""
+    assert [int(r["round_id"]) for r in info] == list(range(1, ROUNDS + 1))
+    tasks = Counter(g["task_id"] for g in grads)
+    assert all(n == 1 for n in tasks.values()), "a task was applied twice"
+    assert len({g["gradient_id"] for g in grads}) == len(grads)
+    dead = sum(int(r["dead_lettered"]) for r in info)
+    per_round = Counter(int(g["round"]) for g in grads)
+    assert sum(per_round.values()) + dead == ROUNDS * TASKS_PER_ROUND
+    assert dead == 0, "no task should need dead-lettering here"
+    assert all(per_round[r] == TASKS_PER_ROUND for r in range(1, ROUNDS + 1)), per_round
+    versions = sorted({int(g["applied_version"]) for g in grads})
+    assert versions == list(range(1, len(versions) + 1))  # one version per aggregation, none skipped or repeated
+
+
 @pytest.mark.slow  # over 40 s (66 s idle): CI's long stage, with the other fault runs
 def test_training_survives_kill_9_of_learners_parameter_functions_and_actors(tmp_path: Path) -> None:
     proc, output, out = start_job(tmp_path, ROUNDS, leases_s=LEASE_S)
@@ -164,18 +180,7 @@ def test_training_survives_kill_9_of_learners_parameter_functions_and_actors(tmp
         assert wait_pid_gone(pid, 30) or not pid_alive(pid), f"pid {pid} ({cmdline(pid)}) outlived the job"
 
     info = rows(out / "info.csv")
-    assert [int(r["round_id"]) for r in info] == list(range(1, ROUNDS + 1))
-    grads = rows(out / "gradients.csv")
-    tasks = Counter(g["task_id"] for g in grads)
-    assert all(n == 1 for n in tasks.values()), "a task was applied twice"
-    assert len({g["gradient_id"] for g in grads}) == len(grads)
-    dead = sum(int(r["dead_lettered"]) for r in info)
-    per_round = Counter(int(g["round"]) for g in grads)
-    assert sum(per_round.values()) + dead == ROUNDS * TASKS_PER_ROUND
-    assert dead == 0, "no task should need dead-lettering here"
-    assert all(per_round[r] == TASKS_PER_ROUND for r in range(1, ROUNDS + 1)), per_round
-    versions = sorted({int(g["applied_version"]) for g in grads})
-    assert versions == list(range(1, len(versions) + 1))  # one version per aggregation, none skipped or repeated
+    assert_every_task_applied_once(info, rows(out / "gradients.csv"))
     roles = ("learner", "parameter", "actor")  # info.csv's restarts (a fork server's kill shows as its instances')
     restarts = {k: sum(int(r[f"{k}_restarts"]) for r in info) for k in roles}
     hit = [int(r["round_id"]) for r in info if any(int(r[f"{k}_restarts"]) for k in roles)]

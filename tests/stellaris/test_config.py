@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from functions.runtime.jobspec import JobRequest, resolve
+from contract.jobspec import JobRequest, resolve
+from functions.algos.staleness import aggregation_rule
 from stellaris import config
 from stellaris.config import ConfigError, TrainConfig, load_config
 
@@ -73,8 +74,8 @@ def _train_flags(monkeypatch: pytest.MonkeyPatch, *args: str) -> TrainConfig:
 
 
 def test_each_knob_is_declared_once_and_both_configs_take_it_from_there() -> None:
+    from contract.algo_config import StellarisConfig
     from contract.knobs import KNOB_NAMES, knob_info, train_name
-    from functions.algos.config import StellarisConfig
 
     for knob in KNOB_NAMES:
         declared = knob_info(knob)
@@ -101,7 +102,7 @@ def test_the_floor_defaults_to_one_above_the_tasks_in_flight_and_a_set_floor_win
     cfg = TrainConfig(env="Hopper-v5", preset="fast", rounds=10, learners=3)
     stellaris = resolve(JobRequest.model_validate(cfg.job_request("j1"))).algo.stellaris
     assert (stellaris.schedule, stellaris.beta_floor, stellaris.claim_ahead) == ("horizon_floor", 7.0, True)
-    assert stellaris.aggregation_rule().beta_floor == 7.0
+    assert aggregation_rule(stellaris).beta_floor == 7.0
     after = load_config(_yaml(tmp_path, "learners: 3\noverrides: {stellaris: {claim_ahead: false}}\n"), {})
     stellaris = resolve(JobRequest.model_validate(after.job_request("j3"))).algo.stellaris
     assert (stellaris.beta_floor, stellaris.claim_ahead) == (4.0, False)

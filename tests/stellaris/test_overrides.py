@@ -13,7 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 import stellaris.run
-from functions.runtime.jobspec import JobRequest, resolve
+from contract.jobspec import JobRequest, resolve
 from stellaris.cli import app
 from stellaris.config import ConfigError, TrainConfig, load_config
 from stellaris.train_options import parsed_sets

@@ -17,10 +17,10 @@ from safetensors.torch import save_file
 
 import stellaris
 from contract.codec import decode
+from contract.jobspec import JobRequest, resolve
 from functions.model.flat_params import flatten_parameters
 from functions.model.policies import ActorCritic, build_policy, space_from_json, space_to_json
 from functions.model.serialize import policy_to_bytes
-from functions.runtime.jobspec import JobRequest, resolve
 from stellaris.evaluate import EvalError, evaluate_run
 from stellaris.policy_file import PolicyFileError, read_policy_file
 from stellaris.rundir.outputs import RunDir

@@ -1,4 +1,4 @@
-"""The control plane's probe loop (stellaris/round/probing.py), driven by scripted answers."""
+"""The control plane's probe loop (stellaris/platform/probing.py), driven by scripted answers."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import threading
 import time
 
 from gateway.settings import HangSettings
-from stellaris.round.probing import GiveUp, Watched, name_silences, probe_until_hung
+from stellaris.platform.probing import GiveUp, Watched, name_silences, probe_until_hung
 
 HANG = HangSettings(hung_after_s=0.1, busy_probe_s=0.02)
 

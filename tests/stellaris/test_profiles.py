@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import stellaris
-from functions.runtime.jobspec import JobRequest, resolve
+from contract.jobspec import JobRequest, resolve
 from stellaris.config import ConfigError, TrainConfig, load_config
 
 # test_learning.py's CartPole PPO, run through the product: 512-step rounds of 4 envs, 4 minibatches x 4 epochs.

@@ -14,11 +14,11 @@ import torch
 
 from cache import BatchMeta, Cache, JobCache, LearnerTask, TrajectoryBatch
 from cache.replay import is_replay_id, replay_id
+from contract.algo_config import IMPACTConfig, NetworkConfig
+from contract.jobspec import JobSpec
 from contract.knobs import RuleName
 from contract.records import TRAJECTORY_ARRAYS
-from functions.algos.config import IMPACTConfig, NetworkConfig
 from functions.learner.learn import sample_weights, time_chunk
-from functions.runtime.jobspec import JobSpec
 from stellaris.config import ConfigError, load_config
 from stellaris.round.protocol import RoundStats, round_tasks
 from stellaris.round.replay import ReplayRounds

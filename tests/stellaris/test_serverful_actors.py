@@ -16,8 +16,8 @@ import pytest
 from cache import Cache, JobCache
 from gateway.backends.process.tree import wait_gone
 from gateway.backends.process.zygote import ForkedProcess
+from stellaris.platform.calls import TrainingError
 from stellaris.platform.serverful_actors import ACTOR_FORK_ENV, ServerfulActors, fork_from_env
-from stellaris.round.protocol import TrainingError
 from tests.functions.driver import Driver
 from tests.functions.test_pipeline import small_spec
 

@@ -82,4 +82,5 @@ class RuntimeHost:
         return bool(self.served.stop(timeout_s))
 
 
-RemoteRuntimeHost = ray.remote(max_concurrency=HOST_THREADS)(RuntimeHost)
+# The ignore: ray's keyword overloads of `remote` leave out max_concurrency, an actor option it documents and takes.
+RemoteRuntimeHost = ray.remote(max_concurrency=HOST_THREADS)(RuntimeHost)  # type: ignore[call-overload]

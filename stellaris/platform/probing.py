@@ -10,8 +10,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from gateway.hung import Silence
 from gateway.settings import HangSettings
+from gateway.silence import Silence
 
 
 def probe_until_hung(stop: threading.Event, hang: HangSettings, ask: Callable[[], bool | None]) -> float | None:
