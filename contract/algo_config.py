@@ -8,8 +8,9 @@ penalty, 64×64 tanh, observation and reward normalisation; Atari: CleanRL's ``p
 keeps Eq. 3's β_k = δ_max·d^k literally; ``fast`` uses the long-run ``horizon_floor`` schedule
 (``Schedule``), and its PPO on MuJoCo-like envs the decoupled clip (``functions.algos.ppo.clipped_surrogate``).
 
-Part of the contract: the control plane checks a job request's overrides against these models (``contract.jobspec``)
-and the functions train by them; ``functions.algos`` holds what they drive (``staleness``, ``lr_schedule``).
+Part of the contract: the control plane builds a job's config from a preset and its user's overrides
+(``contract.jobspec.resolve_algo``), the typed config crosses to the functions and they train by it;
+``functions.algos`` holds what they drive (``staleness``, ``lr_schedule``).
 """
 
 from __future__ import annotations
@@ -17,22 +18,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from enum import StrEnum
 from types import MappingProxyType
-from typing import Annotated, Literal, Self
+from typing import Annotated, Literal, Self, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
 
-from contract.knobs import StellarisKnobs, rule_field
+from contract.knobs import Rule, StellarisKnobs, rule_field
 from contract.replay import ReplaySettings
-
-
-class Rule(StrEnum):
-    """Aggregation rules of the parameter function (docs/algorithms.md)."""
-
-    STELLARIS = "stellaris"
-    SYNC = "sync"
-    ASYNC = "async"
-    SOFTSYNC = "softsync"
-    SSP = "ssp"
 
 
 class Schedule(StrEnum):
@@ -40,8 +31,9 @@ class Schedule(StrEnum):
 
     PAPER: Eq. 3 literally, k = round. Over runs much longer than the paper's 50 rounds β sinks below any
     reachable mean staleness and nearly every round ends in a liveness flush.
-    HORIZON: k measured against the run's planned horizon, k_eff = k·paper_rounds/horizon_rounds, so the decay
-    over the whole run equals the paper's decay over its 50 rounds; PAPER when no horizon is known.
+    HORIZON: k measured against the run's planned horizon (the job's `Plan`), k_eff = k·paper_rounds/horizon_rounds,
+    so the decay over the whole run equals the paper's decay over its 50 rounds (`PAPER_ROUNDS`); PAPER when no
+    horizon is known.
     FLOOR: β = max(δ_max·d^k, beta_floor): with L learners applying as their gradients land, the gradient that
     ends a round is about L + 1 versions old, so a floor there keeps rounds ending on the rule rather than in a
     flush. The floor is not capped at δ_max: δ_max comes from round 1's start-up timing (2 to 34 over 18 runs of
@@ -54,6 +46,9 @@ class Schedule(StrEnum):
     FLOOR = "floor"
     HORIZON_FLOOR = "horizon_floor"
 
+
+# The paper's run, in rounds: the decay of β_k = δ_max·d^k that the horizon schedules stretch over the planned run.
+PAPER_ROUNDS = 50
 
 # The learning rate over a run (`functions.algos.lr_schedule.learning_rate`).
 LrSchedule = Literal["constant", "linear", "exponential"]
@@ -82,16 +77,15 @@ class NetworkConfig(_Frozen):
 class StellarisConfig(StellarisKnobs, _Frozen):
     """The Stellaris mechanisms (docs/algorithms.md): aggregation rule (d, v, K, s), truncation (ρ) and β's schedule.
 
-    ``schedule`` picks how β_k = δ_max·d^k (paper Eq. 3) follows the run (``Schedule``);
-    ``horizon_rounds`` is the run's planned number of rounds, read by the horizon schedules (None: unknown);
-    ``beta_floor`` is the least β the floor schedules admit (`stellaris train` sets L + 1).
+    ``schedule`` picks how β_k = δ_max·d^k (paper Eq. 3) follows the run (``Schedule``), against the run's planned
+    rounds (the job's ``Plan``, `contract.jobspec`, not a field here); ``beta_floor`` is the least β the floor
+    schedules admit (`stellaris train` sets L + 1).
     """
 
     rule: Rule = rule_field()  # d, v, rho, truncation, softsync_k, ssp_bound: declared in contract.knobs
     # PPO only ("decoupled" needs PPO's proximal log-probs): see ppo.clipped_surrogate
     truncation_form: Literal["surrogate", "weighted", "decoupled"] = "surrogate"
     schedule: Schedule = Schedule.PAPER
-    horizon_rounds: PositiveInt | None = None
     beta_floor: NonNegativeFloat = 1.0
     # "aggregate": the H scaled gradients of an aggregation averaged into one optimizer step (docs/algorithms.md, paper
     # Eq. 4);
@@ -250,7 +244,7 @@ def preset(name: PresetName, algo: AlgoName, env_kind: EnvKind) -> AlgoConfig:
         overrides = _FAST_ATARI if env_kind == "atari" else _FAST_MUJOCO
     else:
         raise ValueError(f"unknown preset {name!r}")
-    if env_kind not in ("mujoco", "atari"):
+    if env_kind not in get_args(EnvKind):
         raise ValueError(f"unknown env kind {env_kind!r}")
     if overrides is _FAST_MUJOCO and algo == "ppo":
         # PPO's clip against the round's first policy, not the behaviour policy actors that run ahead leave up to a

@@ -1,21 +1,62 @@
 """A training job's specification (`JobSpec`: what every handler of the job reads from the cache, never from its
-event) and the request a control plane makes for one (`JobRequest`: a preset plus overrides), with `resolve`, the
-pure function from the one to the other. The parameter function resolves a job's request when it creates the job
-(`functions.runtime.jobspec` stores the spec); the control plane resolves it too, locally, to check a request's
-overrides before anything starts (`stellaris.override_check`)."""
+event), the request a control plane makes for one (`JobRequest`: the typed, validated algorithm config and the run's
+plan) and `resolve`, the pure function from the one to the other.
+
+A control plane builds the algorithm config itself, from a preset and its user's overrides (`resolve_algo`: the
+same pure function wherever it runs, so what passes there passes in the functions), and sends the request's JSON;
+the parameter function resolves the request when it creates the job (`functions.runtime.jobspec` stores the spec).
+The run's planned length (`Plan`) is one object in the spec, read by β's horizon schedules and by the learning-rate
+schedules alike.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, model_validator
 
 from contract import algo_config
-from contract.algo_config import preset
+from contract.algo_config import AlgoName, EnvKind, PresetName, preset
 from contract.distribution import Distribution, distribution_field
 from contract.triggers import ParameterTrigger
 
 AlgoConfig = Annotated[algo_config.AlgoConfig, Field(discriminator="algo")]
+
+
+class Plan(BaseModel):
+    """The run's planned length: read by the horizon schedules of β (`contract.algo_config.Schedule`) and by the
+    learning-rate schedules (`functions.algos.lr_schedule`). Both None for a run bounded by wall-clock time only."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    horizon_rounds: PositiveInt | None = Field(default=None, description="the rounds the run is planned to last")
+    horizon_steps: PositiveInt | None = Field(default=None, description="the env steps it is planned to last")
+
+    @classmethod
+    def of(cls, *, rounds: int | None, env_steps: int | None, train_batch_size: int) -> Plan:
+        """The plan of a run stopping after `rounds` or `env_steps` (either may be None): its rounds are `rounds`
+        when given, else the rounds `env_steps` take at `train_batch_size` steps a round."""
+        if rounds is None and env_steps is not None:
+            rounds = -(-env_steps // train_batch_size)
+        return cls(horizon_rounds=rounds, horizon_steps=env_steps)
+
+
+def _horizon_into_plan(data: Any) -> Any:
+    """An older spec's or request's `algo.stellaris.horizon_rounds` (where the horizon used to live) moved into its
+    `plan`; a plan's own horizon wins."""
+    if not isinstance(data, Mapping) or not isinstance(data.get("algo"), Mapping):
+        return data
+    stellaris = data["algo"].get("stellaris")
+    if not isinstance(stellaris, Mapping) or "horizon_rounds" not in stellaris:
+        return data
+    stellaris = dict(stellaris)
+    horizon = stellaris.pop("horizon_rounds")
+    plan = data.get("plan")
+    plan = dict(plan.model_dump() if isinstance(plan, Plan) else plan or {})
+    if plan.get("horizon_rounds") is None and horizon is not None:
+        plan["horizon_rounds"] = horizon
+    return {**data, "algo": {**data["algo"], "stellaris": stellaris}, "plan": plan}
 
 
 class JobSpec(BaseModel):
@@ -24,6 +65,7 @@ class JobSpec(BaseModel):
     job: str
     env_id: str
     algo: AlgoConfig
+    plan: Plan = Field(default_factory=Plan, description="the run's planned length")
     num_envs: int = Field(default=4, gt=0, description="envs stepped by one actor")
     actor_steps: int = Field(default=128, gt=0, description="steps per env in one actor invocation")
     policy_refresh_steps: int = Field(
@@ -35,6 +77,11 @@ class JobSpec(BaseModel):
     distribution: Distribution = distribution_field()
     parameter_trigger: ParameterTrigger = Field(default_factory=ParameterTrigger, description="when it applies")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _older_horizon(cls, data: Any) -> Any:
+        return _horizon_into_plan(data)
+
     @model_validator(mode="after")
     def _replay_needs_learners(self) -> JobSpec:
         # Replay re-reads trajectory batches from the cache; gradients_at_actors ships none, only headers.
@@ -45,56 +92,58 @@ class JobSpec(BaseModel):
 
 
 class JobRequest(BaseModel):
-    """What a control plane asks for: a preset plus overrides. The functions side resolves it into a JobSpec,
-    so control planes need no algorithm code (docs/architecture.md: they talk to functions only through the gateway)."""
+    """What a control plane asks for: the typed, validated algorithm config (`resolve_algo`) and the run's plan. The
+    functions side resolves it into a JobSpec (`resolve`)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     job: str
     env_id: str
-    algo: str = "ppo"
-    preset: str = "paper"
-    overrides: dict[str, Any] = Field(default_factory=dict, description="algorithm fields; 'stellaris' nests")
+    algo: AlgoConfig
+    plan: Plan = Field(default_factory=Plan, description="the run's planned length")
     num_envs: int = Field(default=1, gt=0)
     actors: int = Field(default=1, gt=0)
     policy_refresh_steps: int = Field(default=0, ge=0, description="see JobSpec")
     seed: int = 0
     env_kwargs: dict[str, Any] = Field(default_factory=dict)
     env_module: str | None = Field(default=None, description="imported before making envs (it registers env_id)")
-    horizon_rounds: int | None = Field(default=None, gt=0, description="the run's planned rounds, when known")
-    horizon_steps: int | None = Field(default=None, gt=0, description="the run's planned env steps, when known")
     distribution: Distribution = distribution_field()
     parameter_trigger: ParameterTrigger = Field(default_factory=ParameterTrigger, description="see JobSpec")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _older_horizon(cls, data: Any) -> Any:
+        return _horizon_into_plan(data)
 
-def env_kind(env_id: str) -> str:
+
+def env_kind(env_id: str) -> EnvKind:
     return "atari" if env_id.startswith("ALE/") else "mujoco"
 
 
-def resolve(request: JobRequest) -> JobSpec:
-    """Preset + overrides -> a validated JobSpec; each actor invocation collects its share of one round."""
-    base = preset(request.preset, request.algo, env_kind(request.env_id))  # type: ignore[arg-type]
+def resolve_algo(
+    algo: AlgoName, preset_name: PresetName, env_id: str, overrides: Mapping[str, Any] | None = None
+) -> algo_config.AlgoConfig:
+    """Preset + overrides -> the typed, validated algorithm config (a ValidationError's locations are the overrides'
+    own: `lr`, `stellaris.d`); the `stellaris` and `network` sections merge key by key over the preset's."""
+    base = preset(preset_name, algo, env_kind(env_id))
     fields = base.model_dump()
-    for key, value in request.overrides.items():
-        if key == "stellaris" and isinstance(value, dict):
-            fields["stellaris"] = {**fields["stellaris"], **value}
-        elif key == "network" and isinstance(value, dict):
-            fields["network"] = {**fields["network"], **value}
+    for key, value in (overrides or {}).items():
+        if key in ("stellaris", "network") and isinstance(value, Mapping):
+            fields[key] = {**fields[key], **value}
         else:
             fields[key] = value
-    algo = type(base).model_validate(fields)
-    if algo.stellaris.horizon_rounds is None:  # the horizon schedules measure k against the planned run
-        horizon = request.horizon_rounds
-        if horizon is None and request.horizon_steps is not None:
-            horizon = -(-request.horizon_steps // algo.train_batch_size)
-        if horizon is not None:
-            algo = algo.model_copy(update={"stellaris": algo.stellaris.model_copy(update={"horizon_rounds": horizon})})
+    return type(base).model_validate(fields)
+
+
+def resolve(request: JobRequest) -> JobSpec:
+    """A request -> a validated JobSpec; each actor invocation collects its share of one round."""
     per_invocation = request.actors * request.num_envs
-    actor_steps = max(1, -(-algo.train_batch_size // per_invocation))
+    actor_steps = max(1, -(-request.algo.train_batch_size // per_invocation))
     return JobSpec(
         job=request.job,
         env_id=request.env_id,
-        algo=algo,
+        algo=request.algo,
+        plan=request.plan,
         num_envs=request.num_envs,
         actor_steps=actor_steps,
         policy_refresh_steps=request.policy_refresh_steps,

@@ -1,25 +1,36 @@
-"""The Stellaris mechanisms' knobs (docs/algorithms.md), each declared once with its default, bounds and help text.
+"""The Stellaris mechanisms' knobs (docs/algorithms.md), each declared once with its default, bounds and help text,
+and the aggregation rules' names (`Rule`), declared once.
 
 Both sides derive from here: the control plane's `TrainConfig` (YAML fields and the `stellaris train` flags) and
 the functions' `StellarisConfig` (the job spec's `stellaris` section) inherit `StellarisKnobs` and take the rule
 from `rule_field()`. The rule is `mode` to a user (flag, YAML, run names) and `stellaris.rule` in the job spec;
-`TRAIN_NAMES` maps the spec's name to the user's where they differ.
+`TRAIN_NAMES` maps the spec's name to the user's where they differ. A knob's bounds are checked where a value enters
+(the models); a pure equation that may be given a raw value checks it against the same declaration (`check_knob`).
 """
 
 from __future__ import annotations
 
+import functools
 from copy import copy
-from typing import Any, Literal, get_args
+from enum import StrEnum
+from typing import Annotated, Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, TypeAdapter, ValidationError
 from pydantic.fields import FieldInfo
 
-RuleName = Literal["stellaris", "sync", "async", "softsync", "ssp"]
-RULE_NAMES: tuple[str, ...] = get_args(RuleName)
 
-_RULE = Field(
-    default="stellaris",
-    validate_default=True,  # so that a model narrowing the type (an enum of these names) gets its member
+class Rule(StrEnum):
+    """Aggregation rules of the parameter function (docs/algorithms.md); YAML and JSON spell them as their values."""
+
+    STELLARIS = "stellaris"
+    SYNC = "sync"
+    ASYNC = "async"
+    SOFTSYNC = "softsync"
+    SSP = "ssp"
+
+
+_RULE = FieldInfo(
+    default=Rule.STELLARIS,
     description="aggregation rule: stellaris (staleness-aware: threshold β_k, scale 1/δ^(1/v)), or the baselines "
     "sync, async, softsync (K gradients an update), ssp (staleness bound s)",
 )
@@ -60,3 +71,18 @@ def knob_info(name: str) -> FieldInfo:
 
 def train_name(name: str) -> str:
     return TRAIN_NAMES.get(name, name)
+
+
+@functools.cache
+def _knob_adapter(name: str) -> TypeAdapter[Any]:
+    info = knob_info(name)
+    return TypeAdapter(Annotated[info.annotation, *info.metadata])  # type: ignore[arg-type]
+
+
+def check_knob(name: str, value: Any) -> None:
+    """`value` against knob `name`'s declared type and bounds, for a pure equation a caller may give a raw value; a
+    ValueError naming the knob (e.g. `d: Input should be less than or equal to 1, got 1.5`)."""
+    try:
+        _knob_adapter(name).validate_python(value)
+    except ValidationError as exc:
+        raise ValueError(f"{name}: {exc.errors()[0]['msg']}, got {value!r}") from None

@@ -188,8 +188,9 @@ def algorithm_section() -> list[str]:
         "observations) and Atari (image observations) environments. The `stellaris.` fields that are knobs (`rule`,",
         "`d`, `v`, `rho`, `truncation`, `softsync_k`, `ssp_bound`) are also the options above; `rule` is `mode`",
         "there. `stellaris train` fills in `stellaris.beta_floor` (2L + 1 for L learners claiming ahead, L + 1 with",
-        "`claim_ahead: false`) and the horizon (`--rounds` or `--total-steps`) unless you set them. What the fields",
-        "mean: [Algorithms](../algorithms.md).",
+        "`claim_ahead: false`) unless you set it. The horizon that the `horizon` schedules and the annealed learning",
+        "rates read is the run's plan (`--rounds`, else `--total-steps` in rounds of `train_batch_size`), not a field",
+        "here; `stellaris.horizon_rounds` sets it alone. What the fields mean: [Algorithms](../algorithms.md).",
         "",
     ]
     for algo, model in CONFIGS.items():

@@ -5,13 +5,21 @@ from __future__ import annotations
 import hashlib
 import re
 from enum import StrEnum
-from typing import Any, Literal, get_args
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from gateway.backends.names import NAMES
+
 NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
-BackendName = Literal["process", "docker", "ray"]
-BACKENDS: tuple[str, ...] = get_args(BackendName)
+# The backends' names, declared once: the rows of gateway/backends/names.py.
+BACKENDS: tuple[str, ...] = NAMES
+if TYPE_CHECKING:
+    BackendName = str  # to a type checker: a name, one of BACKENDS
+else:
+    # To pydantic: the choices of BACKENDS, so that a field of this type refuses any other name, naming the bad value
+    # and the choices ("Input should be 'process', 'docker' or 'ray'"), and the docs and the CLI list them.
+    BackendName = Literal[BACKENDS]
 
 # The metering part of the activation record rides on the synchronous answer in this header, so a caller that
 # accounts for cost (the control plane) needs no second request per call.
@@ -86,7 +94,9 @@ class FunctionSpec(BaseModel):
     target: str | None = Field(default=None, description="module:handler (process backend)")
     image: str | None = Field(default=None, description="container image (docker backend)")
     backend: str | None = Field(
-        default=None, description="process, docker or ray; None: the gateway's default (STELLARIS_GATEWAY_BACKEND)"
+        default=None,
+        description=f"{', '.join(BACKENDS[:-1])} or {BACKENDS[-1]}; "
+        "None: the gateway's default (STELLARIS_GATEWAY_BACKEND)",
     )
     resources: Resources = Resources()
     timeout_s: float = Field(default=60.0, gt=0, le=3600)

@@ -17,6 +17,7 @@ from cache import Cache, CacheSettings
 from cache.keys import GatewayKeys
 from gateway import late_starts
 from gateway.activations import ActivationStore
+from gateway.backends import registry
 from gateway.backends.base import Backend
 from gateway.backends.process.backend import ProcessBackend
 from gateway.discovery import Survivors, discover, sort_survivors
@@ -55,14 +56,10 @@ class Gateway:
             self.redis, self.keys, ttl_s=self.settings.activation_ttl_s, max_records=self.settings.activation_max
         )
         self.http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=None))
-        process = ProcessBackend(
-            redis_url=self.cache.url,
-            inherit_env=self.settings.instance_env_inherit,
-            fork_servers=self.settings.fork_servers,
-            fork_server_retry_s=self.settings.fork_server_retry_s,
-        )
-        if self._backends.setdefault("process", process) is process and self.settings.fork_server_env is not None:
-            process.start_soon(self.settings.fork_server_env)  # ready for the first instance
+        if "process" not in self._backends:  # built now (not at its first function), so that its fork server can start
+            process = self._backends["process"] = registry.build("process", self.settings, self.cache.url)
+            if isinstance(process, ProcessBackend) and self.settings.fork_server_env is not None:
+                process.start_soon(self.settings.fork_server_env)  # ready for the first instance
         for spec in await self.registry.all():
             self._new_pool(spec)
         await self.adopt_survivors()
@@ -156,29 +153,13 @@ class Gateway:
             log.warning("gateway stopping with %d instance start(s) or stop(s) still running: left behind", left)
 
     def backend(self, name: str) -> Backend:
+        """The backend `name`, built at its first use (gateway/backends/registry.py: the docker SDK and Ray are
+        imported only where a function runs on them); a name the registry lacks is a 422 naming it."""
         if name not in self._backends:
-            st, redis_url = self.settings, (self.cache.url if self.cache else None)
-            if name == "ray":
-                from gateway.backends.ray.backend import RayBackend  # Ray (an extra) only where it is used
-
-                self._backends[name] = RayBackend(
-                    address=st.ray_address,
-                    namespace=st.namespace,
-                    redis_url=redis_url,
-                    startup_timeout_s=st.ray_startup_timeout_s,
-                )
-            elif name == "docker":
-                from gateway.backends.docker.backend import DockerBackend  # the docker SDK only where it is used
-
-                self._backends[name] = DockerBackend(
-                    namespace=st.namespace,
-                    redis_url=redis_url,
-                    python=st.docker_python,
-                    volumes=st.docker_volumes or None,
-                    working_dir=st.docker_workdir,
-                )
-            else:
-                raise HTTPException(422, f"unknown backend {name!r}")
+            try:
+                self._backends[name] = registry.build(name, self.settings, self.cache.url if self.cache else None)
+            except registry.UnknownBackend as exc:
+                raise HTTPException(422, str(exc)) from exc
         return self._backends[name]
 
     # -- the registry -----------------------------------------------------------------------------------------

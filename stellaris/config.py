@@ -5,7 +5,8 @@ The Stellaris knobs (`mode`, `d`, `v`, `rho`, `truncation`, `softsync_k`, `ssp_b
 (`rule` for `mode`), the job spec's spelling: that is the same field, so giving it both ways with different values
 is an error naming both. An explicit flag beats the YAML file, either spelling (docs/training.md); `--set`
 entries merge over the file's `overrides:`. Every override is resolved against the preset here, before anything
-starts (stellaris/override_check.py).
+starts (stellaris/override_check.py), and what crosses to the functions is the typed result (`job_request`): the
+validated algorithm config and the run's plan (`contract.jobspec.Plan`, built once here), never the overrides.
 """
 
 from __future__ import annotations
@@ -18,15 +19,15 @@ from typing import Any, Literal
 import yaml
 from pydantic import ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
+from contract.algo_config import AlgoConfig, AlgoName, PresetName
 from contract.distribution import DistributionKnob
-from contract.knobs import KNOB_NAMES, RuleName, StellarisKnobs, rule_field, train_name
+from contract.jobspec import JobRequest, Plan, resolve, resolve_algo
+from contract.knobs import KNOB_NAMES, Rule, StellarisKnobs, rule_field, train_name
 from stellaris.elastic_options import ElasticOptions
 from stellaris.env_check import env_kwargs_object, import_env_module, known_env, make_once
 from stellaris.override_check import override_problems
 from stellaris.placement import Backend, Device, RoleMethods, check_placement
 from stellaris.round.triggers import TriggerFields
-
-Mode = RuleName
 
 
 def default_learners() -> int:
@@ -52,12 +53,12 @@ class TrainConfig(StellarisKnobs, DistributionKnob, ElasticOptions, TriggerField
     )
     env: str = Field(default="Hopper-v5", description="Gymnasium env id (Box or Discrete actions), or module:EnvClass")
     env_kwargs: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of gymnasium.make")
-    algo: Literal["ppo", "impact", "appo"] = Field(default="ppo", description="the learning algorithm")
-    preset: Literal["paper", "fast"] = Field(
+    algo: AlgoName = Field(default="ppo", description="the learning algorithm")
+    preset: PresetName = Field(
         default="fast",
         description="hyperparameters: paper (the Stellaris paper's) or fast (CleanRL/SB3's PPO, annealed lr)",
     )
-    mode: Mode = rule_field()
+    mode: Rule = rule_field()
     rounds: int | None = Field(default=None, gt=0, description="stop after this many rounds")
     total_steps: int | None = Field(default=None, gt=0, description="stop after this many env steps")
     max_minutes: float | None = Field(default=None, gt=0, description="stop after this much wall-clock time")
@@ -189,7 +190,10 @@ class TrainConfig(StellarisKnobs, DistributionKnob, ElasticOptions, TriggerField
         stellaris = self.overrides.get("stellaris", {})
         if not isinstance(stellaris, dict):
             raise ValueError(f"overrides.stellaris: must be a mapping of fields, got {stellaris!r}")
-        problems = override_problems(self.job_request("check"))
+        horizon = {"horizon_rounds": stellaris.get("horizon_rounds")}  # the plan's, spelled as a stellaris field
+        problems = override_problems(
+            lambda: Plan.model_validate(horizon), self.algo, at=("overrides", "stellaris")
+        ) or override_problems(lambda: resolve(self.job_request("check")), self.algo)
         if problems:
             raise ValueError(problems)
         return self
@@ -200,31 +204,45 @@ class TrainConfig(StellarisKnobs, DistributionKnob, ElasticOptions, TriggerField
             self.out = Path("runs") / f"{self.env.replace('/', '-')}-{self.mode}-{stamp}"
         return self.out
 
-    def job_request(self, job: str) -> dict[str, Any]:
-        """What the parameter function resolves into the job's spec (preset + overrides)."""
+    def algo_config(self) -> AlgoConfig:
+        """The typed, validated algorithm config: the preset, the overrides over it, the knobs, and the floor
+        schedules' least β unless the overrides set one (`stellaris.horizon_rounds` is the plan's: `plan`)."""
+        stellaris = {k: v for k, v in self.overrides.get("stellaris", {}).items() if k != "horizon_rounds"}
+        knobs = {knob: getattr(self, train_name(knob)) for knob in KNOB_NAMES}
+        algo = resolve_algo(self.algo, self.preset, self.env, {**self.overrides, "stellaris": {**stellaris, **knobs}})
+        if "beta_floor" in stellaris:
+            return algo
         # The floor schedules' least β: the tasks in flight (two a learner claiming ahead) + 1; lower flushes
         # (docs/algorithms.md)
-        ahead = self.overrides.get("stellaris", {}).get("claim_ahead", True)
-        defaults = {"beta_floor": float(self.learners * (1 + bool(ahead)) + 1)}
-        knobs = {knob: getattr(self, train_name(knob)) for knob in KNOB_NAMES}
-        overrides = {**self.overrides, "stellaris": {**defaults, **self.overrides.get("stellaris", {}), **knobs}}
-        return {
-            "job": job,
-            "env_id": self.env,
-            "env_module": self.env_module,
-            "env_kwargs": self.env_kwargs,
-            "algo": self.algo,
-            "preset": self.preset,
-            "overrides": overrides,
-            "num_envs": self.envs_per_actor,
-            "actors": self.actors,
-            "policy_refresh_steps": self.actor_policy_refresh if self.actor_run_ahead else 0,  # none lands mid-batch
-            "seed": self.seed,
-            "horizon_rounds": self.rounds,
-            "horizon_steps": self.total_steps,
-            "distribution": self.distribution,
-            "parameter_trigger": self.triggers.parameter.model_dump(mode="json"),
-        }
+        floor = float(self.learners * (1 + algo.stellaris.claim_ahead) + 1)
+        return algo.model_copy(update={"stellaris": algo.stellaris.model_copy(update={"beta_floor": floor})})
+
+    def plan(self, algo: AlgoConfig) -> Plan:
+        """The run's planned length, read by β's horizon schedules and the learning-rate schedules: `rounds` (or
+        `overrides.stellaris.horizon_rounds`, which sets the horizon without stopping the run), else `total_steps` in
+        rounds of `algo`'s batch; none for a run bounded by time only."""
+        horizon = self.overrides.get("stellaris", {}).get("horizon_rounds")
+        rounds = self.rounds if horizon is None else horizon
+        return Plan.of(rounds=rounds, env_steps=self.total_steps, train_batch_size=algo.train_batch_size)
+
+    def job_request(self, job: str) -> JobRequest:
+        """What the parameter function resolves into the job's spec: the typed algorithm config and plan (its JSON
+        is what crosses)."""
+        algo = self.algo_config()
+        return JobRequest(
+            job=job,
+            env_id=self.env,
+            env_module=self.env_module,
+            env_kwargs=self.env_kwargs,
+            algo=algo,
+            plan=self.plan(algo),
+            num_envs=self.envs_per_actor,
+            actors=self.actors,
+            policy_refresh_steps=self.actor_policy_refresh if self.actor_run_ahead else 0,  # none lands mid-batch
+            seed=self.seed,
+            distribution=self.distribution,
+            parameter_trigger=self.triggers.parameter,
+        )
 
 
 def load_config(

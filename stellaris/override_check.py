@@ -1,37 +1,32 @@
 """`overrides:` (YAML and `--set`) checked before anything starts, each problem named as the user wrote it.
 
-This is a local check in the user's process, as stellaris/env_check.py's are: it resolves the job request with the
-same pure function the parameter function runs (contract.jobspec.resolve: preset + overrides -> a validated JobSpec;
-no cache, no gateway, no job), so what passes here passes there. The request's resolution and the algorithm configs
-it validates against are both the contract's: this check imports nothing of the functions, and the control plane
-(stellaris/round/) reaches them only through the gateway.
+This is a local check in the user's process, as stellaris/env_check.py's are: `TrainConfig` builds the typed job
+request from the preset and the overrides with the contract's pure functions (contract.jobspec.resolve_algo, then
+resolve: the same the parameter function runs on what crosses; no cache, no gateway, no job), so what passes here
+passes there. This check imports nothing of the functions, and the control plane (stellaris/round/) reaches them
+only through the gateway.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from difflib import get_close_matches
-from typing import Any
 
 from pydantic import ValidationError
 
 from contract.algo_config import CONFIGS, NetworkConfig, StellarisConfig
-from contract.jobspec import JobRequest, resolve
 
 
-def override_problems(request: dict[str, Any]) -> str | None:
-    """None if the job request resolves, else one line: `overrides.<field as written>: <what is wrong>`, each
-    problem once (several joined by '; ')."""
+def override_problems(build: Callable[[], object], algo: str, *, at: tuple[str, ...] = ("overrides",)) -> str | None:
+    """None if `build` (what validates the overrides) succeeds, else one line: `overrides.<field as written>: <what
+    is wrong>` (`at`: where the validated fields sit among the user's), each problem once (several joined by '; ')."""
     try:
-        resolve(JobRequest.model_validate(request))
+        build()
     except ValidationError as exc:
         seen: dict[str, None] = {}
         for error in exc.errors():
-            where = ".".join(["overrides", *(str(part) for part in error["loc"])])
-            hint = (
-                _unknown_field_hint(error["loc"], str(request.get("algo", "ppo")))
-                if error["type"] == "extra_forbidden"
-                else ""
-            )
+            where = ".".join([*at, *(str(part) for part in error["loc"])])
+            hint = _unknown_field_hint(error["loc"], algo) if error["type"] == "extra_forbidden" else ""
             seen[f"{where}: {error['msg'].removeprefix('Value error, ')}{hint}"] = None
         return "; ".join(seen)
     return None

@@ -7,7 +7,9 @@ import socket
 from importlib.metadata import version
 from typing import Any, Literal, Protocol
 
-Backend = Literal["process", "docker", "ray"]
+from gateway.models import BackendName
+
+Backend = BackendName  # the gateway's backends: the rows of gateway/backends/registry.py
 Device = Literal["auto", "cpu", "cuda"]
 FunctionRole = Literal["actor", "learner", "parameter"]
 GPU_IMAGE = "stellaris/function"  # docker/Dockerfile.function: CUDA base (GPU learners and the parameter function)

@@ -1,11 +1,11 @@
 """`stellaris train`'s options, built from TrainConfig's fields, so that `--help` lists every field (config-only
 ones included) with its default and description, and a field added to the model is a flag without more code.
 
-A field `name` is the flag `--name` (underscores as dashes); a bool is `--name/--no-name`; a Literal shows its
-choices as the metavar; a mapping takes JSON (the `*_resources` fields `name=amount,...` too). Every flag defaults
-to None, so that an unset flag leaves the YAML file's value or the model's default. The values are checked by
-TrainConfig, which names the field. Besides the fields: `--config`, `--resume` and `--set key=value` (repeatable;
-into `overrides`).
+A field `name` is the flag `--name` (underscores as dashes); a bool is `--name/--no-name`; a Literal or an enum
+(`Rule`) shows its choices as the metavar; a mapping takes JSON (the `*_resources` fields `name=amount,...` too).
+Every flag defaults to None, so that an unset flag leaves the YAML file's value or the model's default. The values
+are checked by TrainConfig, which names the field. Besides the fields: `--config`, `--resume` and `--set key=value`
+(repeatable; into `overrides`).
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import inspect
 import json
 import re
 from collections.abc import Callable
+from enum import Enum
 from pathlib import Path
 from types import NoneType, UnionType
 from typing import Any, Literal, Union, get_args, get_origin
@@ -77,6 +78,15 @@ def _default(field: FieldInfo) -> Any:
     return field.default_factory() if field.default_factory is not None else field.default  # type: ignore[call-arg]
 
 
+def choices(kind: Any) -> list[str]:
+    """The values a Literal or an enum (`Rule`) field takes, as written in YAML; none for another type."""
+    if get_origin(kind) is Literal:
+        return [str(c) for c in get_args(kind)]
+    if isinstance(kind, type) and issubclass(kind, Enum):
+        return [str(member.value) for member in kind]
+    return []
+
+
 def field_option(name: str, field: FieldInfo) -> tuple[Any, Any]:
     """The (annotation, typer.Option) of a field's flag; its help is the description with the default."""
     kind = _without_none(field.annotation)
@@ -95,7 +105,7 @@ def field_option(name: str, field: FieldInfo) -> tuple[Any, Any]:
         return str | None, typer.Option(None, flag(name), help=help_text, show_default=False, metavar=metavar)
     if kind in (int, float, Path):
         return kind | None, typer.Option(None, flag(name), help=help_text, show_default=False, envvar=envvar)
-    metavar = "|".join(str(c) for c in get_args(kind)) if get_origin(kind) is Literal else None
+    metavar = "|".join(str(c) for c in choices(kind)) or None
     return str | None, typer.Option(
         None,
         flag(name),

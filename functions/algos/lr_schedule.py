@@ -18,20 +18,18 @@ def learning_rate(
     horizon_rounds: int | None,
     final_fraction: float = FINAL_FRACTION,
 ) -> float:
-    """The rate of round `round_k` (from 1). ``linear`` and ``exponential`` need the run's planned rounds; with none
-    known (a run bounded by wall-clock time only) they stay at `base`. Rounds past the horizon (a resumed run given
-    more) keep the horizon's last rate."""
+    """The rate of round `round_k` (from 1). ``linear`` and ``exponential`` need the run's planned rounds (the job's
+    `Plan`, ≥ 1); with none known (a run bounded by wall-clock time only) they stay at `base`. Rounds past the
+    horizon (a resumed run given more) keep the horizon's last rate. The final fraction's bounds are the config's
+    (`lr_final_fraction`, contract.algo_config)."""
     if round_k < 1:
         raise ValueError(f"round_k counts from 1, got {round_k}")
     if schedule not in get_args(LrSchedule):
-        raise ValueError(f"unknown learning-rate schedule {schedule!r}: choose constant, linear or exponential")
+        names = ", ".join(get_args(LrSchedule))
+        raise ValueError(f"unknown learning-rate schedule {schedule!r}: choose one of {names}")
     if schedule == "constant" or horizon_rounds is None:
         return base
-    if horizon_rounds < 1:
-        raise ValueError(f"horizon_rounds must be at least 1 round, got {horizon_rounds}")
     k = min(round_k, horizon_rounds)
     if schedule == "linear":
         return base * (1.0 - (k - 1) / horizon_rounds)
-    if not 0.0 < final_fraction <= 1.0:
-        raise ValueError(f"final_fraction must be in (0, 1], got {final_fraction}")
     return base * final_fraction ** ((k - 1) / horizon_rounds)

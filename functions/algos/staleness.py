@@ -14,13 +14,18 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
-from contract.algo_config import Rule, Schedule, StellarisConfig
+from contract.algo_config import PAPER_ROUNDS, Schedule, StellarisConfig
+from contract.jobspec import Plan
+from contract.knobs import Rule
 from functions.algos.staleness_equations import (
     calibrate_delta_max,
     staleness,
     staleness_bound,
     staleness_scale,
 )
+
+# The declared defaults: a rule's (contract.knobs, contract.algo_config) and a run's plan's (contract.jobspec).
+_DECLARED, _PLANNED = StellarisConfig(), Plan()
 
 
 class Decision(StrEnum):
@@ -121,10 +126,10 @@ def decide_stellaris(
     snapshot: QueueSnapshot,
     *,
     d: float,
-    schedule: Schedule = Schedule.PAPER,
-    horizon_rounds: int | None = None,
-    paper_rounds: int = 50,
-    beta_floor: float = 1.0,
+    schedule: Schedule = _DECLARED.schedule,
+    horizon_rounds: int | None = _PLANNED.horizon_rounds,
+    paper_rounds: int = PAPER_ROUNDS,
+    beta_floor: float = _DECLARED.beta_floor,
 ) -> DecisionRecord:
     """Stellaris rule (paper §V-C, Eq. 3).
 
@@ -134,10 +139,8 @@ def decide_stellaris(
     task of the round is still in flight, in which case it is flushed (liveness). d = 1 keeps β at the
     staleness of pure asynchrony; d = 0 is full synchrony in every round and under every schedule: the queue
     is aggregated once all learner tasks of the round have finished ("d=0 removes the threshold and forces the
-    parameter function to synchronize all learners").
+    parameter function to synchronize all learners"). d ∈ [0, 1] (contract.knobs; `staleness_bound` checks it).
     """
-    if not 0.0 <= d <= 1.0:
-        raise ValueError(f"d must lie in [0, 1], got {d}")
     if d == 0.0:
         decision = Decision.AGGREGATE if snapshot.in_flight == 0 else Decision.DEFER
         return _record(Rule.STELLARIS, decision, state, snapshot, threshold=0.0)
@@ -187,9 +190,8 @@ def decide_async(state: AggregationState, snapshot: QueueSnapshot) -> DecisionRe
 
 
 def decide_softsync(state: AggregationState, snapshot: QueueSnapshot, *, k: int) -> DecisionRecord:
-    """Softsync (Zhang et al. 2016): aggregate the K oldest gradients once K are queued; flush when idle."""
-    if k < 1:
-        raise ValueError(f"k must be at least 1, got {k}")
+    """Softsync (Zhang et al. 2016): aggregate the K oldest gradients once K are queued (K ≥ 1: `softsync_k`,
+    contract.knobs); flush when idle."""
     if len(snapshot.queued_base_versions) >= k:
         return _record(Rule.SOFTSYNC, Decision.AGGREGATE, state, snapshot, count=k)
     decision = Decision.FLUSH if snapshot.in_flight == 0 else Decision.DEFER
@@ -202,10 +204,9 @@ def decide_ssp(state: AggregationState, snapshot: QueueSnapshot, *, bound: int) 
     Applying the queue advances the version to v + 1, so an in-flight learner holding base version b will
     deliver a gradient at least (v + 1) − b stale. The queue is aggregated on arrival iff that stays ≤ s
     for every in-flight learner, i.e. (v + 1) − min_j b_j ≤ s; otherwise the update waits for the slowest
-    learners to deliver. With nothing in flight nothing can fall behind, so the queue is aggregated.
+    learners to deliver. With nothing in flight nothing can fall behind, so the queue is aggregated. s ≥ 0
+    (`ssp_bound`, contract.knobs).
     """
-    if bound < 0:
-        raise ValueError(f"bound must be non-negative, got {bound}")
     in_flight = snapshot.in_flight_base_versions
     lag_after = snapshot.current_version + 1 - min(in_flight) if in_flight else 0
     decision = Decision.AGGREGATE if lag_after <= bound else Decision.DEFER
@@ -214,21 +215,24 @@ def decide_ssp(state: AggregationState, snapshot: QueueSnapshot, *, bound: int) 
 
 @dataclass(frozen=True)
 class AggregationRule:
-    """A rule and its parameters: d, v and β's schedule (Stellaris), K (softsync), s (SSP)."""
+    """A rule and its parameters: d, v and β's schedule (Stellaris), K (softsync), s (SSP), and the run's planned
+    rounds that the horizon schedules read. A job's rule is `aggregation_rule` of its validated config and plan; the
+    defaults here are those declarations' (contract.knobs, contract.algo_config, contract.jobspec), not values of
+    their own."""
 
-    rule: Rule = Rule.STELLARIS
-    d: float = 0.96
-    v: float = 3.0
-    schedule: Schedule = Schedule.PAPER
-    horizon_rounds: int | None = None
-    paper_rounds: int = 50
-    beta_floor: float = 1.0
-    softsync_k: int = 4
-    ssp_bound: int = 2
+    rule: Rule = _DECLARED.rule
+    d: float = _DECLARED.d
+    v: float = _DECLARED.v
+    schedule: Schedule = _DECLARED.schedule
+    horizon_rounds: int | None = _PLANNED.horizon_rounds
+    paper_rounds: int = PAPER_ROUNDS
+    beta_floor: float = _DECLARED.beta_floor
+    softsync_k: int = _DECLARED.softsync_k
+    ssp_bound: int = _DECLARED.ssp_bound
 
 
-def aggregation_rule(stellaris: StellarisConfig) -> AggregationRule:
-    """The rule a job's `stellaris` section configures."""
+def aggregation_rule(stellaris: StellarisConfig, plan: Plan) -> AggregationRule:
+    """The rule a job's `stellaris` section configures, over the job's planned run."""
     return AggregationRule(
         rule=stellaris.rule,
         d=stellaris.d,
@@ -236,7 +240,7 @@ def aggregation_rule(stellaris: StellarisConfig) -> AggregationRule:
         softsync_k=stellaris.softsync_k,
         ssp_bound=stellaris.ssp_bound,
         schedule=stellaris.schedule,
-        horizon_rounds=stellaris.horizon_rounds,
+        horizon_rounds=plan.horizon_rounds,
         beta_floor=stellaris.beta_floor,
     )
 

@@ -11,10 +11,20 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from contract.algo_config import Schedule
+from contract.algo_config import PAPER_ROUNDS, Schedule, StellarisConfig
+from contract.knobs import check_knob
 
 if TYPE_CHECKING:
     from torch import Tensor
+
+# The parameters' declared defaults (contract.algo_config); their bounds are checked where a job's config enters, so
+# the equations check only d, which a caller may give raw (`_check_d`) and which a bad value would turn into a
+# silently wrong β (or a complex one, under the horizon schedules).
+_DECLARED = StellarisConfig()
+
+
+def _check_d(d: float) -> None:
+    check_knob("d", d)  # against d's one declaration, contract.knobs
 
 
 def staleness(current_version: int, base_versions: Iterable[int]) -> list[int]:
@@ -25,13 +35,16 @@ def staleness(current_version: int, base_versions: Iterable[int]) -> list[int]:
     return deltas
 
 
-def staleness_threshold(delta_max: float, *, d: float, round_k: int) -> float:
-    """β_k = δ_max · d^k (paper Eq. 3), for rounds k ≥ 2; d ∈ [0, 1]."""
-    if not 0.0 <= d <= 1.0:
-        raise ValueError(f"d must lie in [0, 1], got {d}")
+def _threshold(delta_max: float, decay: float, round_k: int) -> float:
     if round_k < 1:
         raise ValueError(f"rounds count from 1, got {round_k}")
-    return delta_max * d**round_k
+    return delta_max * decay**round_k
+
+
+def staleness_threshold(delta_max: float, *, d: float, round_k: int) -> float:
+    """β_k = δ_max · d^k (paper Eq. 3), for rounds k ≥ 2; d ∈ [0, 1]."""
+    _check_d(d)
+    return _threshold(delta_max, d, round_k)
 
 
 def staleness_bound(
@@ -41,29 +54,23 @@ def staleness_bound(
     round_k: int,
     schedule: Schedule,
     horizon_rounds: int | None = None,
-    paper_rounds: int = 50,
-    beta_floor: float = 1.0,
+    paper_rounds: int = PAPER_ROUNDS,
+    beta_floor: float = _DECLARED.beta_floor,
 ) -> float:
     """β_k of paper Eq. 3 under ``schedule``, for rounds k ≥ 1; d ∈ [0, 1].
 
     The horizon schedules evaluate Eq. 3 at k_eff = k·paper_rounds/horizon_rounds, i.e. with the per-round
     decay d^(paper_rounds/horizon_rounds); the floor schedules return max(β, beta_floor).
-    ``horizon_rounds`` is read only by the horizon schedules (None: no horizon known, k_eff = k). d = 0 gives
-    β = 0 under every schedule; d = 1 gives β = δ_max, raised to beta_floor by the floor schedules.
+    ``horizon_rounds`` (the run's plan, ≥ 1) is read only by the horizon schedules (None: no horizon known,
+    k_eff = k). d = 0 gives β = 0 under every schedule; d = 1 gives β = δ_max, raised to beta_floor by the floor
+    schedules.
     """
-    if not 0.0 <= d <= 1.0:
-        raise ValueError(f"d must lie in [0, 1], got {d}")
-    if horizon_rounds is not None and horizon_rounds < 1:
-        raise ValueError(f"horizon_rounds must be at least 1 round, got {horizon_rounds}")
-    if paper_rounds < 1:
-        raise ValueError(f"paper_rounds must be at least 1 round, got {paper_rounds}")
-    if beta_floor < 0:
-        raise ValueError(f"beta_floor must be non-negative, got {beta_floor}")
+    _check_d(d)
     schedule = Schedule(schedule)
     decay = d
     if schedule in (Schedule.HORIZON, Schedule.HORIZON_FLOOR) and horizon_rounds is not None:
         decay = d ** (paper_rounds / horizon_rounds)  # δ_max·decay^k = δ_max·d^(k·paper_rounds/horizon_rounds)
-    beta = staleness_threshold(delta_max, d=decay, round_k=round_k)
+    beta = _threshold(delta_max, decay, round_k)
     if schedule in (Schedule.FLOOR, Schedule.HORIZON_FLOOR) and d > 0.0:
         beta = max(beta, beta_floor)
     return beta
@@ -75,9 +82,7 @@ def calibrate_delta_max(stalenesses: Iterable[int]) -> int:
 
 
 def staleness_scale(delta: int, *, v: float) -> float:
-    """Per-gradient factor 1/δ^(1/v) when δ > 0, else 1 (paper Eq. 4: α_c = α_0/ᵛ√δ_c)."""
-    if v <= 0:
-        raise ValueError(f"v must be positive, got {v}")
+    """Per-gradient factor 1/δ^(1/v) when δ > 0, else 1 (paper Eq. 4: α_c = α_0/ᵛ√δ_c); v > 0 (contract.knobs)."""
     return 1.0 / delta ** (1.0 / v) if delta > 0 else 1.0
 
 

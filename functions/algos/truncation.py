@@ -1,4 +1,5 @@
-"""Importance-sampling truncation across learner policies (Stellaris paper Eq. 2, docs/algorithms.md)."""
+"""Importance-sampling truncation across learner policies (Stellaris paper Eq. 2, docs/algorithms.md). ρ is always
+the job's (`stellaris.rho`: its default and bound are declared once, in contract.knobs)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ def _learner_ratios(own_log_probs: Tensor, other_log_probs: Tensor, behaviour_lo
     return torch.exp(log_probs - behaviour_log_probs.detach())
 
 
-def truncate_ratios(ratios: Tensor, *, rho: float = 1.0) -> Tensor:
+def truncate_ratios(ratios: Tensor, *, rho: float) -> Tensor:
     """Paper Eq. 2 on a stack of ratios ``[n, *S]``: R' = min(|min_i ratios_i|, ρ).
 
     ``ratios[i] = π_θi(a|s)/μ(a|s)`` for the n learner policies π_θi held by in-flight learners and the
@@ -30,7 +31,7 @@ def truncate_ratios(ratios: Tensor, *, rho: float = 1.0) -> Tensor:
 
 @torch.no_grad()
 def truncated_is_weight(
-    own_log_probs: Tensor, other_log_probs: Tensor, behaviour_log_probs: Tensor, *, rho: float = 1.0
+    own_log_probs: Tensor, other_log_probs: Tensor, behaviour_log_probs: Tensor, *, rho: float
 ) -> Tensor:
     """The Stellaris IS weight R' = min(|min_i π_θi(a|s)/μ(a|s)|, ρ) (paper Eq. 2, docs/algorithms.md).
 
@@ -56,7 +57,7 @@ class TruncationStats:
 
 @torch.no_grad()
 def truncation_stats(
-    own_log_probs: Tensor, other_log_probs: Tensor, behaviour_log_probs: Tensor, *, rho: float = 1.0
+    own_log_probs: Tensor, other_log_probs: Tensor, behaviour_log_probs: Tensor, *, rho: float
 ) -> TruncationStats:
     """Fraction truncated and mean R' for one gradient's batch (paper Eq. 2)."""
     ratios = _learner_ratios(own_log_probs, other_log_probs, behaviour_log_probs)

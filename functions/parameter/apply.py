@@ -15,7 +15,7 @@ from cache.policy_store import UpdateLease
 from cache.streams import Entry
 from contract import AggregatorState, AppliedGradient, AppliedRow
 from contract.algo_config import AlgoConfig
-from contract.jobspec import JobSpec
+from contract.jobspec import JobSpec, Plan
 from contract.packed import PACKED
 from functions.algos.lr_schedule import learning_rate
 from functions.algos.registry import algorithm_of
@@ -69,7 +69,7 @@ class Applier:
 
     def __init__(self, ctx: Context, job: JobCache, spec: JobSpec, optimizer_name: str) -> None:
         self.ctx, self.job, self.spec, self.optimizer_name, self.device = ctx, job, spec, optimizer_name, ctx.device
-        self.rule: AggregationRule = aggregation_rule(spec.algo.stellaris)
+        self.rule: AggregationRule = aggregation_rule(spec.algo.stellaris, spec.plan)
         self.model = warm_model(ctx, job, spec, optimizer_name)
         self.state: AggregatorState = job.aggregator.get()
         self.unsaved = 0  # updates published without the optimizer state
@@ -105,7 +105,7 @@ class Applier:
             except (CodecError, RecordError) as exc:
                 return Poisoned(gid, f"payload unusable: {type(exc).__name__}: {exc}")
         with self.compute:
-            update(self.model, self.spec.algo, self.rule, record, records, self.device)
+            update(self.model, self.spec.algo, self.spec.plan, self.rule, record, records, self.device)
         kls = [float(m.stats["approx_kl"]) for _, m in used if "approx_kl" in m.stats]
         after = self.state.with_(
             delta_max=observe(decided.state, record).delta_max,
@@ -161,14 +161,14 @@ def fitted(model: WarmModel, record: GradientRecord) -> GradientRecord:
 
 
 def update(
-    model: WarmModel, cfg: AlgoConfig, rule: AggregationRule, record: DecisionRecord, records: list[GradientRecord],
-    device: torch.device,
+    model: WarmModel, cfg: AlgoConfig, plan: Plan, rule: AggregationRule, record: DecisionRecord,
+    records: list[GradientRecord], device: torch.device,
 ) -> None:  # fmt: skip
     """One aggregation's update of the model (its `fitted` records): the optimizer steps on the scaled gradients at
     the round's learning rate, then the gradients' observation moments (a round's fresh batches) into the policy's
     normaliser."""
     lr = learning_rate(
-        cfg.lr, cfg.lr_schedule, round_k=max(record.round_k, 1), horizon_rounds=rule.horizon_rounds,
+        cfg.lr, cfg.lr_schedule, round_k=max(record.round_k, 1), horizon_rounds=plan.horizon_rounds,
         final_fraction=cfg.lr_final_fraction,
     )  # fmt: skip
     for group in model.optimizer.param_groups:

@@ -1,5 +1,6 @@
 """A job's spec (`contract.jobspec.JobSpec`) in the cache: written once when the job is created, read by every
-handler of the job (never from its event)."""
+handler of the job (never from its event). A spec an older version wrote (its horizon in `stellaris.horizon_rounds`)
+loads with the horizon moved into its plan (`contract.jobspec.Plan`)."""
 
 from __future__ import annotations
 

@@ -23,7 +23,7 @@ import redis
 
 from cache import JobCache, LearnerTask
 from contract import ActorResult, LearnerResult, ParameterResult
-from contract.knobs import RuleName
+from contract.knobs import Rule
 from stellaris.platform.cache_faults import refused_for_memory
 from stellaris.platform.calls import TrainingError
 from stellaris.round.stats import Call, Role, RoundStats
@@ -54,7 +54,7 @@ def round_tasks(round_k: int, batch_ids: Sequence[str], *, epochs: int, minibatc
     return [LearnerTask(round_k, ids, e, i, minibatches) for e in range(epochs) for i in range(minibatches)]
 
 
-def round_steps(tasks: list[LearnerTask], *, mode: RuleName, learners: int) -> list[list[LearnerTask]]:
+def round_steps(tasks: list[LearnerTask], *, mode: Rule, learners: int) -> list[list[LearnerTask]]:
     """A synchronous step is one task per learner, all on the same version, averaged into one update; the next
     step's tasks are enqueued once that version is out (docs/algorithms.md `sync` baseline). Otherwise the whole round
     is
@@ -198,7 +198,7 @@ class Rounds:
         job: JobCache,
         functions: Functions,
         *,
-        mode: RuleName,
+        mode: Rule,
         learners: int,
         actors: int,
         invocations: int | None = None,

@@ -113,7 +113,7 @@ class Trainer:
         self.deployment.register_parameter(env, spares=self.cfg.standby)
         self._restore()
         init = self.deployment.functions.invoke(
-            "parameter", {"job": self.job_id, "init": self.cfg.job_request(self.job_id)}
+            "parameter", {"job": self.job_id, "init": self.cfg.job_request(self.job_id).model_dump(mode="json")}
         )
         self._charge([init.metered] if init.metered else [])
         spec = InitResult.from_dict(init.result).spec

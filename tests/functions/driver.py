@@ -12,7 +12,7 @@ from typing import Any
 from cache import Cache, JobCache, JobLimits, LearnerTask
 from contract import AppliedRow, ParameterResult
 from contract.jobspec import JobSpec
-from contract.knobs import RuleName
+from contract.knobs import Rule
 from functions.handlers import actor, learner, parameter
 from functions.runtime.context import Context, Instance
 from functions.runtime.jobspec import save_spec
@@ -107,7 +107,7 @@ class Driver:
         self.returns: list[float] = []
         self.round = 0
 
-    def _rounds(self, mode: RuleName, *, invocations: int) -> Rounds:
+    def _rounds(self, mode: Rule, *, invocations: int) -> Rounds:
         return Rounds(
             self.job, self.functions, mode=mode, learners=self.learners, actors=self.actors,
             invocations=invocations, enqueue_timeout_s=5.0,
@@ -135,7 +135,7 @@ class Driver:
     def enqueue(self, tasks: list[LearnerTask], *, close: bool) -> list[str]:
         return self.job.board.enqueue(tasks, close_round=self.round if close else None, timeout_s=5.0)
 
-    def run_round(self, *, mode: RuleName, learn_inline: bool = True) -> ParameterResult:
+    def run_round(self, *, mode: Rule, learn_inline: bool = True) -> ParameterResult:
         """One round through the product's round protocol. Inline: the protocol starts `learners` learner
         invocations here, on threads. Otherwise learner processes (started by the test, one invocation per round
         each) do the work. Either way the parameter function runs here on a thread, applying gradients as they

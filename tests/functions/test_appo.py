@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from contract.algo_config import APPOConfig, preset
-from contract.jobspec import JobRequest, JobSpec, resolve
+from contract.jobspec import JobRequest, JobSpec, resolve, resolve_algo
 from functions.algos.appo import appo_loss
 from functions.algos.vtrace import vtrace
 
@@ -102,6 +102,7 @@ def test_config_preset_and_job_spec_accept_appo() -> None:
     assert isinstance(cfg, APPOConfig) and cfg == APPOConfig()
     assert (cfg.rho_bar, cfg.c_bar, cfg.clip, cfg.kl_coef, cfg.target_update_frequency) == (1.0, 1.0, 0.2, 0.0, 1.0)
     assert preset("fast", "appo", "atari").network.kind == "atari"
-    spec = resolve(JobRequest(job="j", env_id="CartPole-v1", algo="appo", overrides={"kl_coef": 0.5}))
+    algo = resolve_algo("appo", "paper", "CartPole-v1", {"kl_coef": 0.5})
+    spec = resolve(JobRequest(job="j", env_id="CartPole-v1", algo=algo))
     assert isinstance(spec.algo, APPOConfig) and spec.algo.kl_coef == 0.5
     assert JobSpec.model_validate_json(spec.model_dump_json()) == spec  # the stored spec round-trips as APPO

@@ -4,9 +4,11 @@ stepping with round k's rate."""
 from __future__ import annotations
 
 import pytest
+from pydantic import ValidationError
 
 from cache import Cache
-from contract.algo_config import StellarisConfig, preset
+from contract.algo_config import PPOConfig, preset
+from contract.jobspec import Plan
 from functions.algos.lr_schedule import learning_rate
 from tests.functions.driver import Driver
 from tests.functions.test_pipeline import small_spec
@@ -53,13 +55,14 @@ def test_constant_and_an_unknown_horizon_keep_the_base_rate() -> None:
 def test_bad_inputs_are_named() -> None:
     with pytest.raises(ValueError, match="round_k counts from 1"):
         learning_rate(3e-4, "linear", round_k=0, horizon_rounds=4)
-    with pytest.raises(ValueError, match="horizon_rounds"):
-        learning_rate(3e-4, "linear", round_k=1, horizon_rounds=0)
     with pytest.raises(ValueError, match="unknown learning-rate schedule 'cosine'"):
         learning_rate(3e-4, "cosine", round_k=1, horizon_rounds=4)  # type: ignore[arg-type]
+    # the horizon's and the final fraction's bounds are their declarations', checked where the plan and config enter
+    with pytest.raises(ValidationError, match="horizon_rounds\n  Input should be greater than 0"):
+        Plan(horizon_rounds=0)
     for fraction in (0.0, -0.5, 1.5):
-        with pytest.raises(ValueError, match=f"final_fraction must be in \\(0, 1\\], got {fraction}"):
-            learning_rate(3e-4, "exponential", round_k=2, horizon_rounds=4, final_fraction=fraction)
+        with pytest.raises(ValidationError, match="lr_final_fraction"):
+            PPOConfig(lr_final_fraction=fraction)
 
 
 def test_the_fast_preset_anneals_as_cleanrl_does_and_the_paper_preset_does_not() -> None:
@@ -76,10 +79,8 @@ def test_the_parameter_function_steps_with_the_rate_of_the_round_it_aggregates(
     cache_conn: Cache, job_id: str, schedule: str, round_2_lr: float
 ) -> None:
     spec = small_spec(job_id)
-    algo = spec.algo.model_copy(
-        update={"lr_schedule": schedule, "stellaris": StellarisConfig(horizon_rounds=2), "adam_eps": 1e-5}
-    )  # 1e-3 over a 2-round horizon
-    driver = Driver(cache_conn, spec.model_copy(update={"algo": algo}), actors=1)
+    algo = spec.algo.model_copy(update={"lr_schedule": schedule, "adam_eps": 1e-5})  # 1e-3 over a 2-round horizon
+    driver = Driver(cache_conn, spec.model_copy(update={"algo": algo, "plan": Plan(horizon_rounds=2)}), actors=1)
     rates = []
     try:
         for _ in range(2):

@@ -12,8 +12,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from contract.algo_config import AlgoName, EnvKind, Rule, Schedule, StellarisConfig, preset
-from contract.jobspec import JobRequest, resolve
+from contract.algo_config import AlgoName, EnvKind, PresetName, Rule, Schedule, StellarisConfig, preset
+from contract.jobspec import Plan, resolve_algo
 from functions.algos.staleness import (
     AggregationRule,
     AggregationState,
@@ -63,8 +63,10 @@ def test_threshold_eq3() -> None:
     assert staleness_threshold(10, d=1.0, round_k=500) == 10
     assert staleness_threshold(10, d=0.0, round_k=2) == 0
     assert staleness_threshold(6, d=0.96, round_k=3) == pytest.approx(6 * 0.96**3)
-    with pytest.raises(ValueError):
-        staleness_threshold(10, d=1.2, round_k=2)
+    with pytest.raises(ValueError, match=r"^d: Input should be less than or equal to 1, got 1.2$"):
+        staleness_threshold(10, d=1.2, round_k=2)  # d's bounds are its declaration's (contract.knobs)
+    with pytest.raises(ValueError, match=r"^d: Input should be greater than or equal to 0, got -0.5$"):
+        staleness_threshold(10, d=-0.5, round_k=2)
 
 
 def test_delta_max_is_the_maximum_not_the_mean() -> None:
@@ -82,8 +84,8 @@ def test_scale_eq4() -> None:
     assert staleness_scale(4, v=2) == pytest.approx(0.5)
     assert staleness_scale(0, v=3) == 1.0
     assert staleness_scale(1, v=3) == 1.0
-    with pytest.raises(ValueError):
-        staleness_scale(2, v=0)
+    with pytest.raises(ValidationError, match="greater than 0"):  # v's bound is checked where a config enters
+        StellarisConfig(v=0)
 
 
 def test_scale_actually_multiplies_the_applied_update() -> None:
@@ -282,14 +284,15 @@ def test_bound_d_zero_and_one_under_every_schedule(schedule: Schedule, horizon_r
 
 
 def test_bound_rejects_bad_parameters() -> None:
-    with pytest.raises(ValueError, match="horizon_rounds must be at least 1 round, got 0"):
-        staleness_bound(4, d=0.96, round_k=2, schedule=Schedule.HORIZON, horizon_rounds=0)
-    with pytest.raises(ValueError, match="paper_rounds must be at least 1 round, got 0"):
-        staleness_bound(4, d=0.96, round_k=2, schedule=Schedule.HORIZON, horizon_rounds=10, paper_rounds=0)
-    with pytest.raises(ValueError, match="beta_floor must be non-negative, got -1"):
-        staleness_bound(4, d=0.96, round_k=2, schedule=Schedule.FLOOR, beta_floor=-1.0)
-    with pytest.raises(ValueError, match=r"d must lie in \[0, 1\], got 1.5"):
+    # horizon_rounds, beta_floor: bounded by their declarations, where a job's config and plan enter
+    with pytest.raises(ValidationError, match="greater than 0"):
+        Plan(horizon_rounds=0)
+    with pytest.raises(ValidationError, match="greater than or equal to 0"):
+        StellarisConfig(beta_floor=-1.0)
+    with pytest.raises(ValueError, match=r"^d: Input should be less than or equal to 1, got 1.5$"):
         staleness_bound(4, d=1.5, round_k=2, schedule=Schedule.HORIZON, horizon_rounds=10)
+    with pytest.raises(ValueError, match=r"^d: Input should be greater than or equal to 0, got -0.5$"):
+        staleness_bound(4, d=-0.5, round_k=2, schedule=Schedule.HORIZON, horizon_rounds=10)  # not a complex β
     with pytest.raises(ValueError, match="rounds count from 1"):
         staleness_bound(4, d=0.96, round_k=0, schedule=Schedule.FLOOR)
     with pytest.raises(ValueError, match="is not a valid Schedule"):
@@ -346,19 +349,35 @@ def test_every_round_drains_under_every_schedule(schedule: Schedule) -> None:
     test_every_round_drains_its_queue(0, AggregationRule(schedule=schedule, horizon_rounds=4))
 
 
-def test_config_carries_the_schedule_into_the_rule() -> None:
-    config = StellarisConfig(schedule=Schedule.HORIZON, horizon_rounds=245, beta_floor=0.5)
-    rule = aggregation_rule(config)
+def test_config_and_plan_carry_the_schedule_into_the_rule() -> None:
+    config = StellarisConfig(schedule=Schedule.HORIZON, beta_floor=0.5)
+    rule = aggregation_rule(config, Plan(horizon_rounds=245))
     assert (rule.schedule, rule.horizon_rounds, rule.beta_floor, rule.paper_rounds) == (Schedule.HORIZON, 245, 0.5, 50)
     assert StellarisConfig.model_validate({"schedule": "floor"}).schedule is Schedule.FLOOR
-    assert aggregation_rule(StellarisConfig()) == AggregationRule()
+    # a rule's defaults are the declarations' (the knobs, the config, a plan bounded by time only)
+    assert aggregation_rule(StellarisConfig(), Plan()) == AggregationRule()
+
+
+def test_the_plan_is_the_horizon_and_an_older_specs_horizon_moves_into_it() -> None:
+    from contract.jobspec import JobSpec
+
+    assert Plan.of(rounds=None, env_steps=500_000, train_batch_size=2048) == Plan(
+        horizon_rounds=245, horizon_steps=500_000
+    )
+    assert Plan.of(rounds=10, env_steps=500_000, train_batch_size=2048).horizon_rounds == 10  # rounds win
+    assert Plan.of(rounds=None, env_steps=None, train_batch_size=2048) == Plan()  # bounded by time only
+    older = {"job": "j", "env_id": "Hopper-v5", "algo": {"algo": "ppo", "stellaris": {"horizon_rounds": 245}}}
+    spec = JobSpec.model_validate(older)
+    assert (spec.plan, spec.algo.stellaris) == (Plan(horizon_rounds=245), StellarisConfig())
+    both = {**older, "plan": {"horizon_rounds": 9}}
+    assert JobSpec.model_validate(both).plan.horizon_rounds == 9  # the plan's own wins
 
 
 @pytest.mark.parametrize(
     ("field", "value", "message"),
     [
         ("beta_floor", -0.5, "greater than or equal to 0"),
-        ("horizon_rounds", 0, "greater than 0"),
+        ("horizon_rounds", 0, "Extra inputs are not permitted"),  # the plan's, not the section's
         ("schedule", "linear", "'paper', 'horizon', 'floor' or 'horizon_floor'"),
     ],
 )
@@ -377,17 +396,16 @@ def test_presets_pick_the_schedule(algo: AlgoName, env_kind: EnvKind) -> None:
 
 
 def test_job_overrides_merge_over_the_preset_schedule() -> None:
-    def stellaris(preset_name: str, env_id: str, **overrides: object) -> StellarisConfig:
-        request = JobRequest(job="j", env_id=env_id, preset=preset_name, overrides={"stellaris": overrides})
-        return resolve(request).algo.stellaris
+    def stellaris(preset_name: PresetName, env_id: str, **overrides: object) -> StellarisConfig:
+        return resolve_algo("ppo", preset_name, env_id, {"stellaris": overrides}).stellaris
 
     # the fast preset's schedule survives overrides of other fields
-    merged = stellaris("fast", "Hopper-v4", d=0.9, horizon_rounds=245)
-    assert (merged.schedule, merged.d, merged.horizon_rounds) == (Schedule.HORIZON_FLOOR, 0.9, 245)
+    merged = stellaris("fast", "Hopper-v4", d=0.9, beta_floor=3.0)
+    assert (merged.schedule, merged.d, merged.beta_floor) == (Schedule.HORIZON_FLOOR, 0.9, 3.0)
     assert stellaris("fast", "ALE/Pong-v5").schedule is Schedule.HORIZON_FLOOR
     # and can itself be overridden, by name
     assert stellaris("fast", "Hopper-v4", schedule="paper").schedule is Schedule.PAPER
-    assert aggregation_rule(stellaris("paper", "Hopper-v4", schedule="floor", beta_floor=2.0)).beta_floor == 2.0
+    assert aggregation_rule(stellaris("paper", "Hopper-v4", schedule="floor", beta_floor=2.0), Plan()).beta_floor == 2.0
 
 
 # --- baselines ---------------------------------------------------------------------------------------------
@@ -486,10 +504,10 @@ def test_optimizer_step_gradients_one_mean_or_one_step_each() -> None:
         optimizer_step_gradients(grads, [1.0, 0.25], "some")
 
 
-def test_the_rules_are_the_names_the_knobs_declare() -> None:
-    from contract.knobs import RULE_NAMES
+def test_the_rules_are_declared_once_with_the_knobs() -> None:
+    from contract import knobs
 
-    assert [r.value for r in Rule] == list(RULE_NAMES)
+    assert Rule is knobs.Rule and [r.value for r in Rule] == ["stellaris", "sync", "async", "softsync", "ssp"]
 
 
 @pytest.mark.parametrize(

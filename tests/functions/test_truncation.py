@@ -116,10 +116,10 @@ def test_matches_slow_reference(seed: int, others: int, batch: int, rho: float) 
 
 def test_computed_without_gradient_and_shape_checked() -> None:
     own = _log(0.5, 0.5).requires_grad_(True)
-    weights = truncated_is_weight(own, torch.stack([_log(0.4, 0.6)]), _log(0.5, 0.5))
+    weights = truncated_is_weight(own, torch.stack([_log(0.4, 0.6)]), _log(0.5, 0.5), rho=1.0)
     assert not weights.requires_grad
     with pytest.raises(ValueError, match="other_log_probs"):
-        truncated_is_weight(own, _log(0.4, 0.6), _log(0.5, 0.5))
+        truncated_is_weight(own, _log(0.4, 0.6), _log(0.5, 0.5), rho=1.0)
 
 
 @pytest.mark.parametrize("action_space", [gym.spaces.Discrete(3), gym.spaces.Box(-1, 1, (2,))])

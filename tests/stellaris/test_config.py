@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from contract.jobspec import JobRequest, resolve
+from contract.jobspec import JobRequest, Plan, resolve
 from functions.algos.staleness import aggregation_rule
 from stellaris import config
 from stellaris.config import ConfigError, TrainConfig, load_config
@@ -102,7 +102,7 @@ def test_the_floor_defaults_to_one_above_the_tasks_in_flight_and_a_set_floor_win
     cfg = TrainConfig(env="Hopper-v5", preset="fast", rounds=10, learners=3)
     stellaris = resolve(JobRequest.model_validate(cfg.job_request("j1"))).algo.stellaris
     assert (stellaris.schedule, stellaris.beta_floor, stellaris.claim_ahead) == ("horizon_floor", 7.0, True)
-    assert aggregation_rule(stellaris).beta_floor == 7.0
+    assert aggregation_rule(stellaris, Plan()).beta_floor == 7.0
     after = load_config(_yaml(tmp_path, "learners: 3\noverrides: {stellaris: {claim_ahead: false}}\n"), {})
     stellaris = resolve(JobRequest.model_validate(after.job_request("j3"))).algo.stellaris
     assert (stellaris.beta_floor, stellaris.claim_ahead) == (4.0, False)
@@ -128,8 +128,38 @@ def test_a_flag_beats_the_yaml_file_its_overrides_stellaris_spelling_included(
         monkeypatch, "--config", str(path), "--d", "0.7", "--rho", "0.8", "--mode", "ssp", "--ssp-bound", "3"
     )
     assert (flagged.d, flagged.v, flagged.rho, flagged.mode, flagged.ssp_bound) == (0.7, 2.0, 0.8, "ssp", 3)
-    request = flagged.job_request("j1")["overrides"]["stellaris"]
-    assert (request["d"], request["rho"], request["rule"], request["ssp_bound"]) == (0.7, 0.8, "ssp", 3)
+    request = flagged.job_request("j1").algo.stellaris
+    assert (request.d, request.rho, request.rule, request.ssp_bound) == (0.7, 0.8, "ssp", 3)
+
+
+def test_the_run_plan_is_built_once_and_both_schedules_read_it(tmp_path: Path) -> None:
+    cfg = TrainConfig(env="Hopper-v5", preset="fast", total_steps=500_000)
+    request = cfg.job_request("j1")
+    assert request.plan == Plan(horizon_rounds=245, horizon_steps=500_000)  # 500k steps in 2048-step rounds
+    spec = resolve(JobRequest.model_validate(request.model_dump(mode="json")))
+    assert spec.plan == request.plan and aggregation_rule(spec.algo.stellaris, spec.plan).horizon_rounds == 245
+    assert TrainConfig(env="Hopper-v5", rounds=10, total_steps=500_000).job_request("j").plan.horizon_rounds == 10
+    assert TrainConfig(env="Hopper-v5", max_minutes=1.0).job_request("j").plan == Plan()  # bounded by time only
+    # `overrides.stellaris.horizon_rounds` (an older run's config.yaml may hold it) sets the horizon alone
+    held = load_config(_yaml(tmp_path, "overrides: {stellaris: {horizon_rounds: 300}}\n"), {})
+    assert held.job_request("j").plan == Plan(horizon_rounds=300)
+    assert held.overrides == {"stellaris": {"horizon_rounds": 300}}  # as written, so config.yaml resumes with it
+
+
+def test_what_crosses_to_the_functions_is_the_typed_config_not_the_overrides(tmp_path: Path) -> None:
+    import json
+
+    from contract.knobs import Rule
+
+    cfg = load_config(_yaml(tmp_path, "overrides: {lr: 0.001, network: {hidden: [8]}}\n"), {"mode": "ssp"})
+    assert cfg.mode is Rule.SSP and cfg.model_dump(mode="json")["mode"] == "ssp"  # config.yaml keeps plain strings
+    crossing = json.loads(json.dumps(cfg.job_request("j").model_dump(mode="json")))
+    assert "overrides" not in crossing and "preset" not in crossing
+    algo = crossing["algo"]
+    assert (algo["algo"], algo["lr"], algo["network"]["hidden"]) == ("ppo", 0.001, [8])
+    assert algo["stellaris"]["rule"] == "ssp"
+    assert crossing["plan"] == {"horizon_rounds": 1, "horizon_steps": None}
+    assert JobRequest.model_validate(crossing) == cfg.job_request("j")
 
 
 def test_truncation_flags_both_ways(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

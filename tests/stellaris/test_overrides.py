@@ -99,6 +99,11 @@ def test_a_malformed_set_is_named(given: str, message: str) -> None:
         ),
         ("overrides: {stellaris: 3}\n", None, "overrides.stellaris: must be a mapping of fields, got 3"),
         ("overrides: {num_minibatches: 3}\n", None, "train_batch_size 2048 is not divisible by num_minibatches 3"),
+        (
+            "overrides: {stellaris: {horizon_rounds: 0}}\n",
+            None,
+            "overrides.stellaris.horizon_rounds: Input should be greater than 0",
+        ),
     ],
 )
 def test_every_override_is_checked_up_front_and_named(

@@ -16,6 +16,7 @@ from gymnasium import spaces
 from safetensors.torch import save_file
 
 import stellaris
+from contract.algo_config import PPOConfig
 from contract.codec import decode
 from contract.jobspec import JobRequest, resolve
 from functions.model.flat_params import flatten_parameters
@@ -168,7 +169,7 @@ def test_weights_that_do_not_fit_the_description_and_misshapen_observations(tmp_
 
 def test_stellaris_eval_names_a_file_from_before_policies_described_themselves(tmp_path: Path) -> None:
     """`stellaris eval` loads through load_policy: an old file is an EvalError (one line at the CLI), not a KeyError."""
-    spec = resolve(JobRequest(job="j", env_id="CartPole-v1")).model_dump(mode="json")
+    spec = resolve(JobRequest(job="j", env_id="CartPole-v1", algo=PPOConfig())).model_dump(mode="json")
     (tmp_path / "config.yaml").write_text(yaml.safe_dump({"config": {}, "job_spec": spec}))
     policy = build_policy(spaces.Box(-1, 1, (4,), np.float32), spaces.Discrete(2))
     save_file(dict(policy.state_dict()), str(tmp_path / "policy.safetensors"))

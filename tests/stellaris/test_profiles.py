@@ -31,7 +31,7 @@ def test_distribution_defaults_to_trajectories_and_reaches_the_job_spec() -> Non
     assert TrainConfig(rounds=1).distribution == "trajectories"
     cfg = TrainConfig(env="CartPole-v1", rounds=1, distribution="gradients_at_actors")
     request = cfg.job_request("j1")
-    assert request["distribution"] == "gradients_at_actors"
+    assert request.distribution == "gradients_at_actors"
     assert resolve(JobRequest.model_validate(request)).distribution == "gradients_at_actors"
 
 

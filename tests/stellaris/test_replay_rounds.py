@@ -16,7 +16,7 @@ from cache import BatchMeta, Cache, JobCache, LearnerTask, TrajectoryBatch
 from cache.replay import is_replay_id, replay_id
 from contract.algo_config import IMPACTConfig, NetworkConfig
 from contract.jobspec import JobSpec
-from contract.knobs import RuleName
+from contract.knobs import Rule
 from contract.records import TRAJECTORY_ARRAYS
 from functions.learner.learn import sample_weights, time_chunk
 from stellaris.config import ConfigError, load_config
@@ -50,7 +50,7 @@ class ReplayDriver(Driver):
         assert entry is not None
         return BatchMeta.from_fields(entry.fields)
 
-    def replay_round(self, mode: RuleName = "stellaris") -> RoundStats:
+    def replay_round(self, mode: Rule = Rule.STELLARIS) -> RoundStats:
         self.round += 1
         ids = self.collect()
         batches = [(bid, self.meta(bid)) for bid in ids]

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from cache import Cache
-from contract.knobs import RuleName
+from contract.knobs import Rule
 from functions.runtime.context import Instance
 from stellaris.round.protocol import Call, Role, Rounds, RoundStats, round_tasks
 from tests.functions.driver import Driver, InProcessFunctions
@@ -76,7 +76,7 @@ def _round(driver: Driver, rounds: Rounds) -> RoundStats:
 @pytest.mark.parametrize("mode", ["stellaris", "sync"])
 @pytest.mark.parametrize("warm_during", ["next_round", "between_rounds", "third_round"])
 def test_a_replacement_still_starting_is_carried_into_the_next_round(
-    cache_conn: Cache, job_id: str, mode: RuleName, warm_during: str
+    cache_conn: Cache, job_id: str, mode: Rule, warm_during: str
 ) -> None:
     driver = Driver(cache_conn, small_spec(job_id), learners=2)
     functions = ColdReplacement(driver.instance)

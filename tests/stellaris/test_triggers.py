@@ -125,7 +125,7 @@ def test_config_takes_yaml_mapping_and_json_flag() -> None:
     triggers = {"learner": {"batches": 2}, "parameter": {"gradients": 4}}
     cfg = load_config(None, {**CARTPOLE, "actors": 2, "triggers": triggers})
     assert cfg.triggers.learner.batches == 2 and cfg.triggers.parameter.gradients == 4
-    assert cfg.job_request("j")["parameter_trigger"] == {"gradients": 4, "period_s": None}
+    assert cfg.job_request("j").parameter_trigger.model_dump() == {"gradients": 4, "period_s": None}
     flag = load_config(None, {**CARTPOLE, "triggers": '{"learner": {"steps": 64, "period_s": 0.5}}'})
     assert flag.triggers.learner.steps == 64 and flag.triggers.parameter == ParameterTrigger()
 

@@ -29,7 +29,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import requests
 from docker.client import DockerClient
@@ -49,11 +49,25 @@ from gateway.backends.docker.config import (
 from gateway.backends.docker.ready import remove, wait_health, wait_ready
 from gateway.models import FunctionSpec
 
+if TYPE_CHECKING:
+    from gateway.settings import GatewaySettings
+
 GATEWAY_ID_ENV = "STELLARIS_GATEWAY_ID"
 NETWORK_ENV = "STELLARIS_DOCKER_NETWORK"
 log = logging.getLogger("stellaris.gateway.docker")
 
-__all__ = ["LABEL_INSTANCE", "LABEL_PORT", "DockerBackend", "container_name", "free_port"]
+__all__ = ["LABEL_INSTANCE", "LABEL_PORT", "DockerBackend", "container_name", "free_port", "from_settings"]
+
+
+def from_settings(settings: GatewaySettings, redis_url: str | None) -> DockerBackend:
+    """The gateway's docker backend (gateway/backends/registry.py); it reaches the engine only when first used."""
+    return DockerBackend(
+        namespace=settings.namespace,
+        redis_url=redis_url,
+        python=settings.docker_python,
+        volumes=settings.docker_volumes or None,
+        working_dir=settings.docker_workdir,
+    )
 
 
 class DockerBackend:

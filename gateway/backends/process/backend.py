@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from cache.acl import url_without_credentials
 from cache.connection import REDIS_URL_ENV
@@ -28,6 +29,9 @@ from gateway.backends.process.fork_servers import STARTUP_TIMEOUT_S, ForkServers
 from gateway.backends.process.zygote import ForkedProcess, ForkServerError, first_line
 from gateway.models import FunctionSpec
 from host.lifetime import die_with_parent, stop_process
+
+if TYPE_CHECKING:
+    from gateway.settings import GatewaySettings
 
 log = logging.getLogger("stellaris.gateway")
 Process = subprocess.Popen[bytes] | ForkedProcess
@@ -54,6 +58,16 @@ def instances_base_env(
     if redis_url:
         env[REDIS_URL_ENV] = url_without_credentials(redis_url)
     return env
+
+
+def from_settings(settings: GatewaySettings, redis_url: str | None) -> ProcessBackend:
+    """The gateway's process backend (gateway/backends/registry.py)."""
+    return ProcessBackend(
+        redis_url=redis_url,
+        inherit_env=settings.instance_env_inherit,
+        fork_servers=settings.fork_servers,
+        fork_server_retry_s=settings.fork_server_retry_s,
+    )
 
 
 class ProcessBackend:

@@ -27,7 +27,7 @@ import threading
 import time
 from collections.abc import Mapping
 from dataclasses import asdict
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import ray
@@ -42,9 +42,23 @@ from gateway.backends.ray.cluster import LocalRayCluster, RayClusterError
 from gateway.backends.ray.host import HostConfig, RemoteRuntimeHost
 from gateway.models import FunctionSpec
 
+if TYPE_CHECKING:
+    from gateway.settings import GatewaySettings
+
 log = logging.getLogger("stellaris.gateway.ray")
 INSTANCE_ENV = "STELLARIS_INSTANCE_ID"
 DRAIN_MARGIN_S = 5.0  # beyond the drain's own bound: the actor call's round trip
+
+
+def from_settings(settings: GatewaySettings, redis_url: str | None) -> RayBackend:
+    """The gateway's ray backend (gateway/backends/registry.py); it joins (or starts) its cluster only when first
+    used."""
+    return RayBackend(
+        address=settings.ray_address,
+        namespace=settings.namespace,
+        redis_url=redis_url,
+        startup_timeout_s=settings.ray_startup_timeout_s,
+    )
 
 
 class RayBackend:
