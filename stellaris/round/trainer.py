@@ -22,13 +22,14 @@ from cache import BatchMeta, CacheError, JobCache, JobLimits
 from contract import AggregatorState, InitResult, RoundShape
 from stellaris.config import TrainConfig
 from stellaris.platform.billing import Billing
+from stellaris.platform.calls import Call
 from stellaris.platform.deployment import Deployment, placements
 from stellaris.platform.local import Platform
 from stellaris.platform.secrets import without_secrets
 from stellaris.round.collect import LearnerGate
 from stellaris.round.evaluation import Evaluator
 from stellaris.round.profiles import rounds_for
-from stellaris.round.protocol import TrainingError
+from stellaris.round.protocol import MAX_RESTARTS, TrainingError
 from stellaris.round.replay import ReplayRounds
 from stellaris.round.scaling import Scaler, resumed_actors
 from stellaris.round.wiring import DeadLetters, RoundParts, connect_round
@@ -96,6 +97,18 @@ class Trainer:
         payloads = cfg.distribution == "trajectories"  # a header alone is the batch under gradients_at_actors
         self.gate = LearnerGate(cfg.triggers.learner, self.job, gate_state, payloads=payloads)  # docs/workflows.md
 
+    def _create_job(self, event: dict[str, Any]) -> Call:
+        """The parameter function's `init` call, made again (it is idempotent) when its instance died under it, as a
+        round's calls are: a kill as the job (or a resumed epoch) starts is a fault like any other."""
+        functions = self.deployment.functions
+        for _ in range(MAX_RESTARTS - 1):
+            try:
+                return functions.invoke("parameter", event)
+            except Exception as exc:
+                if not functions.died(exc):
+                    raise
+        return functions.invoke("parameter", event)
+
     @property
     def cost(self) -> float:
         return self.billing.cost
@@ -112,9 +125,7 @@ class Trainer:
         env |= self.deployment.job_credentials()
         self.deployment.register_parameter(env, spares=self.cfg.standby)
         self._restore()
-        init = self.deployment.functions.invoke(
-            "parameter", {"job": self.job_id, "init": self.cfg.job_request(self.job_id).model_dump(mode="json")}
-        )
+        init = self._create_job({"job": self.job_id, "init": self.cfg.job_request(self.job_id).model_dump(mode="json")})
         self._charge([init.metered] if init.metered else [])
         spec = InitResult.from_dict(init.result).spec
         self.shape = RoundShape.of_spec(spec)
