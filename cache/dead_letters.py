@@ -1,7 +1,7 @@
 """A job's dead-letter stream (`JobKeys.dead_letters`): the entries given up on, each with its kind (task, gradient,
 trajectory), id and reason. The control plane counts them per round (info.csv's `dead_lettered`). Tasks are given up
 on by the task board's scripts (`cache.task_scripts`), gradients by the parameter function; a trajectory batch that
-cannot be trained on is given up on here, by whoever claimed it (`cache.claims`)."""
+cannot be trained on is given up on here, by whoever claimed it (`cache.trajectories`)."""
 
 from __future__ import annotations
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import redis
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -13,14 +11,12 @@ from cache.dead_letters import DeadLetters
 from cache.keys import JobKeys
 from cache.learner_registry import LearnerRegistry
 from cache.policy_store import PolicyStore
-from cache.redis_types import RedisClient, read_entries, text
-from cache.replay.store import ReplayStore, is_replay_id
-from cache.streams import MAX_BLOCK_S, BoundedStream, Entry
-from cache.tasks import TaskBoard
-from contract.batch_checks import version_ahead
-from contract.codec import DEFAULT_MAX_BYTES, encode_fields
-from contract.errors import FencingError, RecordError
-from contract.records import BatchMeta, GradientMeta, GradientRecord, TrajectoryBatch
+from cache.redis_types import RedisClient, text
+from cache.replay.store import ReplayStore
+from cache.streams import BoundedStream
+from cache.tasks import GradientStream, TaskBoard
+from cache.trajectories import TrajectoryQueue
+from contract.codec import DEFAULT_MAX_BYTES
 
 
 class JobLimits(BaseSettings):
@@ -52,93 +48,6 @@ class JobLimits(BaseSettings):
     payload_bytes_max: int = Field(default=DEFAULT_MAX_BYTES, gt=0, description="largest decoded payload")
 
 
-class TrajectoryQueue:
-    """Trajectory batches on a stream; the control plane's consumer group forms rounds from them, reading each
-    batch's header only. Learners read a batch's arrays by id."""
-
-    def __init__(self, stream: BoundedStream, limits: JobLimits, replay: ReplayStore | None = None) -> None:
-        self.stream = stream
-        self.limits = limits
-        self.replay = replay  # where replayed batches (ids `r<stream id>`, cache/replay) are read from
-
-    def put(self, batch: TrajectoryBatch, *, timeout_s: float | None = None) -> str:
-        timeout = self.limits.backpressure_timeout_s if timeout_s is None else timeout_s
-        return self.stream.add(batch.fields(), timeout_s=timeout)
-
-    def put_header(self, meta: BatchMeta, *, timeout_s: float | None = None) -> str:
-        """A batch's header without its arrays (the gradients_at_actors profile: the control plane counts it)."""
-        timeout = self.limits.backpressure_timeout_s if timeout_s is None else timeout_s
-        return self.stream.add(encode_fields({}, meta.to_dict()), timeout_s=timeout)
-
-    def take(self, consumer: str, *, count: int = 1, block_s: float = 0.0) -> list[tuple[str, BatchMeta]]:
-        """New batches for `consumer`: ids and headers (no array is decoded)."""
-        return [
-            (e.id, BatchMeta.from_fields(e.fields)) for e in self.stream.read(consumer, count=count, block_s=block_s)
-        ]
-
-    def get(self, batch_id: str) -> TrajectoryBatch | None:
-        if self.replay is not None and is_replay_id(batch_id):
-            fields = self.replay.read(batch_id)
-            return (
-                None if fields is None else TrajectoryBatch.from_fields(fields, max_bytes=self.limits.payload_bytes_max)
-            )
-        entry = self.stream.get(batch_id)
-        if entry is None:
-            return None
-        return TrajectoryBatch.from_fields(entry.fields, max_bytes=self.limits.payload_bytes_max)
-
-    def ack(self, batch_ids: Sequence[str]) -> int:
-        return self.stream.ack(batch_ids)
-
-    def reclaim(self, consumer: str, *, min_idle_s: float, count: int = 16) -> list[tuple[str, BatchMeta]]:
-        entries = self.stream.reclaim(consumer, min_idle_s=min_idle_s, count=count)
-        return [(e.id, BatchMeta.from_fields(e.fields)) for e in entries]
-
-
-class GradientStream:
-    """Gradients waiting for the parameter function, in arrival order. It is their only reader (it holds the
-    update lease), so the stream needs no consumer group: entries are deleted in the same atomic step that
-    publishes the version they went into (`PolicyStore.publish_and_ack`)."""
-
-    def __init__(self, client: RedisClient, key: str, limits: JobLimits, *, version_key: str | None = None) -> None:
-        self.client = client
-        self.key = key
-        self.limits = limits
-        self.version_key = version_key  # the job's newest published policy version
-
-    def read(self, after: str = "0-0", *, count: int = 1024, block_s: float = 0.0) -> list[Entry]:
-        """Entries newer than `after`, blocking up to `block_s` when there are none."""
-        block_ms = int(min(block_s, MAX_BLOCK_S) * 1000)
-        reply = self.client.xread({self.key: after}, count=count, block=block_ms or None)
-        return [Entry(i, f) for i, f in read_entries(reply)]
-
-    def meta(self, entry: Entry, *, held: int | None = None) -> GradientMeta:
-        """The entry's header. With `held`, the version its reader (the update lease's holder) last published: a base
-        version past it that the store never published either is `RecordError` (poison: no learner can have held
-        it), and a store that has moved past `held` is `FencingError` (another holder published)."""
-        meta = GradientMeta.from_fields(entry.fields)
-        if held is None or version_ahead(meta.base_version, held, "") is None or self.version_key is None:
-            return meta
-        published = int(self.client.get(self.version_key) or 0)
-        if published > held:
-            raise FencingError(f"policy version {published} was published by another holder; the reader holds {held}")
-        raise RecordError(str(version_ahead(meta.base_version, published, f"gradient {meta.task_id!r}: base version")))
-
-    def record(self, entry: Entry) -> GradientRecord:
-        return GradientRecord.from_fields(entry.fields, max_bytes=self.limits.payload_bytes_max)
-
-    def length(self) -> int:
-        return int(self.client.xlen(self.key))
-
-    def put(self, record: GradientRecord) -> str:
-        """Append outside the task protocol (tests, tools); learners use `TaskBoard.complete`."""
-        return text(self.client.xadd(self.key, dict(_pairs(record.fields()))))
-
-
-def _pairs(flat: Sequence[bytes | memoryview]) -> list[tuple[bytes, bytes | memoryview]]:
-    return [(bytes(flat[i]), flat[i + 1]) for i in range(0, len(flat), 2)]
-
-
 class JobCache:
     """Everything one training job keeps in Redis, under its own key namespace."""
 
@@ -149,10 +58,13 @@ class JobCache:
         lim = self.limits
         self.trajectories = TrajectoryQueue(
             BoundedStream(client, self.keys.traj, group="rounds", maxlen=lim.trajectory_maxlen, ttl_s=lim.ttl_s),
-            lim,
             ReplayStore(client, self.keys, ttl_s=lim.ttl_s),
+            backpressure_timeout_s=lim.backpressure_timeout_s,
+            payload_bytes_max=lim.payload_bytes_max,
         )
-        self.gradients = GradientStream(client, self.keys.grad, lim, version_key=self.keys.policy_version)
+        self.gradients = GradientStream(
+            client, self.keys.grad, payload_bytes_max=lim.payload_bytes_max, version_key=self.keys.policy_version
+        )
         self.board = TaskBoard(
             client,
             self.keys,

@@ -1,7 +1,8 @@
-"""The learner task board: a round's (epoch, minibatch) tasks on a stream with one consumer group, leased to
-learners, each turned into exactly one stored gradient or one dead letter.
+"""A round's learner tasks and the gradients they become: the job's task board and its gradient stream.
 
-Exactly-once rests on three atomic steps (Lua), each one round trip:
+The task board: a round's (epoch, minibatch) tasks on a stream with one consumer group, leased to learners, each turned
+into exactly one stored gradient or one dead letter. Exactly-once rests on three atomic steps (Lua, in
+`cache.task_scripts`), each one round trip:
 - `claim`: drops learners whose lease ran out, takes over the tasks they held (orphans first; a task delivered
   `max_attempts` times goes to the dead-letter stream instead), else reads one new task; registers the caller's
   lease and the policy version it will hold; returns what the learner needs besides the task (current version,
@@ -11,9 +12,18 @@ Exactly-once rests on three atomic steps (Lua), each one round trip:
   task: a learner whose task was taken over stores nothing, so a task never yields two gradients.
 - `dead_letter`: a task that cannot be decoded or whose trajectory data is gone is acknowledged into the bounded
   dead-letter stream with its reason (and the parameter function is woken, since in-flight work changed).
-
 A task is taken over only when its holder's lease has expired: learners refresh it while they work (`heartbeat`).
-The scripts themselves live in `cache.task_scripts`.
+
+The gradient stream (`GradientStream`): actors that compute gradients themselves (the ``gradients_at_actors``
+profile) push theirs onto it (`ActorGradients`), made idempotent another way: the script records each actor's last
+stored task id and stores nothing when the same id comes again (a push whose reply was lost and that the client ran
+again, cache/retry.py); a full stream makes the writer wait for room. The parameter function is its only reader (it
+holds the update lease), so it keeps its own place, without a consumer group (`GradientFeed`): every gradient is read
+once, when it lands, and leaves the stream only with the publish of the version it went into
+(`PolicyStore.publish_and_ack`). Only its header is decoded on the read (`GradientStream.meta`); one that cannot be,
+or that names a base version never published, is poison, returned apart for the reader to `drop` into the dead
+letters. A blocking read waits on the control stream too, so a stop event (`JobCache.stop_round`) ends a wait as a
+gradient's landing does.
 """
 
 from __future__ import annotations
@@ -21,19 +31,21 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import redis
 
 from cache import task_scripts as scripts
+from cache.dead_letters import DeadLetters
 from cache.deferred import Deferred
 from cache.keys import JobKeys
-from cache.redis_types import RedisClient, stream_entries
-from cache.streams import BoundedStream, Entry, blpop_timeout
-from contract.errors import BackpressureTimeout
-from contract.records import GradientRecord, LearnerTask
+from cache.redis_types import RedisClient, read_entries, stream_entries, text
+from cache.streams import MAX_BLOCK_S, BoundedStream, Entry, blpop_timeout
+from contract.batch_checks import version_ahead
+from contract.errors import BackpressureTimeout, CodecError, FencingError, RecordError
+from contract.records import GradientMeta, GradientRecord, LearnerTask
 
 
 @dataclass(frozen=True)
@@ -278,3 +290,172 @@ class TaskBoard:
     def read_dead_letters(self, after: str = "0-0", count: int = 10_000) -> list[tuple[str, dict[str, str]]]:
         items = self.client.xrange(self.keys.dead_letters, min=f"({after}" if after != "0-0" else "-", count=count)
         return [(i, {_s(k): _s(v) for k, v in f.items()}) for i, f in stream_entries(items)]
+
+
+READ_COUNT = 256  # the most gradients one read returns
+
+
+# --- the gradient stream ---------------------------------------------------------------------------------------------
+
+
+class GradientStream:
+    """Gradients waiting for the parameter function, in arrival order. It is their only reader (it holds the
+    update lease), so the stream needs no consumer group: entries are deleted in the same atomic step that
+    publishes the version they went into (`PolicyStore.publish_and_ack`)."""
+
+    def __init__(
+        self, client: RedisClient, key: str, *, payload_bytes_max: int, version_key: str | None = None
+    ) -> None:
+        self.client = client
+        self.key = key
+        self.payload_bytes_max = payload_bytes_max
+        self.version_key = version_key  # the job's newest published policy version
+
+    def read(self, after: str = "0-0", *, count: int = 1024, block_s: float = 0.0) -> list[Entry]:
+        """Entries newer than `after`, blocking up to `block_s` when there are none."""
+        block_ms = int(min(block_s, MAX_BLOCK_S) * 1000)
+        reply = self.client.xread({self.key: after}, count=count, block=block_ms or None)
+        return [Entry(i, f) for i, f in read_entries(reply)]
+
+    def meta(self, entry: Entry, *, held: int | None = None) -> GradientMeta:
+        """The entry's header. With `held`, the version its reader (the update lease's holder) last published: a base
+        version past it that the store never published either is `RecordError` (poison: no learner can have held
+        it), and a store that has moved past `held` is `FencingError` (another holder published)."""
+        meta = GradientMeta.from_fields(entry.fields)
+        if held is None or version_ahead(meta.base_version, held, "") is None or self.version_key is None:
+            return meta
+        published = int(self.client.get(self.version_key) or 0)
+        if published > held:
+            raise FencingError(f"policy version {published} was published by another holder; the reader holds {held}")
+        raise RecordError(str(version_ahead(meta.base_version, published, f"gradient {meta.task_id!r}: base version")))
+
+    def record(self, entry: Entry) -> GradientRecord:
+        return GradientRecord.from_fields(entry.fields, max_bytes=self.payload_bytes_max)
+
+    def length(self) -> int:
+        return int(self.client.xlen(self.key))
+
+    def put(self, record: GradientRecord) -> str:
+        """Append outside the task protocol (tests, tools); learners use `TaskBoard.complete`."""
+        return text(self.client.xadd(self.key, dict(_pairs(record.fields()))))
+
+
+def _pairs(flat: Sequence[bytes | memoryview]) -> list[tuple[bytes, bytes | memoryview]]:
+    return [(bytes(flat[i]), flat[i + 1]) for i in range(0, len(flat), 2)]
+
+
+class _JobGradients(Protocol):
+    """What a feed reads through: a job's client, keys, gradient stream and dead letters (`cache.job.JobCache`)."""
+
+    client: RedisClient
+    keys: JobKeys
+    gradients: GradientStream
+    dead_letters: DeadLetters
+
+
+# the most gradients one read returns
+
+
+@dataclass(frozen=True)
+class Landed:
+    """What one read brought: the gradients by header, with their entries (their arrays are decoded only when they
+    are aggregated), and the poisoned ones by id, with the reason."""
+
+    gradients: list[tuple[Entry, GradientMeta]]
+    poisoned: list[tuple[str, str]]
+
+
+class GradientFeed:
+    """One reader's place in a job's gradient and control streams. Control events sent before it was made are not
+    its own: it reads those sent after. `stopped`: it read a stop event."""
+
+    def __init__(self, job: _JobGradients, *, count: int = READ_COUNT) -> None:
+        self.client, self.keys, self.count = job.client, job.keys, count
+        self.gradients, self.dead_letters = job.gradients, job.dead_letters
+        self.after = "0-0"  # the last gradient read
+        last: Any = self.client.xrevrange(self.keys.control, count=1)
+        self.control_after = _id(last[0][0]) if last else "0-0"
+        self.stopped = False
+
+    def take(self, entries: Iterable[Entry], *, held: int) -> Landed:
+        """Entries read elsewhere (a publish returns those that landed meanwhile), the reader's place moved past them.
+        `held`: the version the reader last published; a gradient based on a newer one that the store never published
+        is poison, and a store moved past `held` raises `FencingError` (another holder published)."""
+        gradients: list[tuple[Entry, GradientMeta]] = []
+        poisoned: list[tuple[str, str]] = []
+        for e in entries:
+            self.after = e.id
+            try:
+                gradients.append((e, self.gradients.meta(e, held=held)))
+            except (CodecError, RecordError) as exc:
+                poisoned.append((e.id, f"{type(exc).__name__}: {exc}"))
+        return Landed(gradients, poisoned)
+
+    def read(self, *, held: int, count: int | None = None) -> Landed:
+        """The gradients landed since the last read, at most `count` (the reader's own by default), without waiting."""
+        return self.take(self.gradients.read(self.after, count=count or self.count), held=held)
+
+    def wait(self, block_s: float, *, held: int) -> Landed:
+        """The gradients landed since the last read, waiting up to `block_s` (1 ms at least) for one to land or for a
+        control event (a stop sets `stopped`)."""
+        streams: dict[Any, Any] = {self.keys.grad: self.after, self.keys.control: self.control_after}
+        reply: Any = self.client.xread(streams, count=self.count, block=max(1, int(block_s * 1000)))
+        entries: list[Entry] = []
+        for stream, items in reply or []:
+            if _id(stream) == self.keys.grad:
+                entries = [Entry(_id(i), f) for i, f in items if f]
+            else:
+                self.control_after = _id(items[-1][0])
+                self.stopped |= any(f.get(b"event") == b"stop" for _, f in items)
+        return self.take(entries, held=held)
+
+    def drop(self, gradient_id: str, reason: str) -> bool:
+        """Take a poisoned gradient off the stream into the dead letters, with `reason`; False when it was gone."""
+        return self.dead_letters.drop(self.keys.grad, gradient_id, reason, kind="gradient")
+
+
+def _id(raw: bytes | str) -> str:
+    return raw.decode() if isinstance(raw, bytes) else raw
+
+
+# KEYS: gradients, pushers; ARGV: maxlen, ttl ms, actor id, task id, then the gradient's fields.
+PUSH = """
+if redis.call('HGET', KEYS[2], ARGV[3]) == ARGV[4] then
+  return {'dup'}
+end
+if redis.call('XLEN', KEYS[1]) >= tonumber(ARGV[1]) then
+  return {'full'}
+end
+local id = redis.call('XADD', KEYS[1], '*', unpack(ARGV, 5))
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+redis.call('HSET', KEYS[2], ARGV[3], ARGV[4])
+redis.call('PEXPIRE', KEYS[2], ARGV[2])
+return {'ok', id}
+"""
+
+
+class ActorGradients:
+    """One job's gradient stream as actors write it."""
+
+    def __init__(self, client: RedisClient, keys: JobKeys, *, maxlen: int, ttl_s: float) -> None:
+        if maxlen < 1:
+            raise ValueError(f"gradient maxlen must be at least 1, got {maxlen}")
+        self.client, self.keys, self.maxlen, self.ttl_ms = client, keys, maxlen, int(ttl_s * 1000)
+        self._push = client.register_script(PUSH)
+
+    def put(self, actor_id: str, record: GradientRecord, *, timeout_s: float) -> str | None:
+        """Store `record` (its `meta.task_id` unique per gradient); None when it was already stored. Waits up to
+        `timeout_s` for room in a full stream, then raises BackpressureTimeout."""
+        k = self.keys
+        args = [self.maxlen, self.ttl_ms, actor_id, record.meta.task_id, *record.fields()]
+        deadline = time.monotonic() + timeout_s
+        while True:
+            raw = self._push(keys=[k.grad, k.gradient_pushers], args=args)
+            if raw[0] == b"ok":
+                return raw[1].decode() if isinstance(raw[1], bytes) else str(raw[1])
+            if raw[0] == b"dup":
+                return None
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise BackpressureTimeout(f"gradient stream {k.grad} stayed full ({self.maxlen}) for {timeout_s:.1f} s")
+            self.client.blpop([k.freed(k.grad)], timeout=blpop_timeout(remaining))

@@ -6,6 +6,7 @@ import contextlib
 import errno
 import time
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.live import Live
@@ -162,7 +163,9 @@ def _disk_full(path: Path, exc: OSError) -> str:
     return f"no room to write the run directory {path} ({exc}): make room; {then}"
 
 
-def _run_epoch(cfg: TrainConfig, console: Console, *, resume: bool) -> int:
+def _open_run(cfg: TrainConfig, console: Console, *, resume: bool) -> tuple[RunDir, dict[str, Any] | None] | int:
+    """The run directory and, on resume, its checkpoint (the rows written after it rewound); an exit code instead when
+    the epoch cannot (a secret missing, no checkpoint) or need not (the run finished) start."""
     if (missing := missing_secret(cfg.redis_url, cfg.gateway_token)) is not None:
         console.print(f"[red]error:[/] {missing}", highlight=False, soft_wrap=True)
         return 2
@@ -178,71 +181,98 @@ def _run_epoch(cfg: TrainConfig, console: Console, *, resume: bool) -> int:
         return 2
     if state is not None:
         run.rewind(state)  # rows the dead run wrote after its checkpoint
+    return run, state
+
+
+def _show_placement(console: Console, cfg: TrainConfig) -> None:
+    """Where the functions run, when not in local processes."""
+    roles = ("learner", "parameter", "actor") if cfg.actor_kind == "serverless" else ("learner", "parameter")
     if cfg.backend == "docker":
-        roles = ("learner", "parameter", "actor") if cfg.actor_kind == "serverless" else ("learner", "parameter")
         where = ", ".join(f"{r} {cfg.role_image(r)} ({cfg.role_gpus(r)} GPU)" for r in roles)
         console.print(f"functions in containers: {where}; device {cfg.device}", highlight=False, soft_wrap=True)
-    if cfg.backend == "ray":
-        roles = ("learner", "parameter", "actor") if cfg.actor_kind == "serverless" else ("learner", "parameter")
+    elif cfg.backend == "ray":
         where = ", ".join(f"{r} {cfg.role_gpus(r)} GPU {cfg.role_resources(r) or ''}".rstrip() for r in roles)
         cluster = cfg.ray_address or "a private local Ray"
         console.print(f"functions on Ray ({cluster}): {where}; device {cfg.device}", highlight=False, soft_wrap=True)
-    trainer: Trainer | None = None
+
+
+def _play_rounds(trainer: Trainer, console: Console) -> None:
+    """Rounds until the budget is spent. A terminal gets the live table; logs and CI one plain line per round, and no
+    Live, whose last frame would leave the summary on its line."""
+    start_steps, t0 = trainer.env_steps, time.monotonic()
+    history: list[float] = []
+    live = Live(_progress(trainer.cfg, trainer.standing(), trainer.cost, None, 0.0, history), console=console,
+                refresh_per_second=4)  # fmt: skip
+    with live if console.is_terminal else contextlib.nullcontext():
+        while not trainer.done():
+            row = trainer.step()
+            history.append(float(row["train_reward_mean"]))
+            rate = (trainer.env_steps - start_steps) / max(time.monotonic() - t0, 1e-9)
+            if console.is_terminal:
+                live.update(_progress(trainer.cfg, trainer.standing(), trainer.cost, row, rate, history))
+            else:
+                console.print(
+                    f"round {row['round_id']} env_steps {row['env_steps']} reward {fmt(row['train_reward_mean'])} "
+                    f"cost {row['cost']:.6f} {_times(trainer.standing())}",
+                    highlight=False,
+                )
+
+
+def _reraise(exc: Exception, *, watch: CacheWatch, trainer: Trainer, cache_url: str | None, run_path: Path) -> None:
+    """Raise `exc`, or what it means: the cache died, was lost or is full (once the job's data is in it); with the
+    resume hint as its last line."""
+    _raise_if_cache_died(watch, exc)
+    reported: Exception = exc
+    if cache_url is not None:
+        where = redact_url(cache_url)
+        reported = cache_lost(trainer.job, where, exc) or cache_full(trainer.job, where, exc) or exc
+    if (hint := _resume_hint(run_path)) is not None:
+        reported.add_note(hint)  # the CLI's error line ends with it
+    if reported is exc:
+        raise exc
+    raise reported from exc
+
+
+def _train(cfg: TrainConfig, console: Console, run: RunDir, state: dict[str, Any] | None) -> Trainer:
+    """The epoch's platform, its trainer and its rounds. The gateway's token file is removed however it ends."""
     token_file: Path | None = None
-    completed = in_rounds = False
     try:
         with Platform(
-            redis_url=cfg.redis_url,
-            gateway_url=cfg.gateway_url,
-            gateway_token=cfg.gateway_token,
-            backend=cfg.backend,
-            ray_address=cfg.ray_address,
-            instance_env=threads_env(cfg),
-        ) as p:
+            redis_url=cfg.redis_url, gateway_url=cfg.gateway_url, gateway_token=cfg.gateway_token,
+            backend=cfg.backend, ray_address=cfg.ray_address, instance_env=threads_env(cfg),
+        ) as p:  # fmt: skip
             trainer = Trainer(cfg, p, run, state=state)
             assert p.cache is not None  # set on entry
             watch = CacheWatch(p.cache.server, url=p.cache.url).start()
+            in_rounds = False
             try:
                 trainer.setup()
                 console.print(f"run directory: {run.path}", highlight=False, soft_wrap=True)  # a failed start has none
                 token_file = _show_gateway(console, p, cfg, run.path)
-                start_steps, t0 = trainer.env_steps, time.monotonic()
-                history: list[float] = []
                 in_rounds = True  # the job's data is in the cache from here on
-                # A terminal gets the live table; logs and CI one plain line per round, and no Live, whose last
-                # frame would leave the summary on its line.
-                shown = _progress(trainer.cfg, trainer.standing(), trainer.cost, None, 0.0, history)
-                live = Live(shown, console=console, refresh_per_second=4)
-                with live if console.is_terminal else contextlib.nullcontext():
-                    while not trainer.done():
-                        row = trainer.step()
-                        history.append(float(row["train_reward_mean"]))
-                        rate = (trainer.env_steps - start_steps) / max(time.monotonic() - t0, 1e-9)
-                        if console.is_terminal:
-                            live.update(_progress(trainer.cfg, trainer.standing(), trainer.cost, row, rate, history))
-                        else:
-                            console.print(
-                                f"round {row['round_id']} env_steps {row['env_steps']} "
-                                f"reward {fmt(row['train_reward_mean'])} cost {row['cost']:.6f} "
-                                f"{_times(trainer.standing())}",
-                                highlight=False,
-                            )
+                _play_rounds(trainer, console)
                 in_rounds = False
                 trainer.finish()
             except Exception as exc:
-                _raise_if_cache_died(watch, exc)
-                reported: Exception = exc
-                if in_rounds and trainer is not None and p.cache is not None:
-                    where = redact_url(p.cache.url)
-                    reported = cache_lost(trainer.job, where, exc) or cache_full(trainer.job, where, exc) or exc
-                if (hint := _resume_hint(run.path)) is not None:
-                    reported.add_note(hint)  # the CLI's error line ends with it
-                if reported is exc:
-                    raise
-                raise reported from exc
+                _reraise(exc, watch=watch, trainer=trainer, cache_url=p.cache.url if in_rounds else None,
+                         run_path=run.path)  # fmt: skip
             finally:
                 watch.stop()
                 trainer.close()
+        return trainer
+    finally:
+        if token_file is not None:
+            token_file.unlink(missing_ok=True)
+
+
+def _run_epoch(cfg: TrainConfig, console: Console, *, resume: bool) -> int:
+    if isinstance(opened := _open_run(cfg, console, resume=resume), int):
+        return opened
+    run, state = opened
+    _show_placement(console, cfg)
+    completed, trainer = False, None
+    try:
+        trainer = _train(cfg, console, run, state)
         completed = True
     except KeyboardInterrupt:
         if run.load_state() is None:
@@ -251,15 +281,11 @@ def _run_epoch(cfg: TrainConfig, console: Console, *, resume: bool) -> int:
             console.print(f"[yellow]interrupted[/]: stopped cleanly; resume with `stellaris train --resume {run.path}`")
         return 130
     finally:
-        if token_file is not None:
-            token_file.unlink(missing_ok=True)
         run.close()
         if not completed and run.load_state() is None:  # never started: no directory left to resume or to refuse
             run.discard()
     console.print(
-        f"done: {trainer.round if trainer else 0} rounds, cost ${trainer.cost if trainer else 0:.4f}; "
-        f"outputs in {run.path}",
-        highlight=False,
+        f"done: {trainer.round} rounds, cost ${trainer.cost:.4f}; outputs in {run.path}", highlight=False,
         soft_wrap=True,
-    )
+    )  # fmt: skip
     return 0

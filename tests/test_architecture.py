@@ -52,7 +52,7 @@ def tree_copy(tmp_path_factory: pytest.TempPathFactory) -> Path:
         ("gateway/backends/__init__.py", "import functions.model.warm", "gateway is not allowed to import functions"),
         (
             "stellaris/round/__init__.py",
-            "from functions.algos.staleness import Rule",
+            "from functions.algos.stellaris import Rule",
             "stellaris.round is not allowed to import functions",
         ),
         ("stellaris/cli.py", "import experiments.bench", "stellaris is not allowed to import experiments"),

@@ -1,8 +1,9 @@
 """The replay store of one job: copies of landed trajectory batches, bounded by entry count, by payload bytes and
 (FIFO) per actor, every step one Lua script (`scripts`), every key under the job's TTL.
 
-A replayed batch's id is ``r<its stream id>``: the learners' batch lookup (`cache.job.TrajectoryQueue.get`) reads
-such an id from here, so a round's task can mix fresh and replayed batches without any other change.
+A replayed batch's id is ``r<its stream id>``: the learners' batch lookup
+(`cache.trajectories.TrajectoryQueue.get`) reads such an id from here, so a round's task can mix fresh and replayed
+batches without any other change.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ batch of a fraction f of the train batch gets f of the round's minibatches), eac
 (looked up before every task, as a learner's claim does), truncating against the versions other holders hold (the
 actor registers the version it holds, as a learner does) and with the aggregator's KL coefficient and target
 network. They land on the job's gradient stream in the learners' record format, so the parameter function applies
-them unchanged: each exactly once (`cache.gradient_push` makes a retried push store nothing).
+them unchanged: each exactly once (`cache.tasks` makes a retried push store nothing).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cache import BatchMeta, JobCache, LearnerTask, TrajectoryBatch
-from cache.gradient_push import ActorGradients
+from cache.tasks import ActorGradients
 from contract.jobspec import JobSpec
 from functions.algos.registry import algorithm_of
 from functions.learner.gradient import gradient_record, task_inputs

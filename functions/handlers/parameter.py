@@ -1,9 +1,8 @@
-"""Parameter function: a long-lived invocation that applies the job's gradients as they land, one optimizer step per
-aggregation its rule decides from their base versions alone: read (`cache.gradient_feed`) → decide
-(`functions.parameter.queue`) → apply (`functions.parameter.apply`) → publish and ack in one atomic step (the version,
-the deletion of its gradients, the aggregator's state, the applied log's row), so a crash anywhere applies every
-gradient exactly once. The invocation holds the job's update lease (fenced inside Redis); a replacement takes over
-once a dead holder's lease runs out and resumes from the cache (policy, optimizer and aggregator state, gradients)."""
+"""Parameter function: one long-lived invocation applies the job's gradients as they land, reading as
+event → read (`cache.tasks.GradientFeed`) → decide → apply (`functions.parameter.aggregation`) → publish and ack in
+one atomic step (`PolicyStore.publish_and_ack`), so a crash anywhere applies every gradient exactly once. It holds the
+job's update lease (fenced inside Redis); a replacement takes over once a dead holder's lease runs out and resumes
+from the cache."""
 
 from __future__ import annotations
 
@@ -14,14 +13,13 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from cache import FencingError, JobCache, LeaseUnavailable
-from cache.gradient_feed import GradientFeed, Landed
 from cache.learner_registry import WorkSnapshot
-from cache.policy_store import Published, UpdateLease
+from cache.policy_store import UpdateLease
+from cache.tasks import GradientFeed, Landed
 from contract import DecisionRow, ParameterResult
 from functions.handlers import job_id_of, quiet_on_job_loss
 from functions.model.warm import spec_of
-from functions.parameter.apply import Applier, Poisoned, Update
-from functions.parameter.queue import Decided, Queue
+from functions.parameter.aggregation import Applier, Decided, Poisoned, Queue
 from functions.parameter.setup import initialise, kept
 from functions.runtime.context import Context
 from functions.runtime.faults import fault_point
@@ -117,16 +115,11 @@ def _decide(run: _Run, in_flight: tuple[int, ...] | None) -> Decided | None:
 
 
 def _apply(run: _Run, decided: Decided) -> None:
-    """Apply, publish and ack; a payload that cannot be applied is dead-lettered instead (the rule decides again)."""
+    """Apply, then publish and ack in one atomic step, which returns the work left and the gradients landed meanwhile
+    (no look, no read of their own); a payload that cannot be applied is dead-lettered instead (the rule decides
+    again)."""
     if isinstance(update := run.applier.apply(decided, run.queue.entries), Poisoned):
-        _read(run, Landed([], [(update.gradient_id, update.reason)]))
-    else:
-        _ack(run, update, _publish(run, update))
-
-
-def _publish(run: _Run, update: Update) -> Published:
-    """The new version, its gradients deleted, the aggregator's state and the applied row: one atomic step, which
-    returns the work left and the gradients landed meanwhile (no look, no read of their own)."""
+        return _read(run, Landed([], [(update.gradient_id, update.reason)]))
     fault_point("parameter:before_publish")
     published = run.job.policies.publish_and_ack(
         run.lease, expected_version=run.applier.version, weights=update.weights,
@@ -135,10 +128,6 @@ def _publish(run: _Run, update: Update) -> Published:
         read_count=run.feed.count,
     )  # fmt: skip
     fault_point("parameter:after_publish")
-    return published
-
-
-def _ack(run: _Run, update: Update, published: Published) -> None:
     run.applier.published(update, published.version)
     run.queue.remove(update.ids)
     run.work = published.work

@@ -14,7 +14,7 @@ from torch import Tensor
 from contract.packed import PACKED
 from contract.records import LearnerTask as Task
 from contract.records import ObsMoments
-from functions.algos.truncation import truncated_is_weight, truncation_stats
+from functions.algos.stellaris import truncated_is_weight, truncation_stats
 from functions.model.device import module_device
 from functions.model.flat_params import flat_params
 from functions.model.normalizers import batch_moments

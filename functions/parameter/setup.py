@@ -1,6 +1,6 @@
 """The parameter function's setup around its serving loop: creating a job (`init`), the warm policy and optimizer
 it resumes from and keeps for the instance's next invocation, and the update lease kept alive while it serves. The
-apply step is `functions.parameter.apply`."""
+apply step is `functions.parameter.aggregation`."""
 
 from __future__ import annotations
 

@@ -26,10 +26,9 @@ from stellaris.platform.calls import Call
 from stellaris.platform.deployment import Deployment, placements
 from stellaris.platform.local import Platform
 from stellaris.platform.secrets import without_secrets
-from stellaris.round.collect import LearnerGate
 from stellaris.round.evaluation import Evaluator
 from stellaris.round.profiles import rounds_for
-from stellaris.round.protocol import MAX_RESTARTS, TrainingError
+from stellaris.round.protocol import MAX_RESTARTS, LearnerGate, TrainingError
 from stellaris.round.replay import ReplayRounds
 from stellaris.round.scaling import Scaler, resumed_actors
 from stellaris.round.wiring import DeadLetters, RoundParts, connect_round

@@ -7,7 +7,7 @@ changed since the last firing, `period_s` elapsed since it, and `predicate` (an 
 with the `LandedFacts`) returns True. Setting neither `batches` nor `steps` means `steps` = the algorithm's train
 batch size: the default trigger is the round Stellaris formed before triggers (a train batch of env steps). A
 firing claims every batch landed since the last one. Pure evaluation here; the waiting and claiming is
-`stellaris.round.collect`.
+`stellaris.round.protocol`.
 """
 
 from __future__ import annotations

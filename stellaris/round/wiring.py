@@ -23,9 +23,8 @@ from stellaris.platform.billing import Billing
 from stellaris.platform.calls import Role
 from stellaris.platform.serverful_actors import ServerfulActors
 from stellaris.round.batches import Landed
-from stellaris.round.collect import Intake, LearnerGate
 from stellaris.round.evaluation import Evaluator
-from stellaris.round.protocol import Rounds, RoundStats, round_tasks
+from stellaris.round.protocol import Intake, LearnerGate, Rounds, RoundStats, round_tasks
 from stellaris.round.replay import ReplayRounds
 from stellaris.round.scaling import Scaler
 from stellaris.rundir.outputs import RunDir

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from cache import Cache, GradientMeta, GradientRecord, JobCache
-from cache.gradient_push import ActorGradients
+from cache.tasks import ActorGradients
 from contract.algo_config import NetworkConfig, PPOConfig
 from contract.codec import HEADER_FIELD, decode_fields_meta
 from contract.errors import BackpressureTimeout

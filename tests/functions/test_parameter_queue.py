@@ -1,15 +1,15 @@
-"""What the parameter function decides on (functions/parameter/queue.py), on hand-made headers: the round an
+"""What the parameter function decides on (functions/parameter/aggregation.py), on hand-made headers: the round an
 invocation may apply, the work in flight and when all is done, and the trigger between the queue and the rule."""
 
 from __future__ import annotations
 
-from cache.gradient_feed import Landed
 from cache.learner_registry import WorkSnapshot
 from cache.streams import Entry
+from cache.tasks import Landed
 from contract.records import GradientMeta
 from contract.triggers import ParameterTrigger
-from functions.algos.staleness import AggregationRule, AggregationState, Decision, Rule
-from functions.parameter.queue import Queue
+from functions.algos.stellaris import AggregationRule, AggregationState, Decision, Rule
+from functions.parameter.aggregation import Queue
 
 ASYNC, SYNC = AggregationRule(rule=Rule.ASYNC), AggregationRule(rule=Rule.SYNC)
 

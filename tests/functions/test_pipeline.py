@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from cache import Cache, GradientMeta, GradientRecord, JobCache, JobLimits
-from cache.gradient_feed import GradientFeed
+from cache.tasks import GradientFeed
 from contract.algo_config import NetworkConfig, PPOConfig, Rule, StellarisConfig
 from contract.codec import decode
 from contract.jobspec import JobSpec

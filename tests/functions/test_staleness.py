@@ -14,13 +14,15 @@ from pydantic import ValidationError
 
 from contract.algo_config import AlgoName, EnvKind, PresetName, Rule, Schedule, StellarisConfig, preset
 from contract.jobspec import Plan, resolve_algo
-from functions.algos.staleness import (
+from functions.algos.stellaris import (
     AggregationRule,
     AggregationState,
     Decision,
     QueueSnapshot,
+    aggregate,
     aggregation_rule,
     applies_from_queue_alone,
+    calibrate_delta_max,
     decide,
     decide_async,
     decide_softsync,
@@ -30,10 +32,6 @@ from functions.algos.staleness import (
     gradient_scales,
     next_round,
     observe,
-)
-from functions.algos.staleness_equations import (
-    aggregate,
-    calibrate_delta_max,
     optimizer_step_gradients,
     staleness,
     staleness_bound,

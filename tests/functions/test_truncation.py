@@ -8,7 +8,7 @@ import gymnasium as gym
 import pytest
 import torch
 
-from functions.algos.truncation import truncate_ratios, truncated_is_weight, truncation_stats
+from functions.algos.stellaris import truncate_ratios, truncated_is_weight, truncation_stats
 from functions.learner.learn import is_weights
 from functions.model.policies import build_policy
 

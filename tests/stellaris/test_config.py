@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from contract.jobspec import JobRequest, Plan, resolve
-from functions.algos.staleness import aggregation_rule
+from functions.algos.stellaris import aggregation_rule
 from stellaris import config
 from stellaris.config import ConfigError, TrainConfig, load_config
 

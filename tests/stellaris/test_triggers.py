@@ -13,7 +13,7 @@ import pytest
 from cache import JobCache
 from contract.triggers import ParameterTrigger
 from stellaris.config import ConfigError, load_config
-from stellaris.round.collect import LearnerGate
+from stellaris.round.protocol import LearnerGate
 from stellaris.round.triggers import LandedFacts, LearnerTrigger
 from stellaris.rundir.trigger_log import parameter_rows
 

@@ -1,31 +1,201 @@
-"""Staleness-aware gradient aggregation (Stellaris paper Eq. 3–4, docs/algorithms.md) and the baseline rules.
+"""The Stellaris mechanisms (the paper's Eq. 2–5, docs/algorithms.md) as pure functions and decisions: no I/O.
 
-The equations are pure functions in ``functions.algos.staleness_equations`` (``staleness``,
-``staleness_threshold``, ``staleness_bound``, ``calibrate_delta_max``, ``staleness_scale``, ``aggregate``). The
-rules here are pure decisions over an immutable ``AggregationState`` (round counter and δ_max) and a
-``QueueSnapshot`` (current version, the base versions of the queued gradients and of the learner tasks of the round
-still in flight): the parameter function evaluates ``decide`` on every enqueue and on every learner completion,
-applies what the record says, then folds the record back with ``observe`` and moves rounds on with ``next_round``.
+- Learner side: importance-sampling truncation across the policies other learners hold (Eq. 2:
+  ``truncated_is_weight``, ``truncate_ratios``, ``truncation_stats``). ρ is always the job's (``stellaris.rho``, its
+  default and bound declared once, in contract.knobs).
+- Parameter side, the equations: δ (``staleness``), β_k (``staleness_threshold``, and ``staleness_bound`` under a
+  ``Schedule``), δ_max (``calibrate_delta_max``), the per-gradient factor 1/δ^(1/v) (``staleness_scale``) and the mean
+  of the scaled gradients (``aggregate``, ``optimizer_step_gradients`` for the steps one aggregation makes).
+- Parameter side, the rules: pure decisions over an immutable ``AggregationState`` (round counter and δ_max) and a
+  ``QueueSnapshot`` (current version, the base versions of the queued gradients and of the learner tasks of the round
+  still in flight). The parameter function evaluates ``decide`` on every enqueue and on every learner completion,
+  applies what the record says, then folds the record back with ``observe`` and moves rounds on with ``next_round``.
+  Besides Stellaris's, the baseline rules: sync, async, softsync, SSP.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
+import torch
+from torch import Tensor
+
 from contract.algo_config import PAPER_ROUNDS, Schedule, StellarisConfig
 from contract.jobspec import Plan
-from contract.knobs import Rule
-from functions.algos.staleness_equations import (
-    calibrate_delta_max,
-    staleness,
-    staleness_bound,
-    staleness_scale,
-)
+from contract.knobs import Rule, check_knob
 
-# The declared defaults: a rule's (contract.knobs, contract.algo_config) and a run's plan's (contract.jobspec).
+# The declared defaults: a rule's (contract.knobs, contract.algo_config) and a run's plan's (contract.jobspec). Bounds
+# are checked where a job's config enters, so the equations check only d, which a caller may give raw (`_check_d`) and
+# which a bad value would turn into a silently wrong β (or a complex one, under the horizon schedules).
 _DECLARED, _PLANNED = StellarisConfig(), Plan()
+
+
+# --- Eq. 2: truncation across the learners' policies ---------------------------------------------------------------
+
+
+def _learner_ratios(own_log_probs: Tensor, other_log_probs: Tensor, behaviour_log_probs: Tensor) -> Tensor:
+    """Stack π_θi(a|s)/μ(a|s) for the learner's own policy (row 0) and the K others: ``[K + 1, *S]``."""
+    if other_log_probs.shape[1:] != own_log_probs.shape:
+        raise ValueError(
+            f"other_log_probs must be [K, {', '.join(map(str, own_log_probs.shape))}], "
+            f"got {tuple(other_log_probs.shape)}"
+        )
+    log_probs = torch.cat([own_log_probs.detach().unsqueeze(0), other_log_probs.detach()])
+    return torch.exp(log_probs - behaviour_log_probs.detach())
+
+
+def truncate_ratios(ratios: Tensor, *, rho: float) -> Tensor:
+    """Paper Eq. 2 on a stack of ratios ``[n, *S]``: R' = min(|min_i ratios_i|, ρ).
+
+    ``ratios[i] = π_θi(a|s)/μ(a|s)`` for the n learner policies π_θi held by in-flight learners and the
+    behaviour policy μ that collected the sample. The absolute value is taken of the minimum, as written.
+    """
+    return torch.clamp(torch.abs(torch.amin(ratios, dim=0)), max=rho)
+
+
+@torch.no_grad()
+def truncated_is_weight(
+    own_log_probs: Tensor, other_log_probs: Tensor, behaviour_log_probs: Tensor, *, rho: float
+) -> Tensor:
+    """The Stellaris IS weight R' = min(|min_i π_θi(a|s)/μ(a|s)|, ρ) (paper Eq. 2, docs/algorithms.md).
+
+    μ is the behaviour (actor) policy: ``behaviour_log_probs`` = log μ(a|s), shape S (e.g. ``[B]``).
+    The π_θi are the learner policies: the learner's own π_θ (``own_log_probs``, shape S) and the K
+    policies of the other in-flight learners at distinct versions (``other_log_probs``, ``[K, *S]``,
+    K may be 0). Computed without gradient; use it through ``ppo.truncated_ratio`` or as V-trace's ρ.
+    """
+    return truncate_ratios(_learner_ratios(own_log_probs, other_log_probs, behaviour_log_probs), rho=rho)
+
+
+@dataclass(frozen=True)
+class TruncationStats:
+    """Per-gradient report of the truncation (docs/algorithms.md).
+
+    ``fraction_truncated``: share of samples whose |min_i π_θi/μ| exceeded ρ and was clipped to ρ;
+    ``mean_weight``: mean R'.
+    """
+
+    fraction_truncated: float
+    mean_weight: float
+
+
+@torch.no_grad()
+def truncation_stats(
+    own_log_probs: Tensor, other_log_probs: Tensor, behaviour_log_probs: Tensor, *, rho: float
+) -> TruncationStats:
+    """Fraction truncated and mean R' for one gradient's batch (paper Eq. 2)."""
+    ratios = _learner_ratios(own_log_probs, other_log_probs, behaviour_log_probs)
+    min_ratio = torch.abs(torch.amin(ratios, dim=0))
+    weights = truncate_ratios(ratios, rho=rho)
+    return TruncationStats(
+        fraction_truncated=(min_ratio > rho).float().mean().item(),
+        mean_weight=weights.float().mean().item(),
+    )
+
+
+# --- Eq. 3–5: staleness, its threshold and scaling -----------------------------------------------------------
+
+
+def _check_d(d: float) -> None:
+    check_knob("d", d)  # against d's one declaration, contract.knobs
+
+
+def staleness(current_version: int, base_versions: Iterable[int]) -> list[int]:
+    """δ = current version − base version, per gradient (paper §V-C)."""
+    deltas = [current_version - base for base in base_versions]
+    if any(delta < 0 for delta in deltas):
+        raise ValueError(f"a base version is newer than the current version {current_version}")
+    return deltas
+
+
+def _threshold(delta_max: float, decay: float, round_k: int) -> float:
+    if round_k < 1:
+        raise ValueError(f"rounds count from 1, got {round_k}")
+    return delta_max * decay**round_k
+
+
+def staleness_threshold(delta_max: float, *, d: float, round_k: int) -> float:
+    """β_k = δ_max · d^k (paper Eq. 3), for rounds k ≥ 2; d ∈ [0, 1]."""
+    _check_d(d)
+    return _threshold(delta_max, d, round_k)
+
+
+def staleness_bound(
+    delta_max: float,
+    *,
+    d: float,
+    round_k: int,
+    schedule: Schedule,
+    horizon_rounds: int | None = None,
+    paper_rounds: int = PAPER_ROUNDS,
+    beta_floor: float = _DECLARED.beta_floor,
+) -> float:
+    """β_k of paper Eq. 3 under ``schedule``, for rounds k ≥ 1; d ∈ [0, 1].
+
+    The horizon schedules evaluate Eq. 3 at k_eff = k·paper_rounds/horizon_rounds, i.e. with the per-round
+    decay d^(paper_rounds/horizon_rounds); the floor schedules return max(β, beta_floor).
+    ``horizon_rounds`` (the run's plan, ≥ 1) is read only by the horizon schedules (None: no horizon known,
+    k_eff = k). d = 0 gives β = 0 under every schedule; d = 1 gives β = δ_max, raised to beta_floor by the floor
+    schedules.
+    """
+    _check_d(d)
+    schedule = Schedule(schedule)
+    decay = d
+    if schedule in (Schedule.HORIZON, Schedule.HORIZON_FLOOR) and horizon_rounds is not None:
+        decay = d ** (paper_rounds / horizon_rounds)  # δ_max·decay^k = δ_max·d^(k·paper_rounds/horizon_rounds)
+    beta = _threshold(delta_max, decay, round_k)
+    if schedule in (Schedule.FLOOR, Schedule.HORIZON_FLOOR) and d > 0.0:
+        beta = max(beta, beta_floor)
+    return beta
+
+
+def calibrate_delta_max(stalenesses: Iterable[int]) -> int:
+    """δ_max = the maximum staleness seen in the unthresholded round 1 (paper §V-C); not the mean."""
+    return max(stalenesses, default=0)
+
+
+def staleness_scale(delta: int, *, v: float) -> float:
+    """Per-gradient factor 1/δ^(1/v) when δ > 0, else 1 (paper Eq. 4: α_c = α_0/ᵛ√δ_c); v > 0 (contract.knobs)."""
+    return 1.0 / delta ** (1.0 / v) if delta > 0 else 1.0
+
+
+def aggregate(gradients: Sequence[Mapping[str, Tensor]], scales: Sequence[float]) -> dict[str, Tensor]:
+    """g = (1/H)·Σ_i scale_i·g_i: one aggregate of H gradients, applied as one optimizer step with α_0.
+
+    Each gradient is a mapping parameter name → tensor; all must name the same parameters.
+    """
+    if not gradients:
+        raise ValueError("nothing to aggregate")
+    if len(gradients) != len(scales):
+        raise ValueError(f"{len(gradients)} gradients but {len(scales)} scales")
+    names = list(gradients[0])
+    if any(set(gradient) != set(names) for gradient in gradients):
+        raise ValueError("gradients name different parameters")
+    # One fused kernel per gradient over all parameters (foreach), not a stack and a mean per parameter: the fast
+    # preset's parameter function spent a third of its update in the per-parameter version. Fresh tensors either way.
+    total = torch._foreach_mul([gradients[0][name] for name in names], scales[0])
+    for gradient, scale in zip(gradients[1:], scales[1:], strict=True):
+        torch._foreach_add_(total, [gradient[name] for name in names], alpha=scale)
+    if len(gradients) > 1:
+        torch._foreach_div_(total, float(len(gradients)))
+    return dict(zip(names, total, strict=True))
+
+
+def optimizer_step_gradients(
+    gradients: Sequence[Mapping[str, Tensor]], scales: Sequence[float], mode: str = "aggregate"
+) -> list[dict[str, Tensor]]:
+    """The gradient of each optimizer step one aggregation makes: the mean of the scaled gradients, one step
+    ("aggregate", docs/algorithms.md), or each scaled gradient as a step of its own, in order ("each")."""
+    if mode == "each":
+        return [aggregate([gradient], [scale]) for gradient, scale in zip(gradients, scales, strict=True)]
+    if mode != "aggregate":
+        raise ValueError(f"optimizer_steps must be 'aggregate' or 'each', got {mode!r}")
+    return [aggregate(gradients, scales)]
+
+
+# --- the aggregation rules ----------------------------------------------------------------------------------------
 
 
 class Decision(StrEnum):

@@ -1,4 +1,4 @@
-"""Atomic batch claims (cache/claims.py) on a real redis-server and a real Redis Cluster: all or nothing, two
+"""Atomic batch claims (cache/trajectories.py) on a real redis-server and a real Redis Cluster: all or nothing, two
 claimers racing over one stream never share a batch, and a poisoned batch is dead-lettered by the claim that takes it
 while the others are handed out."""
 
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from cache import BatchMeta, JobCache, TrajectoryBatch
-from cache.claims import BatchClaims
+from cache.trajectories import BatchClaims
 from contract.codec import HEADER_FIELD
 from tests.cache.test_streams import batch
 

@@ -1,4 +1,7 @@
-"""Atomic claims of landed trajectory batches by a trigger (docs/workflows.md).
+"""One job's trajectory stream (`JobKeys.traj`): actors push batches (`TrajectoryQueue`, with backpressure), and the
+control plane's learner gate claims them in rounds (`BatchClaims`); learners then read a batch's arrays by id.
+
+Atomic claims of landed trajectory batches by a trigger (docs/workflows.md).
 
 A claim is all or nothing: one Lua step counts the batches no one has claimed yet (those after the consumer group's
 last-delivered id) and, only when at least `at_least` have landed, delivers up to `at_most` of them to the claimer
@@ -16,12 +19,14 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 
 from cache.dead_letters import DeadLetters
+from cache.replay.store import ReplayStore, is_replay_id
 from cache.streams import MAX_BLOCK_S, BoundedStream, Entry, _entry
 from contract.batch_checks import checked_batch
-from contract.codec import DEFAULT_MAX_BYTES
-from contract.records import BatchMeta
+from contract.codec import DEFAULT_MAX_BYTES, encode_fields
+from contract.records import BatchMeta, TrajectoryBatch
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +55,50 @@ return {tail, got[1][2], version}
 """
 
 Claimed = list[tuple[str, BatchMeta]]  # (batch id, header), in landing order
+
+
+class TrajectoryQueue:
+    """Trajectory batches on a stream; the control plane's consumer group forms rounds from them, reading each
+    batch's header only. Learners read a batch's arrays by id."""
+
+    def __init__(
+        self, stream: BoundedStream, replay: ReplayStore | None = None, *, backpressure_timeout_s: float,
+        payload_bytes_max: int,
+    ) -> None:  # fmt: skip
+        self.stream = stream
+        self.backpressure_timeout_s, self.payload_bytes_max = backpressure_timeout_s, payload_bytes_max
+        self.replay = replay  # where replayed batches (ids `r<stream id>`, cache/replay) are read from
+
+    def put(self, batch: TrajectoryBatch, *, timeout_s: float | None = None) -> str:
+        timeout = self.backpressure_timeout_s if timeout_s is None else timeout_s
+        return self.stream.add(batch.fields(), timeout_s=timeout)
+
+    def put_header(self, meta: BatchMeta, *, timeout_s: float | None = None) -> str:
+        """A batch's header without its arrays (the gradients_at_actors profile: the control plane counts it)."""
+        timeout = self.backpressure_timeout_s if timeout_s is None else timeout_s
+        return self.stream.add(encode_fields({}, meta.to_dict()), timeout_s=timeout)
+
+    def take(self, consumer: str, *, count: int = 1, block_s: float = 0.0) -> list[tuple[str, BatchMeta]]:
+        """New batches for `consumer`: ids and headers (no array is decoded)."""
+        return [
+            (e.id, BatchMeta.from_fields(e.fields)) for e in self.stream.read(consumer, count=count, block_s=block_s)
+        ]
+
+    def get(self, batch_id: str) -> TrajectoryBatch | None:
+        if self.replay is not None and is_replay_id(batch_id):
+            fields = self.replay.read(batch_id)
+            return None if fields is None else TrajectoryBatch.from_fields(fields, max_bytes=self.payload_bytes_max)
+        entry = self.stream.get(batch_id)
+        if entry is None:
+            return None
+        return TrajectoryBatch.from_fields(entry.fields, max_bytes=self.payload_bytes_max)
+
+    def ack(self, batch_ids: Sequence[str]) -> int:
+        return self.stream.ack(batch_ids)
+
+    def reclaim(self, consumer: str, *, min_idle_s: float, count: int = 16) -> list[tuple[str, BatchMeta]]:
+        entries = self.stream.reclaim(consumer, min_idle_s=min_idle_s, count=count)
+        return [(e.id, BatchMeta.from_fields(e.fields)) for e in entries]
 
 
 class BatchClaims:

@@ -1,4 +1,4 @@
-"""The parameter function's reader of a job's gradient and control streams (cache/gradient_feed.py): each gradient
+"""The parameter function's reader of a job's gradient and control streams (cache/tasks.py): each gradient
 read once, by header; a poisoned one returned apart and dropped into the dead letters; a blocking read ended by a
 gradient or by a stop event, never by a control event sent before the reader began."""
 
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from cache import FencingError, GradientMeta, GradientRecord, JobCache
-from cache.gradient_feed import GradientFeed
+from cache.tasks import GradientFeed
 
 
 def gradient(task: str, base_version: int = 0) -> GradientRecord:
