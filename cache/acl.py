@@ -70,8 +70,18 @@ def outside_rules(client: redis.Redis | redis.cluster.RedisCluster) -> tuple[str
 def setuser_command(job: str, password: str, outside: tuple[str, ...]) -> tuple[str, ...]:
     """The ACL SETUSER command that creates (or resets) the job's user with `password`, less the commands `outside`
     takes away (`outside_rules`); running it again is a no-op."""
-    return ("ACL", "SETUSER", job_user(job), "reset", "on", f">{password}", f"~{PREFIX}:{{{job}}}:*", "resetchannels",
-            *_RULES, *outside)  # fmt: skip
+    return (
+        "ACL",
+        "SETUSER",
+        job_user(job),
+        "reset",
+        "on",
+        f">{password}",
+        f"~{PREFIX}:{{{job}}}:*",
+        "resetchannels",
+        *_RULES,
+        *outside,
+    )
 
 
 def grant_job(client: redis.Redis | redis.cluster.RedisCluster, job: str) -> Grant:

@@ -20,8 +20,11 @@ CLUSTER_SCHEMES = {"redis+cluster://": "redis://", "rediss+cluster://": "rediss:
 # What a cluster client retries within the reconnect window: a lost connection, and the cluster refusing commands
 # while a master is down (CLUSTERDOWN, TRYAGAIN) or its slots are not yet known again.
 CLUSTER_RETRY_ON: tuple[type[Exception], ...] = (
-    redis.ConnectionError, ClusterDownError, TryAgainError, SlotNotCoveredError,
-)  # fmt: skip
+    redis.ConnectionError,
+    ClusterDownError,
+    TryAgainError,
+    SlotNotCoveredError,
+)
 
 
 def is_cluster_url(url: str) -> bool:

@@ -70,11 +70,15 @@ class ClusterNode(EmbeddedRedis):
 
     def _extra_args(self) -> list[str]:
         return [
-            "--cluster-enabled", "yes",
-            "--cluster-config-file", "nodes.conf",  # in the node's own directory: a restart rejoins with its slots
-            "--cluster-node-timeout", str(self.node_timeout_ms),
-            "--masterauth", self.password,
-        ]  # fmt: skip
+            "--cluster-enabled",
+            "yes",
+            "--cluster-config-file",
+            "nodes.conf",  # in the node's own directory: a restart rejoins with its slots
+            "--cluster-node-timeout",
+            str(self.node_timeout_ms),
+            "--masterauth",
+            self.password,
+        ]
 
     def _on_log_line(self, line: str) -> None:
         if _STATE_OK in line:
@@ -175,8 +179,15 @@ class EmbeddedRedisCluster:
     def _create(self, deadline: float) -> None:
         """Assign the slots over the masters (`redis-cli --cluster create`); the password travels in the
         environment, not on the command line."""
-        args = [self.cli, "--cluster", "create", *(f"127.0.0.1:{port}" for port in self.ports),
-                "--cluster-replicas", "0", "--cluster-yes"]  # fmt: skip
+        args = [
+            self.cli,
+            "--cluster",
+            "create",
+            *(f"127.0.0.1:{port}" for port in self.ports),
+            "--cluster-replicas",
+            "0",
+            "--cluster-yes",
+        ]
         try:
             done = subprocess.run(
                 args,

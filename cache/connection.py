@@ -40,18 +40,20 @@ class CacheSettings(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     url: str | None = Field(
-        default=None, description="redis://, rediss://, unix:// or (a cluster) redis+cluster:// URL; None starts an "
-        "embedded server",
-    )  # fmt: skip
+        default=None,
+        description="redis://, rediss://, unix:// or (a cluster) redis+cluster:// URL; None starts an embedded server",
+    )
     maxmemory_bytes: int = Field(default=2 * 1024**3, gt=0, description="embedded server memory cap")
     socket_timeout_s: float = Field(default=60.0, gt=0, description="per-command socket timeout")
     connect_timeout_s: float = Field(default=10.0, gt=0)
     max_connections: int = Field(default=64, gt=0, description="connection pool bound per client")
     tune_allocator: bool = Field(default=True, description="keep freed large buffers in the heap (glibc)")
     reconnect_window_s: float = Field(
-        default_factory=window_from_env, ge=0, le=86_400,
+        default_factory=window_from_env,
+        ge=0,
+        le=86_400,
         description="how long a command retries across a lost connection or a Redis restart (0: never)",
-    )  # fmt: skip
+    )
 
 
 class _CountedPipeline(redis.client.Pipeline):

@@ -41,9 +41,11 @@ class JobLimits(BaseSettings):
     dead_letter_maxlen: int = Field(default=10_000, gt=0, description="dead letters kept (oldest trimmed)")
     applied_maxlen: int = Field(default=100_000, gt=0, description="aggregation records kept for the control plane")
     optimizer_save_every: int = Field(
-        default=16, ge=1, le=1_000_000,
+        default=16,
+        ge=1,
+        le=1_000_000,
         description="updates between stores of the optimizer state (and always when an update invocation ends)",
-    )  # fmt: skip
+    )
     backpressure_timeout_s: float = Field(default=120.0, gt=0, description="producer wait on a full stream")
     payload_bytes_max: int = Field(default=DEFAULT_MAX_BYTES, gt=0, description="largest decoded payload")
 

@@ -222,13 +222,30 @@ class TaskBoard:
         self.stream.ensure_group()
         k = self.keys
         keys = [
-            k.tasks, k.learners, k.learner_deadlines, k.dead_letters, k.policy_version, k.aggregator,
-            k.tasks_closed, k.tasks_wake, k.control, k.grad,
-        ]  # fmt: skip
+            k.tasks,
+            k.learners,
+            k.learner_deadlines,
+            k.dead_letters,
+            k.policy_version,
+            k.aggregator,
+            k.tasks_closed,
+            k.tasks_wake,
+            k.control,
+            k.grad,
+        ]
         args: list[Any] = [
-            self.GROUP, learner_id, self.lease_ms, self.max_attempts, self.ttl_ms, self.dead_letter_maxlen, 256,
-            "" if held_version is None else str(held_version), k.policy(0)[:-1], self.gradient_maxlen, holding or "",
-        ]  # fmt: skip
+            self.GROUP,
+            learner_id,
+            self.lease_ms,
+            self.max_attempts,
+            self.ttl_ms,
+            self.dead_letter_maxlen,
+            256,
+            "" if held_version is None else str(held_version),
+            k.policy(0)[:-1],
+            self.gradient_maxlen,
+            holding or "",
+        ]
         args += [finished[0], *finished[1].fields()] if finished else [""]
         return PendingClaim(self, keys, args, timeout_s, now=now)
 

@@ -62,9 +62,13 @@ class TrajectoryQueue:
     batch's header only. Learners read a batch's arrays by id."""
 
     def __init__(
-        self, stream: BoundedStream, replay: ReplayStore | None = None, *, backpressure_timeout_s: float,
+        self,
+        stream: BoundedStream,
+        replay: ReplayStore | None = None,
+        *,
+        backpressure_timeout_s: float,
         payload_bytes_max: int,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.stream = stream
         self.backpressure_timeout_s, self.payload_bytes_max = backpressure_timeout_s, payload_bytes_max
         self.replay = replay  # where replayed batches (ids `r<stream id>`, cache/replay) are read from
@@ -110,9 +114,14 @@ class BatchClaims:
     their arrays (the `trajectories` profile: they are then decoded and checked, no copy made)."""
 
     def __init__(
-        self, stream: BoundedStream, dead_letters: DeadLetters, *, version_key: str | None = None,
-        payloads: bool = False, max_bytes: int = DEFAULT_MAX_BYTES,
-    ) -> None:  # fmt: skip
+        self,
+        stream: BoundedStream,
+        dead_letters: DeadLetters,
+        *,
+        version_key: str | None = None,
+        payloads: bool = False,
+        max_bytes: int = DEFAULT_MAX_BYTES,
+    ) -> None:
         self.stream, self.dead_letters = stream, dead_letters
         self.keys = [stream.key] if version_key is None else [stream.key, version_key]
         self.payloads, self.max_bytes = payloads, max_bytes

@@ -16,11 +16,32 @@ from collections.abc import Iterable, Mapping
 # environment's, thread counts and CPU kinds of the numeric libraries (OPENBLAS_CORETYPE keeps some processors from
 # wrong results), which GPUs are visible, MuJoCo's renderer, and this project's own settings (STELLARIS_*).
 INHERITED_ENV = (
-    "PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "LC_*", "TZ", "TMPDIR", "TERM",
-    "PYTHONPATH", "PYTHONHASHSEED", "PYTHONUNBUFFERED", "PYTHONDONTWRITEBYTECODE", "VIRTUAL_ENV", "LD_LIBRARY_PATH",
-    "OMP_*", "MKL_*", "OPENBLAS_*", "KMP_*", "CUDA_*", "NVIDIA_*", "MUJOCO_GL", "PYOPENGL_PLATFORM",
+    "PATH",
+    "HOME",
+    "USER",
+    "LOGNAME",
+    "LANG",
+    "LANGUAGE",
+    "LC_*",
+    "TZ",
+    "TMPDIR",
+    "TERM",
+    "PYTHONPATH",
+    "PYTHONHASHSEED",
+    "PYTHONUNBUFFERED",
+    "PYTHONDONTWRITEBYTECODE",
+    "VIRTUAL_ENV",
+    "LD_LIBRARY_PATH",
+    "OMP_*",
+    "MKL_*",
+    "OPENBLAS_*",
+    "KMP_*",
+    "CUDA_*",
+    "NVIDIA_*",
+    "MUJOCO_GL",
+    "PYOPENGL_PLATFORM",
     "STELLARIS_*",
-)  # fmt: skip
+)
 
 # Ray's own settings, which a Ray node and the workers it starts read (gateway/backends/ray/cluster.py).
 RAY_ENV = "RAY_*"
@@ -28,10 +49,21 @@ RAY_ENV = "RAY_*"
 # Never inherited, whatever the allow-list says: credentials of the deployment and of whoever starts instances.
 # An instance gets the job's own Redis user from its registration, and REDIS_URL without credentials.
 SECRET_ENV = (
-    "REDIS_URL", "REDISCLI_AUTH", "STELLARIS_GATEWAY_*", "STELLARIS_REDIS_USER", "STELLARIS_REDIS_PASSWORD",
-    "STELLARIS_RUNTIME_SECRET", "STELLARIS_JOB", "DOCKER_*", "*TOKEN*", "*PASSWORD*", "*SECRET*", "*CREDENTIAL*",
-    "*_KEY", "*_AUTH",
-)  # fmt: skip
+    "REDIS_URL",
+    "REDISCLI_AUTH",
+    "STELLARIS_GATEWAY_*",
+    "STELLARIS_REDIS_USER",
+    "STELLARIS_REDIS_PASSWORD",
+    "STELLARIS_RUNTIME_SECRET",
+    "STELLARIS_JOB",
+    "DOCKER_*",
+    "*TOKEN*",
+    "*PASSWORD*",
+    "*SECRET*",
+    "*CREDENTIAL*",
+    "*_KEY",
+    "*_AUTH",
+)
 
 
 def _matches(name: str, patterns: Iterable[str]) -> bool:

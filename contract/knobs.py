@@ -45,9 +45,11 @@ class StellarisKnobs(BaseModel):
     """The knobs both sides share, besides the rule."""
 
     d: float = Field(
-        default=0.96, ge=0.0, le=1.0,
+        default=0.96,
+        ge=0.0,
+        le=1.0,
         description="decay of the staleness threshold β_k = δ_max·d^k of round k (0: synchronous, 1: asynchronous)",
-    )  # fmt: skip
+    )
     v: float = Field(default=3.0, gt=0.0, description="a gradient of staleness δ > 0 is scaled by 1/δ^(1/v)")
     rho: float = Field(
         default=1.0,

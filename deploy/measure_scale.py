@@ -59,9 +59,14 @@ def measure_calls(windows: int, seconds: float) -> dict[str, float]:
         proc, gw_url = start_gateway(server.url)
         try:
             spec = FunctionSpec(
-                name="noop", target="experiments.noop:handle", min_warm=1, max_instances=1,
-                concurrency_per_instance=64, max_concurrency=64, env={"STELLARIS_LOG_LEVEL": "WARNING"},
-            )  # fmt: skip
+                name="noop",
+                target="experiments.noop:handle",
+                min_warm=1,
+                max_instances=1,
+                concurrency_per_instance=64,
+                max_concurrency=64,
+                env={"STELLARIS_LOG_LEVEL": "WARNING"},
+            )
             with GatewayClient(gw_url, token=TOKEN) as gw:
                 gw.register(spec)
             url, headers = f"{gw_url}/function/noop", {"Authorization": f"Bearer {TOKEN}"}
@@ -121,9 +126,23 @@ def measure_job(rounds: int, preset: str) -> dict[str, Any]:
         cpu0 = redis_cpu_s(client)
         out = Path(tmp) / "run"
         argv = [
-            sys.executable, "-m", "stellaris.cli", "train", "--env", "Hopper-v5", "--preset", preset,
-            "--rounds", str(rounds), "--seed", "1", "--out", str(out), "--redis-url", server.url,
-        ]  # fmt: skip
+            sys.executable,
+            "-m",
+            "stellaris.cli",
+            "train",
+            "--env",
+            "Hopper-v5",
+            "--preset",
+            preset,
+            "--rounds",
+            str(rounds),
+            "--seed",
+            "1",
+            "--out",
+            str(out),
+            "--redis-url",
+            server.url,
+        ]
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
         subprocess.run(argv, cwd=ROOT, env=env, check=True, stdout=subprocess.DEVNULL)
         cpu_s = redis_cpu_s(client) - cpu0

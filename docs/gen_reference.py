@@ -388,8 +388,10 @@ def _operation_lines(path: str, method: str, operation: dict[str, Any], auth: st
         required = "required" if body.get("required") else "optional"
         lines += [f"Request body ({required}): {_body_text(body.get('content'))}.", ""]
     responses = operation.get("responses", {})
-    rows = [[code(status), clean(spec.get("description", "")), _body_text(spec.get("content"))]
-            for status, spec in sorted(responses.items())]  # fmt: skip
+    rows = [
+        [code(status), clean(spec.get("description", "")), _body_text(spec.get("content"))]
+        for status, spec in sorted(responses.items())
+    ]
     lines += [*table(["status", "meaning", "body"], rows), ""]
     return lines
 

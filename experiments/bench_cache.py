@@ -56,10 +56,12 @@ def mlp_gradient(hidden: int = 256) -> dict[str, torch.Tensor]:
 
     def mlp(out: int) -> torch.nn.Module:
         return torch.nn.Sequential(
-            torch.nn.Linear(HOPPER_OBS, hidden), torch.nn.Tanh(),
-            torch.nn.Linear(hidden, hidden), torch.nn.Tanh(),
+            torch.nn.Linear(HOPPER_OBS, hidden),
+            torch.nn.Tanh(),
+            torch.nn.Linear(hidden, hidden),
+            torch.nn.Tanh(),
             torch.nn.Linear(hidden, out),
-        )  # fmt: skip
+        )
 
     grads = {f"actor.{n}": torch.randn_like(p) for n, p in mlp(HOPPER_ACT).named_parameters()}
     grads["actor.log_std"] = torch.zeros(HOPPER_ACT)

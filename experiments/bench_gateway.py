@@ -97,9 +97,14 @@ def measure(seconds: float, repeats: int, console: Console) -> list[tuple[int, S
         try:
             with GatewayClient(gw_url, token=TOKEN) as client:
                 spec = FunctionSpec(
-                    name="noop", target="experiments.noop:handle", min_warm=1, max_instances=1,
-                    concurrency_per_instance=64, max_concurrency=64, env={"STELLARIS_LOG_LEVEL": "WARNING"},
-                )  # fmt: skip
+                    name="noop",
+                    target="experiments.noop:handle",
+                    min_warm=1,
+                    max_instances=1,
+                    concurrency_per_instance=64,
+                    max_concurrency=64,
+                    env={"STELLARIS_LOG_LEVEL": "WARNING"},
+                )
                 client.register(spec)
                 instance_url = client.function("noop")["status"]["instances"][0]["url"]
             paths = {
@@ -151,10 +156,15 @@ def main(
         for name, (p50, p99, rate) in stats.items():
             extra = name == "gateway"
             table.add_row(
-                str(conc), name, f"{p50:.2f}", f"{p99:.2f}", f"{rate:,.0f}",
-                f"{p50 - d50:+.2f}" if extra else "", f"{p99 - d99:+.2f}" if extra else "",
+                str(conc),
+                name,
+                f"{p50:.2f}",
+                f"{p99:.2f}",
+                f"{rate:,.0f}",
+                f"{p50 - d50:+.2f}" if extra else "",
+                f"{p99 - d99:+.2f}" if extra else "",
                 f"{rate / drate:.2f}x" if extra else "",
-            )  # fmt: skip
+            )
     console.print(table)
     console.print("Targets: <= 1 ms extra at p50, <= 5 ms extra at p99, >= 2,000 invocations/s through the gateway.")
 

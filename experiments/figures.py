@@ -19,9 +19,14 @@ from experiments.suites import ABLATION, SENSITIVITY, SENSITIVITY_DEFAULTS, RunP
 from experiments.summary import BREAKDOWN, RunResult, curve, read_info, steps_curve
 
 COLORS = {
-    "vanilla": "#7f7f7f", "stellaris": "#d62728", "softsync": "#1f77b4", "ssp": "#2ca02c", "async": "#ff7f0e",
-    "no-truncation": "#9467bd", "rllib": "#17becf",
-}  # fmt: skip
+    "vanilla": "#7f7f7f",
+    "stellaris": "#d62728",
+    "softsync": "#1f77b4",
+    "ssp": "#2ca02c",
+    "async": "#ff7f0e",
+    "no-truncation": "#9467bd",
+    "rllib": "#17becf",
+}
 GRID_POINTS = 60
 
 

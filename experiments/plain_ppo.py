@@ -209,9 +209,14 @@ def info_rows(results: list[RoundResult]) -> list[dict[str, float]]:
         steps += r.env_steps
         mean = float(np.mean(r.episode_returns)) if r.episode_returns else math.nan
         rows.append(
-            {"round_id": i, "duration": r.seconds, "env_steps": steps, "episodes": len(r.episode_returns),
-             "train_reward_mean": mean}
-        )  # fmt: skip
+            {
+                "round_id": i,
+                "duration": r.seconds,
+                "env_steps": steps,
+                "episodes": len(r.episode_returns),
+                "train_reward_mean": mean,
+            }
+        )
     return rows
 
 
@@ -229,8 +234,10 @@ def main(
     def progress(r: RoundResult) -> None:
         done.append(r)
         mean = np.mean(r.episode_returns) if r.episode_returns else math.nan
-        print(f"round {len(done)}/{rounds}: {r.env_steps / r.seconds:,.0f} env steps/s, mean episodic return "
-              f"{mean:.1f}", flush=True)  # fmt: skip
+        print(
+            f"round {len(done)}/{rounds}: {r.env_steps / r.seconds:,.0f} env steps/s, mean episodic return {mean:.1f}",
+            flush=True,
+        )
 
     rows = info_rows(train(env, rounds, seed, on_round=progress))
     if csv_path is not None:
@@ -240,8 +247,10 @@ def main(
             writer.writerows(rows)
     end = total_steps or rows[-1]["env_steps"]
     half = window_reward(rows, end / 2)
-    print(f"mean training return of the episodes in the 50k env steps before {end / 2:,.0f}: {half:,.0f}; "
-          f"before {end:,.0f}: {window_reward(rows, end):,.0f}")  # fmt: skip
+    print(
+        f"mean training return of the episodes in the 50k env steps before {end / 2:,.0f}: {half:,.0f}; "
+        f"before {end:,.0f}: {window_reward(rows, end):,.0f}"
+    )
 
 
 if __name__ == "__main__":

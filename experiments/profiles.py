@@ -63,9 +63,22 @@ def run_once(setting: Setting, profile: str, rounds: int, out: Path, seed: int) 
         client = redis.Redis.from_url(server.url)
         before = net_bytes(client)
         cmd = [
-            sys.executable, "-m", "stellaris.cli", "train", *setting.args, "--rounds", str(rounds),
-            "--distribution", profile, "--seed", str(seed), "--redis-url", server.url, "--out", str(out),
-        ]  # fmt: skip
+            sys.executable,
+            "-m",
+            "stellaris.cli",
+            "train",
+            *setting.args,
+            "--rounds",
+            str(rounds),
+            "--distribution",
+            profile,
+            "--seed",
+            str(seed),
+            "--redis-url",
+            server.url,
+            "--out",
+            str(out),
+        ]
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
         moved = net_bytes(client) - before
         client.close()

@@ -31,8 +31,15 @@ from pathlib import Path
 from typing import Any
 
 PROGRESS_COLUMNS = (
-    "iteration", "env_steps", "episodes", "return_mean", "return_mean_rllib", "iteration_s", "train_s", "wall_clock_s",
-)  # fmt: skip
+    "iteration",
+    "env_steps",
+    "episodes",
+    "return_mean",
+    "return_mean_rllib",
+    "iteration_s",
+    "train_s",
+    "wall_clock_s",
+)
 # Keys this script's episode callback logs on every EnvRunner; summed per iteration, they give the mean return of
 # exactly the episodes that ended in it (RLlib's own episode_return_mean is smoothed over the last 100 episodes).
 RETURN_SUM_KEY = "stellaris_episode_return_sum"

@@ -43,9 +43,17 @@ LEARNERS = 1  # RLlib's PPO on one machine: one local learner
 RUN_TIMEOUT_S = 4 * 3600.0
 STOP_WAIT_S = 30.0
 INFO_COLUMNS = [
-    "round_id", "duration", "episodes", "train_reward_mean", "train_reward_rllib", "env_steps", "cost", "cost_learner",
-    "cost_actor", "wall_clock_s",
-]  # fmt: skip
+    "round_id",
+    "duration",
+    "episodes",
+    "train_reward_mean",
+    "train_reward_rllib",
+    "env_steps",
+    "cost",
+    "cost_learner",
+    "cost_actor",
+    "wall_clock_s",
+]
 
 
 def is_rllib(p: RunPlan) -> bool:

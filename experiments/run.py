@@ -53,10 +53,15 @@ def make_figures(
                 continue
             made.append(
                 figures.reward_figure(
-                    suite_dir / f"algorithms_{algo}.png", root, plans, [g for g in groups if g.startswith(f"{algo}/")],
-                    ["vanilla", "stellaris"], f"{algo.upper()}: vanilla vs Stellaris (cf. paper {fig})", note,
+                    suite_dir / f"algorithms_{algo}.png",
+                    root,
+                    plans,
+                    [g for g in groups if g.startswith(f"{algo}/")],
+                    ["vanilla", "stellaris"],
+                    f"{algo.upper()}: vanilla vs Stellaris (cf. paper {fig})",
+                    note,
                 )
-            )  # fmt: skip
+            )
     elif suite == "cost":
         made.append(figures.cost_figure(suite_dir / "cost.png", results, groups, note))
     elif suite == "ablation":
@@ -72,21 +77,37 @@ def make_figures(
 
 def print_summary(suite: str, rows: list[dict[str, Any]]) -> None:
     table = Table(title=f"{suite}: final reward (mean ± std over seeds), cost, ratios vs baseline")
-    columns = ("group", "variant", "seeds", "reward", "reward ½ run", "reward end", "to target s", "wall s", "cost $",
-               "reward ratio", "cost ratio", "overhead")  # fmt: skip
+    columns = (
+        "group",
+        "variant",
+        "seeds",
+        "reward",
+        "reward ½ run",
+        "reward end",
+        "to target s",
+        "wall s",
+        "cost $",
+        "reward ratio",
+        "cost ratio",
+        "overhead",
+    )
     for col in columns:
         table.add_column(col, justify="left" if col in ("group", "variant") else "right")
     for r in rows:
         table.add_row(
-            r["group"], r["variant"], str(r["seeds"]),
+            r["group"],
+            r["variant"],
+            str(r["seeds"]),
             f"{fmt(r['final_reward_mean'], '.1f')} ± {fmt(r['final_reward_std'], '.1f')}",
             f"{fmt(r['reward_half_mean'], '.0f')} ± {fmt(r['reward_half_std'], '.0f')}",
             f"{fmt(r['reward_end_mean'], '.0f')} ± {fmt(r['reward_end_std'], '.0f')}",
             fmt(r["time_to_target_s_mean"], ".0f"),
-            fmt(r["wall_clock_s_mean"], ".0f"), fmt(r["cost_usd_mean"], ".4f"),
-            fmt(r["reward_ratio"], ".2f"), fmt(r["cost_ratio"], ".2f"),
+            fmt(r["wall_clock_s_mean"], ".0f"),
+            fmt(r["cost_usd_mean"], ".4f"),
+            fmt(r["reward_ratio"], ".2f"),
+            fmt(r["cost_ratio"], ".2f"),
             fmt(100 * r["overhead_share_mean"], ".1f") + "%",
-        )  # fmt: skip
+        )
     out = Console()
     if not out.is_terminal:  # logs keep the table's rows whole
         out = Console(width=160)
@@ -149,10 +170,14 @@ def run_suite(
     with ExitStack() as stack:
         progress = stack.enter_context(
             Progress(
-                TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                console=console, transient=False,
+                TextColumn("{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                console=console,
+                transient=False,
             )
-        )  # fmt: skip
+        )
         task = progress.add_task(f"{suite} runs", total=len(unique))
 
         def on_outcome(o: Outcome) -> None:
@@ -248,12 +273,22 @@ def main(
     signal.signal(signal.SIGTERM, _interrupt)
     try:
         code = run_suite(
-            suite, preset=preset, seeds=seeds, first_seed=first_seed, out=out, parallel=parallel,
-            redis_url=redis_url, gateway_url=gateway_url, gateway_token=gateway_token, report_only=report_only,
+            suite,
+            preset=preset,
+            seeds=seeds,
+            first_seed=first_seed,
+            out=out,
+            parallel=parallel,
+            redis_url=redis_url,
+            gateway_url=gateway_url,
+            gateway_token=gateway_token,
+            report_only=report_only,
             variants=None if variants is None else [v.strip() for v in variants.split(",") if v.strip()],
-            target_reward=target_reward, rllib_venv=rllib_venv, rllib_cores=rllib_cores,
+            target_reward=target_reward,
+            rllib_venv=rllib_venv,
+            rllib_cores=rllib_cores,
             rllib_timeout_s=rllib_timeout_s,
-        )  # fmt: skip
+        )
     except ValueError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from exc

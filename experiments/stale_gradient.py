@@ -82,9 +82,15 @@ class RoundCloseness:
 
 
 def train_late(
-    env_id: str, rounds: int, seed: int, delay: int, h: Hyper | None = None, *, compare: bool = True,
+    env_id: str,
+    rounds: int,
+    seed: int,
+    delay: int,
+    h: Hyper | None = None,
+    *,
+    compare: bool = True,
     apply_lookahead: bool = False,
-) -> list[RoundCloseness]:  # fmt: skip
+) -> list[RoundCloseness]:
     """The loop trained with each gradient taken `delay` updates late (at the look-ahead point with
     `apply_lookahead`); per round, the medians of `closeness` (NaN without `compare`: then only the applied gradient
     is computed, as fast as the plain loop)."""
@@ -109,8 +115,11 @@ def train_late(
                 applied = gradient_at(probe, point, batch, idx, h)
                 set_gradient(agent, applied)
                 if compare:
-                    figures.append(_figures(probe, history[-1], base, previous, delay, batch, idx, draws, h, applied,
-                                            apply_lookahead))  # fmt: skip
+                    figures.append(
+                        _figures(
+                            probe, history[-1], base, previous, delay, batch, idx, draws, h, applied, apply_lookahead
+                        )
+                    )
                 opt.step()
                 history.append(parameters_to_vector(agent.parameters()).detach().clone())
         mean = float(np.mean(returns)) if returns else math.nan
@@ -122,9 +131,18 @@ def train_late(
 
 
 def _figures(
-    probe: Agent, current: torch.Tensor, base: torch.Tensor, previous: torch.Tensor, delay: int, batch: Batch,
-    idx: torch.Tensor, draws: torch.Generator, h: Hyper, applied: torch.Tensor, applied_lookahead: bool,
-) -> tuple[float, ...]:  # fmt: skip
+    probe: Agent,
+    current: torch.Tensor,
+    base: torch.Tensor,
+    previous: torch.Tensor,
+    delay: int,
+    batch: Batch,
+    idx: torch.Tensor,
+    draws: torch.Generator,
+    h: Hyper,
+    applied: torch.Tensor,
+    applied_lookahead: bool,
+) -> tuple[float, ...]:
     """`closeness` to the fresh gradient (at `current`, over `idx`) of the stale one, the look-ahead one and another
     minibatch's, as (cos stale, cos look-ahead, err stale, err look-ahead, cos other, err other); `applied`, the
     gradient the run applies (the look-ahead one when `applied_lookahead`), is not taken again."""
@@ -151,9 +169,11 @@ def quarter_medians(rows: list[RoundCloseness]) -> list[tuple[int, int, RoundClo
         med = {f: statistics.median(getattr(r, f) for r in part) for f in FIGURES}
         rewards = [r.train_reward_mean for r in part if not math.isnan(r.train_reward_mean)]
         summary = RoundCloseness(
-            part[-1].round, **med, episodes=sum(r.episodes for r in part),
+            part[-1].round,
+            **med,
+            episodes=sum(r.episodes for r in part),
             train_reward_mean=statistics.mean(rewards) if rewards else math.nan,
-        )  # fmt: skip
+        )
         out.append((part[0].round, part[-1].round, summary))
     return out
 
@@ -187,8 +207,10 @@ def main(
         for r in rows
     ]
     end = steps[-1]["env_steps"]
-    print(f"mean training return of the episodes in the 50k env steps before {end / 2:,.0f}: "
-          f"{window_reward(steps, end / 2):,.0f}; before {end:,.0f}: {window_reward(steps, end):,.0f}")  # fmt: skip
+    print(
+        f"mean training return of the episodes in the 50k env steps before {end / 2:,.0f}: "
+        f"{window_reward(steps, end / 2):,.0f}; before {end:,.0f}: {window_reward(steps, end):,.0f}"
+    )
 
 
 if __name__ == "__main__":

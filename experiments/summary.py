@@ -169,11 +169,31 @@ def _planned_steps(plan: RunPlan, rows: list[dict[str, float]]) -> float:
 
 
 SUMMARY_COLUMNS = [
-    "group", "variant", "seeds", "rounds", "env_steps", "final_reward_mean", "final_reward_std", "reward_half_mean",
-    "reward_half_std", "reward_end_mean", "reward_end_std", "time_to_target_s_mean", "wall_clock_s_mean",
-    "cost_usd_mean", "cost_usd_std", "cost_learner_usd_mean", "cost_actor_usd_mean", "staleness_mean",
-    "overhead_share_mean", "eval_reward_mean", "baseline", "reward_ratio", "cost_ratio", "time_ratio",
-]  # fmt: skip
+    "group",
+    "variant",
+    "seeds",
+    "rounds",
+    "env_steps",
+    "final_reward_mean",
+    "final_reward_std",
+    "reward_half_mean",
+    "reward_half_std",
+    "reward_end_mean",
+    "reward_end_std",
+    "time_to_target_s_mean",
+    "wall_clock_s_mean",
+    "cost_usd_mean",
+    "cost_usd_std",
+    "cost_learner_usd_mean",
+    "cost_actor_usd_mean",
+    "staleness_mean",
+    "overhead_share_mean",
+    "eval_reward_mean",
+    "baseline",
+    "reward_ratio",
+    "cost_ratio",
+    "time_ratio",
+]
 
 
 def _stats(values: list[float]) -> tuple[float, float]:

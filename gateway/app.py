@@ -43,9 +43,13 @@ def create_app(
     # The API description is behind the token like every route but /healthz, unless public_docs says otherwise.
     public = settings.public_docs
     app = FastAPI(
-        title="Stellaris gateway", version="0.1.0", lifespan=lifespan, redoc_url=None,
-        openapi_url=docs.OPENAPI_URL if public else None, docs_url="/docs" if public else None,
-    )  # fmt: skip
+        title="Stellaris gateway",
+        version="0.1.0",
+        lifespan=lifespan,
+        redoc_url=None,
+        openapi_url=docs.OPENAPI_URL if public else None,
+        docs_url="/docs" if public else None,
+    )
     app.state.gateway = gateway
     app.openapi = lambda: openapi.describe(app)  # type: ignore[method-assign]
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes, timeout_s=settings.body_timeout_s)

@@ -67,8 +67,12 @@ class BusyProbes:
         (`death`). Marked first, so that those calls say why."""
         live.hung_s = live.silence.silent_s(time.monotonic())
         self.metrics.instance_deaths.labels(self.spec.name, "hung").inc()
-        log.warning("instance %s of %r answered no health probe for %.1f s under a call: killed", live.handle.id,
-                    self.spec.name, live.hung_s)  # fmt: skip
+        log.warning(
+            "instance %s of %r answered no health probe for %.1f s under a call: killed",
+            live.handle.id,
+            self.spec.name,
+            live.hung_s,
+        )
         with contextlib.suppress(BackendError):  # gone already: its calls fail as crashes would
             await asyncio.to_thread(self.backend.kill, live.handle)
 

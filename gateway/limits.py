@@ -40,9 +40,14 @@ class TooDeep(HTTPException):
 
 # The `type` of the JSON error answered for each client-fault status, here and in the app's exception handler.
 ERROR_KINDS = {
-    400: "BadRequest", 401: "Unauthorized", 404: "NotFound", 408: "RequestTimeout", 409: "Conflict",
-    413: "PayloadTooLarge", 422: "ValidationError",
-}  # fmt: skip
+    400: "BadRequest",
+    401: "Unauthorized",
+    404: "NotFound",
+    408: "RequestTimeout",
+    409: "Conflict",
+    413: "PayloadTooLarge",
+    422: "ValidationError",
+}
 
 
 def _error_response(exc: HTTPException) -> dict[str, Any]:

@@ -129,9 +129,16 @@ class FunctionPool(IdleProbes, BusyProbes):
         return live
 
     async def _call(
-        self, live: Live, event: dict[str, Any], call_id: str, *, cold: bool, init_s: float | None, wait_s: float,
+        self,
+        live: Live,
+        event: dict[str, Any],
+        call_id: str,
+        *,
+        cold: bool,
+        init_s: float | None,
+        wait_s: float,
         dead: int,
-    ) -> Outcome:  # fmt: skip
+    ) -> Outcome:
         started = time.monotonic()
         handle = live.handle
         outcome = Outcome(None, handle.id, cold, init_s, wait_s, 0.0, handle.container_id, handle.node, dead)
@@ -228,8 +235,13 @@ class FunctionPool(IdleProbes, BusyProbes):
         tasks = [self._spawn(self._warm_one(delay)) for _ in range(max(missing, 0))]
         if tasks and wait_s > 0:
             await asyncio.wait(tasks, timeout=wait_s)
-        return {"function": self.spec.name, "starting": max(missing, 0), "start_in_s": delay,
-                "warm": len(self.instances), "init_estimate_s": self.init_estimate_s}  # fmt: skip
+        return {
+            "function": self.spec.name,
+            "starting": max(missing, 0),
+            "start_in_s": delay,
+            "warm": len(self.instances),
+            "init_estimate_s": self.init_estimate_s,
+        }
 
     def adopt(self, handles: list[InstanceHandle]) -> list[InstanceHandle]:
         """Take over instances found again after a gateway restart: only this function's, started on this backend

@@ -45,8 +45,9 @@ def gateway_redis(cache: Cache, *, max_connections: int, wait_s: float) -> Gatew
             socket_timeout=cache.settings.socket_timeout_s,
             socket_connect_timeout=cache.settings.connect_timeout_s,
         )
-    pool = aioredis.BlockingConnectionPool.from_url(cache.url, max_connections=max_connections, timeout=wait_s,
-                                                    retry=retry)  # fmt: skip
+    pool = aioredis.BlockingConnectionPool.from_url(
+        cache.url, max_connections=max_connections, timeout=wait_s, retry=retry
+    )
     return aioredis.Redis(connection_pool=pool)
 
 
@@ -80,8 +81,9 @@ class GatewayCluster(redis.asyncio.cluster.RedisCluster):
 
     async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
         async with self.slot():
-            return await self.reconnect.call_with_retry(functools.partial(super().execute_command, *args, **kwargs),
-                                                        _ignore)  # fmt: skip
+            return await self.reconnect.call_with_retry(
+                functools.partial(super().execute_command, *args, **kwargs), _ignore
+            )
 
     def pipeline(self, transaction: Any = None, shard_hint: Any = None) -> GatewayClusterPipeline:
         if shard_hint:

@@ -74,9 +74,13 @@ def serve(settings: GatewaySettings, *, ready_line: bool = True, log_level: str 
     app = create_app(settings, on_ready=ready if ready_line else None)
 
     config = uvicorn.Config(
-        app, log_level=log_level, access_log=False, timeout_graceful_shutdown=30, backlog=BACKLOG,
+        app,
+        log_level=log_level,
+        access_log=False,
+        timeout_graceful_shutdown=30,
+        backlog=BACKLOG,
         http=timed_httptools(settings.header_timeout_s),
-    )  # fmt: skip
+    )
     server = _Server(config, settings.stop_report_s)
     signal.signal(signal.SIGTERM, lambda *_: setattr(server, "should_exit", True))
     server.run(sockets=[sock])

@@ -26,13 +26,35 @@ def resolves_to_loopback(host: str) -> bool:
 
 # What a registered function may set in its instances' environment: this project's settings and thread counts.
 DEFAULT_ENV_ALLOW = (
-    "STELLARIS_*", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "MUJOCO_GL",
-)  # fmt: skip
+    "STELLARIS_*",
+    "OMP_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "OPENBLAS_NUM_THREADS",
+    "CUDA_VISIBLE_DEVICES",
+    "MUJOCO_GL",
+)
 # Variables that change how an interpreter, the dynamic loader or a shell starts: never, whatever env_allow says.
 ENV_DENY = (
-    "PYTHON*", "LD_*", "DYLD_*", "PERL*", "RUBY*", "NODE_*", "JAVA_TOOL_OPTIONS", "_JAVA_OPTIONS", "BASH_ENV",
-    "ENV", "SHELLOPTS", "PS4", "IFS", "PATH", "HOME", "BROWSER", "GCONV_PATH", "MALLOC_*", "TMPDIR",
-)  # fmt: skip
+    "PYTHON*",
+    "LD_*",
+    "DYLD_*",
+    "PERL*",
+    "RUBY*",
+    "NODE_*",
+    "JAVA_TOOL_OPTIONS",
+    "_JAVA_OPTIONS",
+    "BASH_ENV",
+    "ENV",
+    "SHELLOPTS",
+    "PS4",
+    "IFS",
+    "PATH",
+    "HOME",
+    "BROWSER",
+    "GCONV_PATH",
+    "MALLOC_*",
+    "TMPDIR",
+)
 
 
 def _physical_memory() -> int:
@@ -113,9 +135,11 @@ class GatewaySettings(HangSettings):
         default=10.0, gt=0, le=3600, description="an instance's drain on stop (SIGTERM), then it is killed"
     )
     stop_report_s: float = Field(
-        default=20.0, gt=0, le=3600,
+        default=20.0,
+        gt=0,
+        le=3600,
         description="a stop still under way this long after it began prints every thread's and task's stack to stderr",
-    )  # fmt: skip
+    )
     late_start_wait_s: float = Field(
         default=20.0,
         ge=0,

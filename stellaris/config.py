@@ -73,14 +73,17 @@ class TrainConfig(StellarisKnobs, DistributionKnob, ElasticOptions, TriggerField
     # ends, with the policy it ended on; at 1 while it trains, following the newest policy every 4 steps.
     actor_run_ahead: int = Field(default=0, ge=0, le=64, description="batches per actor queued or in training")
     actor_policy_refresh: int = Field(
-        default=4, ge=0, le=100_000,
+        default=4,
+        ge=0,
+        le=100_000,
         description="steps per env between an actor's looks for a newer policy mid-batch (0: once a batch)",
-    )  # fmt: skip
+    )
     learners: int = Field(
         default_factory=default_learners,
-        ge=1, le=256,
+        ge=1,
+        le=256,
         description="max concurrent learner functions: one per CPU core past the first, at most 2, unless given",
-    )  # fmt: skip
+    )
     standby: int = Field(default=0, ge=0, le=16, description="warm spare learner and parameter-function instances each")
     seed: int = Field(default=0, description="seed of envs, action sampling, minibatch order and network init")
     eval_every: int = Field(default=0, ge=0, le=1_000_000, description="rounds between evaluations, and the last")

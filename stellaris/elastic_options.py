@@ -44,9 +44,11 @@ class ElasticOptions(BaseModel):
         default=5, ge=1, le=100, description="elastic actors: rounds in the demand window (ARTOS: 5)"
     )
     elastic_lambda: float = Field(
-        default=0.2, ge=0.0, lt=1.0,
+        default=0.2,
+        ge=0.0,
+        lt=1.0,
         description="elastic actors: dead band, a change under this fraction of the actors is ignored (ARTOS: 0.2)",
-    )  # fmt: skip
+    )
     learner_schedule: str | None = Field(
         default=None, description='learner capacity by round, e.g. "2@1,4@15" (2 from round 1, 4 from round 15)'
     )

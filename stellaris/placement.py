@@ -19,9 +19,10 @@ _DOCKER_FIELDS = ("image", "learner_image", "parameter_image", "actor_image")
 _RAY_FIELDS = ("ray_address", "learner_resources", "parameter_resources", "actor_resources")
 _GPU_FIELDS = ("learner_gpus", "parameter_gpus")
 _FIELD_BACKENDS = {
-    **dict.fromkeys(_DOCKER_FIELDS, "docker"), **dict.fromkeys(_RAY_FIELDS, "ray"),
+    **dict.fromkeys(_DOCKER_FIELDS, "docker"),
+    **dict.fromkeys(_RAY_FIELDS, "ray"),
     **dict.fromkeys(_GPU_FIELDS, "docker or ray"),
-}  # fmt: skip
+}
 
 
 class Placed(Protocol):

@@ -68,10 +68,11 @@ def _show_gateway(console: Console, platform: Platform, cfg: TrainConfig, run_pa
     token_file.touch(mode=0o600)
     token_file.write_text(platform.gateway_token)
     console.print(
-        f"gateway {url}, token in {token_file} (metrics: curl -H \"Authorization: Bearer $(cat {token_file})\" "
+        f'gateway {url}, token in {token_file} (metrics: curl -H "Authorization: Bearer $(cat {token_file})" '
         f"{url}/metrics)",
-        highlight=False, soft_wrap=True,
-    )  # fmt: skip
+        highlight=False,
+        soft_wrap=True,
+    )
     return token_file
 
 
@@ -133,8 +134,11 @@ def _after_cache_loss(
     state = read_state(cfg.run_dir())
     headline = lost.headline if isinstance(lost, RedisServerDied) else str(lost)  # a dead server's log tail apart
     if state is not None and _nothing_to_resume(cfg) is not None:  # lost as the job's data was being deleted
-        console.print(f"[yellow]cache lost[/] after the last round: {headline}; the run is complete, outputs in "
-                      f"{cfg.run_dir()}", highlight=False, soft_wrap=True)  # fmt: skip
+        console.print(
+            f"[yellow]cache lost[/] after the last round: {headline}; the run is complete, outputs in {cfg.run_dir()}",
+            highlight=False,
+            soft_wrap=True,
+        )
         return 0
     if losses > resumes:
         hint = _resume_hint(cfg.run_dir())
@@ -142,8 +146,11 @@ def _after_cache_loss(
         console.print(f"[red]error:[/] {lost}" + (f"{then}{hint}" if hint else ""), highlight=False, soft_wrap=True)
         return 1
     at = f"round {state.get('round', 0)}'s checkpoint" if state is not None else "the start (no checkpoint yet)"
-    console.print(f"[yellow]cache lost[/]: {headline}; resuming from {at} ({losses} of at most {resumes} such "
-                  "resumes)", highlight=False, soft_wrap=True)  # fmt: skip
+    console.print(
+        f"[yellow]cache lost[/]: {headline}; resuming from {at} ({losses} of at most {resumes} such resumes)",
+        highlight=False,
+        soft_wrap=True,
+    )
     if isinstance(lost, RedisServerDied):
         console.print(f"its last log lines:\n{lost.log_tail}", highlight=False, soft_wrap=True)
     return None
@@ -201,8 +208,11 @@ def _play_rounds(trainer: Trainer, console: Console) -> None:
     Live, whose last frame would leave the summary on its line."""
     start_steps, t0 = trainer.env_steps, time.monotonic()
     history: list[float] = []
-    live = Live(_progress(trainer.cfg, trainer.standing(), trainer.cost, None, 0.0, history), console=console,
-                refresh_per_second=4)  # fmt: skip
+    live = Live(
+        _progress(trainer.cfg, trainer.standing(), trainer.cost, None, 0.0, history),
+        console=console,
+        refresh_per_second=4,
+    )
     with live if console.is_terminal else contextlib.nullcontext():
         while not trainer.done():
             row = trainer.step()
@@ -238,9 +248,13 @@ def _train(cfg: TrainConfig, console: Console, run: RunDir, state: dict[str, Any
     token_file: Path | None = None
     try:
         with Platform(
-            redis_url=cfg.redis_url, gateway_url=cfg.gateway_url, gateway_token=cfg.gateway_token,
-            backend=cfg.backend, ray_address=cfg.ray_address, instance_env=threads_env(cfg),
-        ) as p:  # fmt: skip
+            redis_url=cfg.redis_url,
+            gateway_url=cfg.gateway_url,
+            gateway_token=cfg.gateway_token,
+            backend=cfg.backend,
+            ray_address=cfg.ray_address,
+            instance_env=threads_env(cfg),
+        ) as p:
             trainer = Trainer(cfg, p, run, state=state)
             assert p.cache is not None  # set on entry
             watch = CacheWatch(p.cache.server, url=p.cache.url).start()
@@ -254,8 +268,9 @@ def _train(cfg: TrainConfig, console: Console, run: RunDir, state: dict[str, Any
                 in_rounds = False
                 trainer.finish()
             except Exception as exc:
-                _reraise(exc, watch=watch, trainer=trainer, cache_url=p.cache.url if in_rounds else None,
-                         run_path=run.path)  # fmt: skip
+                _reraise(
+                    exc, watch=watch, trainer=trainer, cache_url=p.cache.url if in_rounds else None, run_path=run.path
+                )
             finally:
                 watch.stop()
                 trainer.close()
@@ -285,7 +300,8 @@ def _run_epoch(cfg: TrainConfig, console: Console, *, resume: bool) -> int:
         if not completed and run.load_state() is None:  # never started: no directory left to resume or to refuse
             run.discard()
     console.print(
-        f"done: {trainer.round} rounds, cost ${trainer.cost:.4f}; outputs in {run.path}", highlight=False,
+        f"done: {trainer.round} rounds, cost ${trainer.cost:.4f}; outputs in {run.path}",
+        highlight=False,
         soft_wrap=True,
-    )  # fmt: skip
+    )
     return 0

@@ -19,9 +19,13 @@ LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
 def lint_imports(root: Path) -> subprocess.CompletedProcess[str]:
     """`lint-imports` over the packages under `root`, with `root`'s contracts (no cache: a copy is read afresh)."""
     return subprocess.run(
-        [str(LINT_IMPORTS), "--no-cache"], cwd=root, env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(root)},
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        [str(LINT_IMPORTS), "--no-cache"],
+        cwd=root,
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(root)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def test_the_doors_hold() -> None:

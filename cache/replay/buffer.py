@@ -24,8 +24,12 @@ def make_pattern(
         return FullBatch(None, settings, seed=seed)
     per_actor = settings.replay_per_actor if cls is Fifo else None
     store = ReplayStore(
-        client, keys, capacity=settings.replay_capacity, bytes_max=settings.bytes_max,
+        client,
+        keys,
+        capacity=settings.replay_capacity,
+        bytes_max=settings.bytes_max,
         per_actor=per_actor or (settings.replay_capacity if cls is Fifo else None),
-        prioritized=cls.prioritized, ttl_s=ttl_s,
-    )  # fmt: skip
+        prioritized=cls.prioritized,
+        ttl_s=ttl_s,
+    )
     return cls(store, settings, seed=seed)

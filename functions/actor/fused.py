@@ -76,16 +76,32 @@ def ship_gradients(ctx: Context, job: JobCache, spec: JobSpec, batch: Trajectory
             job.learners.register(holder, version)
             state = job.aggregator.get()
             policy, inputs = task_inputs(
-                ctx, job, spec, version=version, weights=weights, held=job.learners.in_flight(), holder=holder,
-                kl_coef=state.kl_coef, target_version=state.target_version,
-            )  # fmt: skip
+                ctx,
+                job,
+                spec,
+                version=version,
+                weights=weights,
+                held=job.learners.in_flight(),
+                holder=holder,
+                kl_coef=state.kl_coef,
+                target_version=state.target_version,
+            )
             if data is None:
                 with compute:
                     data = algo.with_policy(prepared, policy, cfg)
             record = gradient_record(
-                spec, policy, data, [batch.arrays], task, inputs, task_id=f"{batch_id}:{task.epoch}:{task.minibatch}",
-                learner_id=holder, base_version=version, device=str(ctx.device), compute=compute,
-            )  # fmt: skip
+                spec,
+                policy,
+                data,
+                [batch.arrays],
+                task,
+                inputs,
+                task_id=f"{batch_id}:{task.epoch}:{task.minibatch}",
+                learner_id=holder,
+                base_version=version,
+                device=str(ctx.device),
+                compute=compute,
+            )
             pusher.put(holder, record, timeout_s=job.limits.backpressure_timeout_s)
     finally:
         job.learners.deregister(holder)

@@ -48,9 +48,15 @@ def prepare(batches: Sequence[Batch], cfg: PPOConfig) -> PPORound:
 
 def _gae(r: Rollout, values: Tensor, cfg: PPOConfig) -> tuple[Tensor, Tensor]:
     return gae(
-        r.rewards, values, r.bootstrap_value, r.terminations, r.truncations,
-        gamma=cfg.gamma, lam=cfg.lam, truncation_values=r.truncation_values,
-    )  # fmt: skip
+        r.rewards,
+        values,
+        r.bootstrap_value,
+        r.terminations,
+        r.truncations,
+        gamma=cfg.gamma,
+        lam=cfg.lam,
+        truncation_values=r.truncation_values,
+    )
 
 
 def with_values(data: PPORound, values: Tensor, cfg: PPOConfig) -> PPORound:

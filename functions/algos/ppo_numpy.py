@@ -63,9 +63,13 @@ def _over(value: np.ndarray, p: np.ndarray) -> np.ndarray:
 
 
 def _surrogate(
-    logp: np.ndarray, ratio: np.ndarray, adv: np.ndarray, weights: np.ndarray | None, prox: np.ndarray | None,
+    logp: np.ndarray,
+    ratio: np.ndarray,
+    adv: np.ndarray,
+    weights: np.ndarray | None,
+    prox: np.ndarray | None,
     cfg: PPOConfig,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(per-sample surrogate s, ∂s/∂log π, the ratio the clip is taken on) for `ppo.clipped_surrogate`'s forms;
     `ratio` is π_θ/μ."""
     form, lo, hi = cfg.stellaris.truncation_form, 1.0 - cfg.clip, 1.0 + cfg.clip

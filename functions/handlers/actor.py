@@ -94,9 +94,16 @@ def handle(event: dict[str, Any], ctx: Context) -> dict[str, Any]:
     steps = int(event.get("steps", spec.actor_steps))
     began = time.time()  # wall clock: the control plane places each episode's end on the run's clock
     arrays, state.obs = collect(
-        state.policy, state.envs, state.obs, state.tracker, steps, state.reward_scaler,
-        refresh=refresh, refresh_every=spec.policy_refresh_steps, generator=state.rng,
-    )  # fmt: skip
+        state.policy,
+        state.envs,
+        state.obs,
+        state.tracker,
+        steps,
+        state.reward_scaler,
+        refresh=refresh,
+        refresh_every=spec.policy_refresh_steps,
+        generator=state.rng,
+    )
     ended, (returns, lengths, end_steps) = time.time(), state.tracker.take_with_steps()
     # An episode's end, interpolated by its step between the batch's start and end (steps take about equal time).
     end_times = [began + (ended - began) * t / steps for t in end_steps]

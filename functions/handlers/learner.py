@@ -77,10 +77,18 @@ def task_gradient(
     policy, inputs = nxt.inputs
     prepared = _prepared(ctx, job, spec, task, policy, compute)
     return gradient_record(
-        spec, policy, prepared.data, prepared.batches, task, inputs,
-        task_id=nxt.claim.task.id, learner_id=learner_id, base_version=nxt.claim.version, device=str(ctx.device),
+        spec,
+        policy,
+        prepared.data,
+        prepared.batches,
+        task,
+        inputs,
+        task_id=nxt.claim.task.id,
+        learner_id=learner_id,
+        base_version=nxt.claim.version,
+        device=str(ctx.device),
         compute=compute,
-    )  # fmt: skip
+    )
 
 
 def _counted(out: LearnerResult, nxt: Next) -> LearnerResult:

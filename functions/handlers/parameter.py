@@ -64,9 +64,14 @@ def handle(event: dict[str, Any], ctx: Context) -> dict[str, Any]:
         status = _serve(run, lost, deadline, waited)
         status = "fenced" if status == "fenced" or lost.is_set() or not applier.close(lease) else status
     return ParameterResult(
-        status=status, version=applier.version, decisions=list(run.decisions), compute_s=applier.compute.seconds,
-        wait_s=waited.seconds, redis_round_trips=ctx.instance.cache.round_trips - trips0, device=str(device),
-    ).to_dict()  # fmt: skip
+        status=status,
+        version=applier.version,
+        decisions=list(run.decisions),
+        compute_s=applier.compute.seconds,
+        wait_s=waited.seconds,
+        redis_round_trips=ctx.instance.cache.round_trips - trips0,
+        device=str(device),
+    ).to_dict()
 
 
 def _serve(run: _Run, lost: threading.Event, deadline: float, waited: Stopwatch) -> Literal["ok", "fenced", "expired"]:
@@ -122,11 +127,17 @@ def _apply(run: _Run, decided: Decided) -> None:
         return _read(run, Landed([], [(update.gradient_id, update.reason)]))
     fault_point("parameter:before_publish")
     published = run.job.policies.publish_and_ack(
-        run.lease, expected_version=run.applier.version, weights=update.weights,
-        optimizer_state=update.optimizer_state, gradient_ids=update.ids, aggregator=update.state.to_fields(),
-        record=update.row.to_fields(), applied_maxlen=run.job.limits.applied_maxlen, read_after=run.feed.after,
+        run.lease,
+        expected_version=run.applier.version,
+        weights=update.weights,
+        optimizer_state=update.optimizer_state,
+        gradient_ids=update.ids,
+        aggregator=update.state.to_fields(),
+        record=update.row.to_fields(),
+        applied_maxlen=run.job.limits.applied_maxlen,
+        read_after=run.feed.after,
         read_count=run.feed.count,
-    )  # fmt: skip
+    )
     fault_point("parameter:after_publish")
     run.applier.published(update, published.version)
     run.queue.remove(update.ids)

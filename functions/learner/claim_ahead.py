@@ -69,19 +69,29 @@ class Ahead:
 
     def _send(self, held: int | None, finished: Finished | None, holding: Next | None, *, now: bool) -> PendingClaim:
         return self.job.board.send_claim(
-            self.learner_id, held_version=held, finished=finished,
+            self.learner_id,
+            held_version=held,
+            finished=finished,
             holding=holding.claim.task.id if holding is not None and holding.claim.task is not None else None,
-            timeout_s=self.job.limits.backpressure_timeout_s, now=now,
-        )  # fmt: skip
+            timeout_s=self.job.limits.backpressure_timeout_s,
+            now=now,
+        )
 
     def _next(self, claim: Claim, finished: Finished | None, holding: Next | None) -> Next:
         inputs = None
         if claim.task is not None:
             inputs = task_inputs(
-                self.ctx, self.job, self.spec, version=claim.version, weights=claim.weights, held=claim.held,
-                holder=self.learner_id, kl_coef=claim.kl_coef, target_version=claim.target_version,
+                self.ctx,
+                self.job,
+                self.spec,
+                version=claim.version,
+                weights=claim.weights,
+                held=claim.held,
+                holder=self.learner_id,
+                kl_coef=claim.kl_coef,
+                target_version=claim.target_version,
                 keep=tuple(holding.policies()) if holding is not None else (),
-            )  # fmt: skip
+            )
         return Next(claim, inputs, finished[1] if finished is not None else None)
 
     def now(self, *, held: int | None, finished: Finished | None) -> Next:

@@ -34,9 +34,18 @@ def _policy_or_none(
 
 
 def task_inputs(
-    ctx: Context, job: JobCache, spec: JobSpec, *, version: int, weights: bytes | None, held: dict[str, int],
-    holder: str, kl_coef: float | None, target_version: int | None, keep: Collection[ActorCritic] = (),
-) -> tuple[ActorCritic, LearnInputs]:  # fmt: skip
+    ctx: Context,
+    job: JobCache,
+    spec: JobSpec,
+    *,
+    version: int,
+    weights: bytes | None,
+    held: dict[str, int],
+    holder: str,
+    kl_coef: float | None,
+    target_version: int | None,
+    keep: Collection[ActorCritic] = (),
+) -> tuple[ActorCritic, LearnInputs]:
     """The policy of `version` (from `weights` when given) and what its gradient takes besides: the distinct
     versions other holders hold (`held`: holder id -> version; truncation, paper Eq. 2), the target network, the
     aggregator's KL coefficient. `keep`: modules in use meanwhile, not reloaded (`warm.policy_at`)."""
@@ -56,9 +65,19 @@ def _last_of_round(task: LearnerTask, spec: JobSpec) -> bool:
 
 
 def gradient_record(
-    spec: JobSpec, policy: ActorCritic, data: Any, batches: Sequence[Any], task: LearnerTask, inputs: LearnInputs, *,
-    task_id: str, learner_id: str, base_version: int, device: str, compute: Stopwatch,
-) -> GradientRecord:  # fmt: skip
+    spec: JobSpec,
+    policy: ActorCritic,
+    data: Any,
+    batches: Sequence[Any],
+    task: LearnerTask,
+    inputs: LearnInputs,
+    *,
+    task_id: str,
+    learner_id: str,
+    base_version: int,
+    device: str,
+    compute: Stopwatch,
+) -> GradientRecord:
     """The gradient of `task` at `policy` (version `base_version`) over the round's prepared `data`; `batches` are
     the round's arrays in `task.batch_ids` order (observation moments: of the fresh ones only, none without any).
     Algorithm time is added to `compute`."""

@@ -71,9 +71,13 @@ class Queue:
     (the default trigger shows it the whole queue); `owed`: the gradients of a firing the rule has not applied yet."""
 
     def __init__(
-        self, rule: AggregationRule, trigger: ParameterTrigger, *, until_round: int = 0,
+        self,
+        rule: AggregationRule,
+        trigger: ParameterTrigger,
+        *,
+        until_round: int = 0,
         sync_expected: int | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.rule, self.trigger, self.until_round, self.sync_expected = rule, trigger, until_round, sync_expected
         self.metas: dict[str, GradientMeta] = {}  # arrival order
         self.entries: dict[str, Entry] = {}
@@ -223,10 +227,13 @@ class Applier:
         save = self.unsaved + 1 >= self.job.limits.optimizer_save_every
         new = self.version + 1
         return Update(
-            ids=[gid for gid, _ in used], record=record, weights=policy_to_bytes(self.model.policy, version=new),
-            optimizer_state=optimizer_to_bytes(self.model.optimizer) if save else b"", state=after,
+            ids=[gid for gid, _ in used],
+            record=record,
+            weights=policy_to_bytes(self.model.policy, version=new),
+            optimizer_state=optimizer_to_bytes(self.model.optimizer) if save else b"",
+            state=after,
             row=applied_row(new, record, used),
-        )  # fmt: skip
+        )
 
     def published(self, update: Update, version: int) -> None:
         """`update` is published as `version`."""
@@ -267,16 +274,24 @@ def fitted(model: WarmModel, record: GradientRecord) -> GradientRecord:
 
 
 def update(
-    model: WarmModel, cfg: AlgoConfig, plan: Plan, rule: AggregationRule, record: DecisionRecord,
-    records: list[GradientRecord], device: torch.device,
-) -> None:  # fmt: skip
+    model: WarmModel,
+    cfg: AlgoConfig,
+    plan: Plan,
+    rule: AggregationRule,
+    record: DecisionRecord,
+    records: list[GradientRecord],
+    device: torch.device,
+) -> None:
     """One aggregation's update of the model (its `fitted` records): the optimizer steps on the scaled gradients at
     the round's learning rate, then the gradients' observation moments (a round's fresh batches) into the policy's
     normaliser."""
     lr = learning_rate(
-        cfg.lr, cfg.lr_schedule, round_k=max(record.round_k, 1), horizon_rounds=plan.horizon_rounds,
+        cfg.lr,
+        cfg.lr_schedule,
+        round_k=max(record.round_k, 1),
+        horizon_rounds=plan.horizon_rounds,
         final_fraction=cfg.lr_final_fraction,
-    )  # fmt: skip
+    )
     for group in model.optimizer.param_groups:
         group["lr"] = lr
     parts = [to_device(r.tensors, device) for r in records]

@@ -34,9 +34,13 @@ class CacheWatch:
     not ours to kill: its silences are only named, as they start and end."""
 
     def __init__(
-        self, server: EmbeddedRedis | None, hang: HangSettings | None = None, *, url: str | None = None,
+        self,
+        server: EmbeddedRedis | None,
+        hang: HangSettings | None = None,
+        *,
+        url: str | None = None,
         say: Callable[[str], None] | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.server, self.url = server, url
         self.say = say or to_stderr
         self.hang = hang or HangSettings()
@@ -50,8 +54,9 @@ class CacheWatch:
     def start(self) -> CacheWatch:
         if self.server is None:
             if self.url is not None and self.hang.hung_after_s > 0:
-                self.prober = threading.Thread(target=self._name_silences, args=(self.url,), name="cache-probe",
-                                               daemon=True)  # fmt: skip
+                self.prober = threading.Thread(
+                    target=self._name_silences, args=(self.url,), name="cache-probe", daemon=True
+                )
                 self.prober.start()
             return self
         if threading.current_thread() is not threading.main_thread():

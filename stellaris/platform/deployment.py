@@ -53,12 +53,16 @@ def function_spec(name: str, role: Role, place: Placement, env: dict[str, str], 
     """A role's function: its handler (a container's too: the docker backend passes the target as --handler), where
     it runs, and the device its handler computes on (in its environment, beside `env`)."""
     return FunctionSpec(
-        name=name, target=f"functions.handlers.{role}:handle", backend=place.backend,
+        name=name,
+        target=f"functions.handlers.{role}:handle",
+        backend=place.backend,
         image=place.image if place.backend == "docker" else None,
         resources=Resources(gpus=place.gpus, custom=dict(place.resources)),
-        timeout_s=3600, env={**env, DEVICE_ENV: place.device},
-        pricing=ACTOR_PRICING if role == "actor" else LEARNER_PRICING, **limits,
-    )  # fmt: skip
+        timeout_s=3600,
+        env={**env, DEVICE_ENV: place.device},
+        pricing=ACTOR_PRICING if role == "actor" else LEARNER_PRICING,
+        **limits,
+    )
 
 
 def function_names(job_id: str) -> dict[Role, str]:

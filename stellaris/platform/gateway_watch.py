@@ -34,9 +34,14 @@ class GatewayWatch:
     signal reaches) with a `give_up_s`."""
 
     def __init__(
-        self, current: Current, hang: HangSettings, *, owned: bool = True, say: Callable[[str], None] | None = None,
+        self,
+        current: Current,
+        hang: HangSettings,
+        *,
+        owned: bool = True,
+        say: Callable[[str], None] | None = None,
         give_up_s: float | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.current, self.hang, self.owned = current, hang, owned
         self.say = say or to_stderr
         self.give_up_s = give_up_s
@@ -77,8 +82,9 @@ class GatewayWatch:
                 return
             while (silent_s := probe_until_hung(self._stop, self.hang, lambda: self._ask(client))) is not None:
                 assert self._watched is not None
-                self.say(f"the local gateway answered no health probe for {silent_s:.1f} s: killing it, to start it "
-                          "again")  # fmt: skip
+                self.say(
+                    f"the local gateway answered no health probe for {silent_s:.1f} s: killing it, to start it again"
+                )
                 self._watched.kill()
 
     def _ask(self, client: httpx.Client) -> bool | None:

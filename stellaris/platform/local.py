@@ -87,9 +87,11 @@ class Platform:
         self.recover_s = given_gateway_wait_s()
         self.start_attempts = gateway_start_attempts()
         self.watch = GatewayWatch(
-            lambda: (self.gateway_proc, self.gateway_url), HangSettings(), owned=gateway_url is None,
+            lambda: (self.gateway_proc, self.gateway_url),
+            HangSettings(),
+            owned=gateway_url is None,
             give_up_s=self.recover_s,
-        )  # fmt: skip
+        )
 
     def __enter__(self) -> Platform:
         try:
@@ -158,8 +160,11 @@ class Platform:
             if code >= 0 or attempt == self.start_attempts:
                 of = f" (start {attempt} of ${GATEWAY_START_ATTEMPTS_ENV}={self.start_attempts})" if code < 0 else ""
                 raise PlatformError(f"the local gateway did not start (exit code {code}){of}")
-            print(f"the local gateway was ended by signal {-code} as it started; starting it again", file=sys.stderr,
-                  flush=True)  # fmt: skip
+            print(
+                f"the local gateway was ended by signal {-code} as it started; starting it again",
+                file=sys.stderr,
+                flush=True,
+            )
         # Published together once it is ready: the watch (gateway_watch.py) must not probe a starting gateway, nor
         # the new process at its predecessor's URL (it took that silence for a hang and killed it as it started).
         self.gateway_proc, self.gateway_url = proc, f"http://127.0.0.1:{int(line.split()[1])}"
@@ -203,8 +208,11 @@ class Platform:
                 self.gateway_proc.wait(timeout=GATEWAY_EXIT_S)
             except subprocess.TimeoutExpired:
                 return Recovered(self.gateway_url, self.gateway_restarts)  # still running: a dropped connection
-            print(f"the local gateway exited with code {self.gateway_proc.returncode}; starting it again",
-                  file=sys.stderr, flush=True)  # fmt: skip
+            print(
+                f"the local gateway exited with code {self.gateway_proc.returncode}; starting it again",
+                file=sys.stderr,
+                flush=True,
+            )
             self.gateway_restarts += 1
             self._start_gateway()
             return Recovered(self.gateway_url, self.gateway_restarts)

@@ -50,14 +50,20 @@ class GiveUp:
 
 
 def name_silences(
-    stop: threading.Event, hang: HangSettings, ask: Callable[[], bool | None], watched: Watched,
-    say: Callable[[str], None], give_up: GiveUp | None = None,
-) -> None:  # fmt: skip
+    stop: threading.Event,
+    hang: HangSettings,
+    ask: Callable[[], bool | None],
+    watched: Watched,
+    say: Callable[[str], None],
+    give_up: GiveUp | None = None,
+) -> None:
     """For a process that is not ours to kill (a given gateway or Redis): until `stop`, say so each time it counts as
     hung, and then when it answers again. A job waiting on it then does not wait without a word."""
     while (silent_s := probe_until_hung(stop, hang, ask)) is not None:
-        say(f"{watched.what} answered no {watched.probe} for {silent_s:.1f} s: {watched.meanwhile} (it is not ours "
-            "to restart)")  # fmt: skip
+        say(
+            f"{watched.what} answered no {watched.probe} for {silent_s:.1f} s: {watched.meanwhile} (it is not ours "
+            "to restart)"
+        )
         since = time.monotonic() - silent_s
         while not ask():
             if give_up is not None and (silent_s := time.monotonic() - since) >= give_up.after_s:

@@ -130,8 +130,12 @@ class ServerfulActors:
         for actor in self.watch.hung({k.decode(): int(v) for k, v in raw.items()}, now):
             index = int(actor.removeprefix("actor-"))
             if index < len(self.procs) and self.procs[index].poll() is None:
-                print(f"{actor} gave no heartbeat for {self.watch.silent_s(actor, now):.1f} s: killing it, to start "
-                      "it again", file=sys.stderr, flush=True)  # fmt: skip
+                print(
+                    f"{actor} gave no heartbeat for {self.watch.silent_s(actor, now):.1f} s: killing it, to start "
+                    "it again",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 self.procs[index].kill()
                 self.procs[index].wait(timeout=30)
                 killed.append(actor)

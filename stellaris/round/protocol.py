@@ -48,9 +48,17 @@ from stellaris.round.stats import Call, Role, RoundStats
 from stellaris.round.triggers import LandedFacts, LearnerTrigger
 
 __all__ = [
-    "Call", "Functions", "Intake", "LearnerGate", "Role", "RoundStats", "Rounds", "TrainingError", "round_steps",
+    "Call",
+    "Functions",
+    "Intake",
+    "LearnerGate",
+    "Role",
+    "RoundStats",
+    "Rounds",
+    "TrainingError",
+    "round_steps",
     "round_tasks",
-]  # fmt: skip
+]
 
 MAX_RESTARTS = 64  # replacements of failed invocations (or dead actors) per round before the job gives up
 DRAIN_CHECK_S = 1.0  # while a sync step drains, how often finished invocations are looked at between versions
@@ -357,9 +365,12 @@ class LearnerGate:
         `trajectories` profile; a header alone is the whole batch under `gradients_at_actors`)."""
         self.trigger = trigger
         self.claims = BatchClaims(
-            job.trajectories.stream, job.dead_letters, version_key=job.keys.policy_version, payloads=payloads,
+            job.trajectories.stream,
+            job.dead_letters,
+            version_key=job.keys.policy_version,
+            payloads=payloads,
             max_bytes=job.limits.payload_bytes_max,
-        )  # fmt: skip
+        )
         saved = saved or {}
         since = saved.get("since_fire_s")
         self.fired_at: float | None = None if since is None else time.monotonic() - float(since)

@@ -63,22 +63,34 @@ class Trainer:
         self.elapsed_before = float(self.state.get("elapsed_s", 0.0))
         self.started = time.monotonic()
         self.deployment = Deployment(
-            platform.gateway, self.cache, self.job, queue_bound=self.cfg.queue_bound,
-            actor_run_ahead=self.cfg.actor_run_ahead, placement=placements(cfg),
+            platform.gateway,
+            self.cache,
+            self.job,
+            queue_bound=self.cfg.queue_bound,
+            actor_run_ahead=self.cfg.actor_run_ahead,
+            placement=placements(cfg),
             die_with_gateway=platform.instances_die_with_gateway,
-        )  # fmt: skip
+        )
         self.names = self.deployment.names
         self.billing = Billing(
-            cfg.billing, actors=cfg.actors, learners=cfg.learners, actor_function=self.names["actor"], state=self.state,
+            cfg.billing,
+            actors=cfg.actors,
+            learners=cfg.learners,
+            actor_function=self.names["actor"],
+            state=self.state,
             spares=2 * cfg.standby,  # a learner and a parameter-function instance each
-        )  # fmt: skip
+        )
         self.rounds = rounds_for(cfg)(
             self.job, self.deployment.functions, mode=cfg.mode, learners=cfg.learners, actors=cfg.actor_capacity
         )
         self.evaluator = Evaluator(
-            self.deployment.functions, self.job_id, every=cfg.eval_every, episodes=cfg.eval_episodes, seed=cfg.seed,
+            self.deployment.functions,
+            self.job_id,
+            every=cfg.eval_every,
+            episodes=cfg.eval_episodes,
+            seed=cfg.seed,
             max_episode_steps=cfg.eval_max_episode_steps,
-        )  # fmt: skip
+        )
         self.collect_estimate_s = 0.0
         self.last_policy: bytes | None = None  # the newest checkpointed weights, written as safetensors at the end
         self.shape: RoundShape | None = None  # from the job's resolved spec, once the parameter function made it
@@ -89,9 +101,13 @@ class Trainer:
         self.finished = False
         # Elastic actors and the learner schedule (docs/workflows.md).
         self.scaler = Scaler(
-            cfg, self.state.get("elastic"), rounds=self.rounds, billing=self.billing, crew=self.deployment.actors,
+            cfg,
+            self.state.get("elastic"),
+            rounds=self.rounds,
+            billing=self.billing,
+            crew=self.deployment.actors,
             prewarm_actors=functools.partial(self.deployment.gateway.prewarm, self.names["actor"]),
-        )  # fmt: skip
+        )
         gate_state = self.state.get("learner_trigger")
         payloads = cfg.distribution == "trajectories"  # a header alone is the batch under gradients_at_actors
         self.gate = LearnerGate(cfg.triggers.learner, self.job, gate_state, payloads=payloads)  # docs/workflows.md
@@ -203,9 +219,13 @@ class Trainer:
         assert self.parts is not None, "setup() first"
         self.round += 1
         played = connect_round(
-            self.parts, self.round, self.cfg, env_steps=self.env_steps, carried=self.carried,
+            self.parts,
+            self.round,
+            self.cfg,
+            env_steps=self.env_steps,
+            carried=self.carried,
             warm_by_s=self.collect_estimate_s,
-        )  # fmt: skip
+        )
         self.cfg, self.env_steps, self.carried = played.cfg, played.env_steps, played.carried
         self.reward_scalers |= played.reward_scalers
         self.collect_estimate_s = 0.5 * self.collect_estimate_s + 0.5 * played.collect_s

@@ -26,28 +26,83 @@ from stellaris.rundir.tensorboard import RoundBoard
 from stellaris.rundir.trigger_log import TRIGGER_COLUMNS, parameter_rows
 
 INFO_COLUMNS = [
-    "round_id", "duration", "num_actors", "envs_per_actor", "episodes", "learner_time", "actor_time",
-    "train_reward_max", "train_reward_mean", "train_reward_min", "train_reward_std",
-    "eval_reward_max", "eval_reward_mean", "eval_reward_min", "eval_reward_std", "eval_episodes",
-    "staleness_max", "staleness_mean", "staleness_min", "staleness_std",
-    "learner_loss", "cost", "staleness_bound", "env_steps", "truncated_fraction", "aggregations", "flushes",
-    "clip_fraction", "parameter_time", "learner_compute_time", "parameter_compute_time", "cache_time",
+    "round_id",
+    "duration",
+    "num_actors",
+    "envs_per_actor",
+    "episodes",
+    "learner_time",
+    "actor_time",
+    "train_reward_max",
+    "train_reward_mean",
+    "train_reward_min",
+    "train_reward_std",
+    "eval_reward_max",
+    "eval_reward_mean",
+    "eval_reward_min",
+    "eval_reward_std",
+    "eval_episodes",
+    "staleness_max",
+    "staleness_mean",
+    "staleness_min",
+    "staleness_std",
+    "learner_loss",
+    "cost",
+    "staleness_bound",
+    "env_steps",
+    "truncated_fraction",
+    "aggregations",
+    "flushes",
+    "clip_fraction",
+    "parameter_time",
+    "learner_compute_time",
+    "parameter_compute_time",
+    "cache_time",
     "invocation_overhead",
-    "cost_learner", "cost_actor", "learner_wait_time", "dead_lettered", "gradients_applied", "redis_round_trips",
-    "learner_restarts", "parameter_restarts", "actor_restarts",
-]  # fmt: skip
+    "cost_learner",
+    "cost_actor",
+    "learner_wait_time",
+    "dead_lettered",
+    "gradients_applied",
+    "redis_round_trips",
+    "learner_restarts",
+    "parameter_restarts",
+    "actor_restarts",
+]
 # Elastic actors and the learner schedule: what changed and what it costs (stellaris/round/scaling.py fills them).
 ELASTIC_COLUMNS = [
-    "learners", "actors", "actor_change", "actors_prewarmed", "actors_per_learner", "actor_demand", "backlog_steps",
-    "batch_wait_s", "actor_cost_round_before", "actor_cost_round_after", "batches_lost", "policy_lag",
-]  # fmt: skip
+    "learners",
+    "actors",
+    "actor_change",
+    "actors_prewarmed",
+    "actors_per_learner",
+    "actor_demand",
+    "backlog_steps",
+    "batch_wait_s",
+    "actor_cost_round_before",
+    "actor_cost_round_after",
+    "batches_lost",
+    "policy_lag",
+]
 INFO_COLUMNS += ELASTIC_COLUMNS
 GRADIENT_COLUMNS = ["gradient_id", "task_id", "round", "base_version", "applied_version"]
 TIMELINE_COLUMNS = ["wall_clock_s", "env_steps", "episodic_reward"]
 INVOCATION_COLUMNS = [
-    "function", "activation_id", "start", "end", "cold", "init_time", "duration", "resource_seconds", "cost",
-    "device", "instance", "container_id", "image", "node",
-]  # fmt: skip
+    "function",
+    "activation_id",
+    "start",
+    "end",
+    "cold",
+    "init_time",
+    "duration",
+    "resource_seconds",
+    "cost",
+    "device",
+    "instance",
+    "container_id",
+    "image",
+    "node",
+]
 
 
 def atomic_write(path: Path, data: bytes) -> None:

@@ -15,22 +15,40 @@ from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
 # info.csv column -> TensorBoard tag, grouped so the dashboard shows returns, staleness, throughput, cost, latency.
 TAGS = {
-    "train_reward_mean": "return/mean", "train_reward_max": "return/max", "train_reward_min": "return/min",
-    "train_reward_std": "return/std", "episodes": "return/episodes",
-    "staleness_mean": "staleness/mean", "staleness_max": "staleness/max", "staleness_bound": "staleness/bound",
-    "aggregations": "learner/aggregations", "flushes": "learner/flushes", "learner_loss": "learner/loss",
-    "truncated_fraction": "learner/truncated_fraction", "clip_fraction": "learner/clip_fraction",
-    "gradients_applied": "learner/gradients_applied", "env_steps": "throughput/env_steps",
-    "cost": "cost/total", "cost_learner": "cost/learner", "cost_actor": "cost/actor",
-    "duration": "latency/round", "learner_time": "latency/learner", "actor_time": "latency/actor",
-    "parameter_time": "latency/parameter", "cache_time": "latency/cache",
-    "invocation_overhead": "latency/invocation_overhead", "learner_wait_time": "latency/learner_wait",
-}  # fmt: skip
+    "train_reward_mean": "return/mean",
+    "train_reward_max": "return/max",
+    "train_reward_min": "return/min",
+    "train_reward_std": "return/std",
+    "episodes": "return/episodes",
+    "staleness_mean": "staleness/mean",
+    "staleness_max": "staleness/max",
+    "staleness_bound": "staleness/bound",
+    "aggregations": "learner/aggregations",
+    "flushes": "learner/flushes",
+    "learner_loss": "learner/loss",
+    "truncated_fraction": "learner/truncated_fraction",
+    "clip_fraction": "learner/clip_fraction",
+    "gradients_applied": "learner/gradients_applied",
+    "env_steps": "throughput/env_steps",
+    "cost": "cost/total",
+    "cost_learner": "cost/learner",
+    "cost_actor": "cost/actor",
+    "duration": "latency/round",
+    "learner_time": "latency/learner",
+    "actor_time": "latency/actor",
+    "parameter_time": "latency/parameter",
+    "cache_time": "latency/cache",
+    "invocation_overhead": "latency/invocation_overhead",
+    "learner_wait_time": "latency/learner_wait",
+}
 # Deterministic evaluation (--eval-every): written only in the rounds that evaluated, so no empty points between.
 EVAL_TAGS = {
-    "eval_reward_mean": "eval/return_mean", "eval_reward_max": "eval/return_max", "eval_reward_min": "eval/return_min",
-    "eval_reward_std": "eval/return_std", "eval_episodes": "eval/episodes",
-}  # fmt: skip
+    "eval_reward_mean": "eval/return_mean",
+    "eval_reward_max": "eval/return_max",
+    "eval_reward_min": "eval/return_min",
+    "eval_reward_std": "eval/return_std",
+    "eval_episodes": "eval/episodes",
+}
 
 
 class RoundBoard:

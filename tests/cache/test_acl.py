@@ -11,8 +11,16 @@ from cache.connection import REDIS_PASSWORD_ENV, REDIS_USER_ENV, connect
 from functions.handlers import EventError, job_id_of
 
 # What lies outside a job's keys that no category of the ACL takes away (the probe of issue 58 ran each of these).
-OUTSIDE = (("SCAN", 0), ("RANDOMKEY",), ("DBSIZE",), ("MEMORY", "STATS"), ("SCRIPT", "FLUSH"), ("SCRIPT", "KILL"),
-           ("PUBSUB", "CHANNELS"), ("SORT", "stl:{x}:list", "BY", "nosort", "GET", "stl:{other}:*"))  # fmt: skip
+OUTSIDE = (
+    ("SCAN", 0),
+    ("RANDOMKEY",),
+    ("DBSIZE",),
+    ("MEMORY", "STATS"),
+    ("SCRIPT", "FLUSH"),
+    ("SCRIPT", "KILL"),
+    ("PUBSUB", "CHANNELS"),
+    ("SORT", "stl:{x}:list", "BY", "nosort", "GET", "stl:{other}:*"),
+)
 
 
 def _as(cache: Cache, job: str) -> Cache:

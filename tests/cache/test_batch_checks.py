@@ -57,8 +57,12 @@ def test_each_poison_is_named() -> None:
     assert "header says 24 bytes but the field has 20" in str(checked_batch(cut, payloads=True, published=2))
     bare = _fields(encode_fields({}, BatchMeta("actor-0", 0, 6, {}).to_dict()))
     assert "lacks arrays" in str(checked_batch(bare, payloads=True, published=None))
-    short = _fields(encode_fields({k: np.zeros((3 if k != "values" else 2, 2), np.float32) for k in TRAJECTORY_ARRAYS},
-                                  BatchMeta("actor-0", 0, 6, {}).to_dict()))  # fmt: skip
+    short = _fields(
+        encode_fields(
+            {k: np.zeros((3 if k != "values" else 2, 2), np.float32) for k in TRAJECTORY_ARRAYS},
+            BatchMeta("actor-0", 0, 6, {}).to_dict(),
+        )
+    )
     assert "arrays disagree on length" in str(checked_batch(short, payloads=True, published=None))
     nan = _fields(_batch(values=np.array([[0.0, 1.0], [np.nan, 0.0], [0.0, 0.0]], np.float32)).fields())
     assert (

@@ -39,8 +39,9 @@ def test_three_masters_share_the_slots_and_all_see_the_cluster_ok(redis_cluster:
             assert node.config_get("maxmemory-policy")["maxmemory-policy"] == "noeviction"
             assert node.config_get("appendonly")["appendonly"] == "no" and node.config_get("save")["save"] == ""
             myself = next(n for n in node.cluster("NODES").values() if "myself" in n["flags"])
-            owned += sum(int(hi) - int(lo) + 1 for lo, hi in (r if len(r) == 2 else (r[0], r[0]) for r in
-                                                             myself["slots"]))  # fmt: skip
+            owned += sum(
+                int(hi) - int(lo) + 1 for lo, hi in (r if len(r) == 2 else (r[0], r[0]) for r in myself["slots"])
+            )
         with pytest.raises(redis.AuthenticationError):
             redis.Redis(host="127.0.0.1", port=port, retry=Retry(NoBackoff(), 0)).ping()  # private: a password
     assert owned == 16_384

@@ -181,6 +181,11 @@ def test_blpop_timeouts_never_round_to_block_forever() -> None:
 
     # Redis takes a BLPOP timeout of 0.001 s or less as 0: block forever. A wait with a sliver left gets the floor.
     assert [blpop_timeout(s) for s in (-1.0, 0.0, 0.0005, 0.001, 0.5, 99.0)] == [
-        MIN_BLOCK_S, MIN_BLOCK_S, MIN_BLOCK_S, MIN_BLOCK_S, 0.5, MAX_BLOCK_S,
-    ]  # fmt: skip
+        MIN_BLOCK_S,
+        MIN_BLOCK_S,
+        MIN_BLOCK_S,
+        MIN_BLOCK_S,
+        0.5,
+        MAX_BLOCK_S,
+    ]
     assert MIN_BLOCK_S > 0.001

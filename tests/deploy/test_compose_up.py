@@ -42,13 +42,26 @@ THRESHOLD = 400.0  # tests/functions/test_learning.py: mean of the last 10 episo
 # 80 rounds (40,960 steps) fell short once in CI (best mean of 10: 341.5); 120 leave room, for about 40 s more.
 ROUNDS = int(os.environ.get("STELLARIS_DEPLOY_ROUNDS", "120"))
 CARTPOLE = {  # tests/functions/test_learning.py's PPO settings, through `stellaris train`
-    "env": "CartPole-v1", "algo": "ppo", "preset": "paper", "actors": 2, "learners": 2, "mode": "sync",
+    "env": "CartPole-v1",
+    "algo": "ppo",
+    "preset": "paper",
+    "actors": 2,
+    "learners": 2,
+    "mode": "sync",
     "actor_kind": "serverless",
     "overrides": {
-        "lr": 2.5e-3, "train_batch_size": 512, "num_minibatches": 4, "num_epochs": 4, "clip": 0.2, "kl_coef": 0.0,
-        "ent_coef": 0.0, "vf_coef": 0.5, "max_grad_norm": 0.5, "network": {"kind": "mlp", "hidden": [64, 64]},
+        "lr": 2.5e-3,
+        "train_batch_size": 512,
+        "num_minibatches": 4,
+        "num_epochs": 4,
+        "clip": 0.2,
+        "kl_coef": 0.0,
+        "ent_coef": 0.0,
+        "vf_coef": 0.5,
+        "max_grad_norm": 0.5,
+        "network": {"kind": "mlp", "hidden": [64, 64]},
     },
-}  # fmt: skip
+}
 
 
 def free_port() -> int:
@@ -111,12 +124,16 @@ def deployment() -> Iterator[Deployment]:
     gateway_id = f"deploy-e2e-{secrets.token_hex(4)}"
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("STELLARIS_", "COMPOSE_", "REDIS_URL"))}
     env = {
-        **clean, "DOCKER_HOST": host, "STELLARIS_ENGINE_SOCKET": host.removeprefix("unix://"),
-        "STELLARIS_REDIS_PASSWORD": password, "STELLARIS_GATEWAY_TOKEN": token,
-        "STELLARIS_REDIS_PORT": str(redis_port), "STELLARIS_API_PORT": str(api_port),
+        **clean,
+        "DOCKER_HOST": host,
+        "STELLARIS_ENGINE_SOCKET": host.removeprefix("unix://"),
+        "STELLARIS_REDIS_PASSWORD": password,
+        "STELLARIS_GATEWAY_TOKEN": token,
+        "STELLARIS_REDIS_PORT": str(redis_port),
+        "STELLARIS_API_PORT": str(api_port),
         "STELLARIS_GATEWAY_ID": gateway_id,
         "STELLARIS_REDIS_IMAGE": os.environ.get("STELLARIS_REDIS_IMAGE", "redis:7.2"),
-    }  # fmt: skip
+    }
     redis_url = f"redis://:{password}@127.0.0.1:{redis_port}/0"
     dep = Deployment(env, f"http://127.0.0.1:{api_port}", redis_url, token, gateway_id)
     start = time.monotonic()
@@ -168,10 +185,27 @@ def test_compose_gateway_trains_cartpole_in_containers(deployment: Deployment, t
     out, cfg = tmp_path / "run", tmp_path / "config.yaml"
     cfg.write_text(yaml.safe_dump(CARTPOLE))
     cmd = [
-        sys.executable, "-m", "stellaris.cli", "train", "--config", str(cfg), "--rounds", str(ROUNDS),
-        "--out", str(out), "--gateway-url", deployment.gateway_url, "--gateway-token", deployment.token,
-        "--redis-url", deployment.redis_url, "--backend", "docker", "--image", IMAGE,
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "stellaris.cli",
+        "train",
+        "--config",
+        str(cfg),
+        "--rounds",
+        str(ROUNDS),
+        "--out",
+        str(out),
+        "--gateway-url",
+        deployment.gateway_url,
+        "--gateway-token",
+        deployment.token,
+        "--redis-url",
+        deployment.redis_url,
+        "--backend",
+        "docker",
+        "--image",
+        IMAGE,
+    ]
     env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "STELLARIS_GATEWAY_URL")}
     start = time.monotonic()
     try:

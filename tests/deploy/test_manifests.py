@@ -369,8 +369,11 @@ def test_train_job_flags_are_train_options_and_place_by_the_groups_resources() -
     unknown = sorted(f"--{f}" for f in flags if f"--{f}" not in options)
     assert not unknown, f"train-job.yaml passes flags `stellaris train` lacks: {unknown}"
     assert flags["backend"] == "ray"
-    for flag, resource in (("learner-resources", GPU_RESOURCE), ("parameter-resources", GPU_RESOURCE),
-                           ("actor-resources", CPU_RESOURCE)):  # fmt: skip
+    for flag, resource in (
+        ("learner-resources", GPU_RESOURCE),
+        ("parameter-resources", GPU_RESOURCE),
+        ("actor-resources", CPU_RESOURCE),
+    ):
         assert flags[flag].split("=")[0] == resource, f"--{flag} must ask for {resource}"
         group_declaring(resource)
     gateway = urlsplit(flags["gateway-url"])
@@ -432,8 +435,16 @@ def test_ray_up_node_types_place_and_run_the_gateway() -> None:
 
 # -- Kubernetes schemas (optional package) ----------------------------------------------------------------------
 
-BUILTIN_KINDS = {"ConfigMap", "Service", "StatefulSet", "Deployment", "Job", "Secret", "PersistentVolumeClaim",
-                 "PodDisruptionBudget"}  # fmt: skip
+BUILTIN_KINDS = {
+    "ConfigMap",
+    "Service",
+    "StatefulSet",
+    "Deployment",
+    "Job",
+    "Secret",
+    "PersistentVolumeClaim",
+    "PodDisruptionBudget",
+}
 
 
 def test_kubernetes_objects_match_the_kubernetes_schemas() -> None:

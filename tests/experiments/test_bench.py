@@ -40,10 +40,16 @@ def _info(rounds: int, duration: float, compute: float, **extra: float) -> list[
     rows = []
     for i in range(1, rounds + 1):
         row = {
-            "round_id": i, "env_steps": STEPS * i, "duration": duration, "actor_time": 0.5,
-            "learner_compute_time": compute, "parameter_compute_time": 1.0, "invocation_overhead": 0.5,
-            "cache_time": 0.5, **extra,
-        }  # fmt: skip
+            "round_id": i,
+            "env_steps": STEPS * i,
+            "duration": duration,
+            "actor_time": 0.5,
+            "learner_compute_time": compute,
+            "parameter_compute_time": 1.0,
+            "invocation_overhead": 0.5,
+            "cache_time": 0.5,
+            **extra,
+        }
         if i == 1:
             row |= {"duration": 100.0, "invocation_overhead": 50.0, "redis_round_trips": 1e6, "gradients_applied": 1.0}
         rows.append({k: v for k, v in row.items() if k in extra or k not in ("redis_round_trips", "gradients_applied")})

@@ -80,9 +80,12 @@ def test_the_spec_the_suite_writes_is_the_spec_the_runner_script_reads() -> None
     for preset in ("quick", "paper", "long"):
         spec = rllib_suite.plans(preset, 1, ["rllib"], cores=2)[0].config["rllib"]
         assert rllib_ppo.RunSpec.from_dict(json.loads(json.dumps(spec))).to_dict() == {
-            **spec, "ppo": {**spec["ppo"], "fcnet_hiddens": tuple(spec["ppo"]["fcnet_hiddens"])},
-            "object_store_bytes": 200_000_000, "max_iterations": 100_000, "env_kwargs": {},
-        }  # fmt: skip
+            **spec,
+            "ppo": {**spec["ppo"], "fcnet_hiddens": tuple(spec["ppo"]["fcnet_hiddens"])},
+            "object_store_bytes": 200_000_000,
+            "max_iterations": 100_000,
+            "env_kwargs": {},
+        }
 
 
 def _spec() -> dict:
@@ -114,15 +117,23 @@ def test_a_run_spec_missing_fields_names_them() -> None:
 def test_a_progress_row_is_the_mean_return_of_the_episodes_that_ended_in_the_iteration() -> None:
     result = {
         "env_runners": {
-            rllib_ppo.RETURN_SUM_KEY: 100.0, rllib_ppo.EPISODES_KEY: 4, "episode_return_mean": 21.5,
+            rllib_ppo.RETURN_SUM_KEY: 100.0,
+            rllib_ppo.EPISODES_KEY: 4,
+            "episode_return_mean": 21.5,
             "num_env_steps_sampled_lifetime": 4100,
         }
-    }  # fmt: skip
+    }
     row = rllib_ppo.progress_row(2, result, iteration_s=1.5, train_s=3.0, wall_s=40.0)
     assert row == {
-        "iteration": 2, "env_steps": 4100, "episodes": 4, "return_mean": 25.0, "return_mean_rllib": 21.5,
-        "iteration_s": 1.5, "train_s": 3.0, "wall_clock_s": 40.0,
-    }  # fmt: skip
+        "iteration": 2,
+        "env_steps": 4100,
+        "episodes": 4,
+        "return_mean": 25.0,
+        "return_mean_rllib": 21.5,
+        "iteration_s": 1.5,
+        "train_s": 3.0,
+        "wall_clock_s": 40.0,
+    }
     no_episodes = {"env_runners": {"num_env_steps_sampled_lifetime": 2050}}
     empty = rllib_ppo.progress_row(1, no_episodes, iteration_s=1, train_s=1, wall_s=1)
     assert empty["episodes"] == 0 and math.isnan(empty["return_mean"]) and empty["env_steps"] == 2050
@@ -130,18 +141,42 @@ def test_a_progress_row_is_the_mean_return_of_the_episodes_that_ended_in_the_ite
 
 # Ten iterations of 2050 env steps, 10 s of setup then 2 s each; the last two end 4 and 1 episodes.
 PROGRESS = [
-    {"iteration": i, "env_steps": 2050 * i, "episodes": 4 if i == 9 else (1 if i == 10 else 3),
-     "return_mean": 10.0 * i, "return_mean_rllib": 9.0 * i, "iteration_s": 2.0, "train_s": 2.0 * i,
-     "wall_clock_s": 10.0 + 2.0 * i}
+    {
+        "iteration": i,
+        "env_steps": 2050 * i,
+        "episodes": 4 if i == 9 else (1 if i == 10 else 3),
+        "return_mean": 10.0 * i,
+        "return_mean_rllib": 9.0 * i,
+        "iteration_s": 2.0,
+        "train_s": 2.0 * i,
+        "wall_clock_s": 10.0 + 2.0 * i,
+    }
     for i in range(1, 11)
-]  # fmt: skip
-RESULT = {"status": "done", "iterations": 10, "env_steps": 20500, "setup_s": 10.0, "train_s": 20.0,
-          "wall_clock_s": 30.0, "cores": 2, "env_runners": 2, "learners": 1, "ray_version": "2.60.0"}  # fmt: skip
+]
+RESULT = {
+    "status": "done",
+    "iterations": 10,
+    "env_steps": 20500,
+    "setup_s": 10.0,
+    "train_s": 20.0,
+    "wall_clock_s": 30.0,
+    "cores": 2,
+    "env_runners": 2,
+    "learners": 1,
+    "ray_version": "2.60.0",
+}
 
 
 STELLARIS_INFO_COLUMNS = (
-    "round_id", "duration", "episodes", "train_reward_mean", "env_steps", "cost", "cost_learner", "cost_actor",
-)  # fmt: skip
+    "round_id",
+    "duration",
+    "episodes",
+    "train_reward_mean",
+    "env_steps",
+    "cost",
+    "cost_learner",
+    "cost_actor",
+)
 
 
 def _write_rllib_run(root: Path, p: RunPlan) -> Path:
@@ -236,6 +271,8 @@ def test_the_runner_script_refuses_a_bad_spec_file(tmp_path: Path) -> None:
     (tmp_path / "run.json").write_text(json.dumps({**_spec(), "cores": 0}))
     done = subprocess.run(
         [sys.executable, str(rllib_suite.SCRIPT), "--config", str(tmp_path / "run.json"), "--out", str(tmp_path)],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 2 and "cores must be at least 1, got 0" in done.stderr

@@ -20,9 +20,14 @@ from gateway.models import LEARNER_PRICING
 from stellaris.platform.local import Platform
 
 TINY = {
-    "env": "CartPole-v1", "algo": "ppo", "preset": "fast", "rounds": 2, "learners": 2, "actors": 1,
+    "env": "CartPole-v1",
+    "algo": "ppo",
+    "preset": "fast",
+    "rounds": 2,
+    "learners": 2,
+    "actors": 1,
     "overrides": {"train_batch_size": 256, "num_minibatches": 2, "num_epochs": 1},
-}  # fmt: skip
+}
 PLANS = [
     RunPlan("ppo/CartPole", "vanilla", 0, {**TINY, "seed": 0, "mode": "sync", "billing": "serverful"}),
     RunPlan("ppo/CartPole", "stellaris", 0, {**TINY, "seed": 0, "mode": "stellaris", "billing": "serverless"}),
@@ -106,6 +111,8 @@ def test_cli_names_a_bad_suite() -> None:
 def test_cli_names_a_negative_first_seed() -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "experiments.run", "ablation", "--first-seed", "-1"],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2 and "first_seed must be at least 0" in proc.stderr

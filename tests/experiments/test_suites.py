@@ -84,9 +84,12 @@ def test_baselines() -> None:
 
 @pytest.mark.parametrize(
     ("args", "message"),
-    [(("nope", "quick", 1), "unknown suite 'nope'"), (("ablation", "huge", 1), "unknown preset 'huge'"),
-     (("ablation", "quick", 0), "seeds must be at least 1")],
-)  # fmt: skip
+    [
+        (("nope", "quick", 1), "unknown suite 'nope'"),
+        (("ablation", "huge", 1), "unknown preset 'huge'"),
+        (("ablation", "quick", 0), "seeds must be at least 1"),
+    ],
+)
 def test_bad_arguments_are_named(args: tuple, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         plan(*args)

@@ -17,10 +17,20 @@ from stellaris.rundir.outputs import INFO_COLUMNS
 def _row(round_id: int, reward: float, episodes: int, cost: float) -> dict[str, float]:
     row = {c: 0.0 for c in INFO_COLUMNS}
     row |= {
-        "round_id": round_id, "duration": 2.0, "episodes": episodes, "train_reward_mean": reward, "cost": cost,
-        "cost_learner": cost * 0.75, "cost_actor": cost * 0.25, "env_steps": 100 * round_id, "actor_time": 1.0,
-        "learner_compute_time": 3.0, "parameter_compute_time": 1.0, "invocation_overhead": 0.5, "cache_time": 0.5,
-    }  # fmt: skip
+        "round_id": round_id,
+        "duration": 2.0,
+        "episodes": episodes,
+        "train_reward_mean": reward,
+        "cost": cost,
+        "cost_learner": cost * 0.75,
+        "cost_actor": cost * 0.25,
+        "env_steps": 100 * round_id,
+        "actor_time": 1.0,
+        "learner_compute_time": 3.0,
+        "parameter_compute_time": 1.0,
+        "invocation_overhead": 0.5,
+        "cache_time": 0.5,
+    }
     return row
 
 
@@ -37,8 +47,9 @@ def _write_run(root: Path, plan: RunPlan, rewards: list[float], cost: float) -> 
 
 def _plan(variant: str, seed: int) -> RunPlan:
     mode = "sync" if variant == "vanilla" else "stellaris"
-    return RunPlan("ppo/Hopper", variant, seed, {"env": "Hopper-v5", "algo": "ppo", "mode": mode, "seed": seed,
-                                                 "rounds": 10})  # fmt: skip
+    return RunPlan(
+        "ppo/Hopper", variant, seed, {"env": "Hopper-v5", "algo": "ppo", "mode": mode, "seed": seed, "rounds": 10}
+    )
 
 
 def test_final_reward_is_the_episode_weighted_tail() -> None:

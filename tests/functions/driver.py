@@ -109,9 +109,14 @@ class Driver:
 
     def _rounds(self, mode: Rule, *, invocations: int) -> Rounds:
         return Rounds(
-            self.job, self.functions, mode=mode, learners=self.learners, actors=self.actors,
-            invocations=invocations, enqueue_timeout_s=5.0,
-        )  # fmt: skip
+            self.job,
+            self.functions,
+            mode=mode,
+            learners=self.learners,
+            actors=self.actors,
+            invocations=invocations,
+            enqueue_timeout_s=5.0,
+        )
 
     def collect(self) -> list[str]:
         """One serverless actor invocation per actor (the protocol's), then their batches taken off the stream."""

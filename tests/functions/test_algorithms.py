@@ -145,8 +145,9 @@ def test_batch_weights_expand_over_each_batchs_env_columns() -> None:
         column_weights([1.0, 0.5], [2, 1, 3])
     rng = np.random.default_rng(0)
     batches = [_batch(rng, 8, 2), _batch(rng, 8, 3)]
-    weighted = LearnerTask(round=1, batch_ids=("1-0", "r0-0"), epoch=0, minibatch=1, num_minibatches=2,
-                           batch_weights=(1.0, 0.5))  # fmt: skip
+    weighted = LearnerTask(
+        round=1, batch_ids=("1-0", "r0-0"), epoch=0, minibatch=1, num_minibatches=2, batch_weights=(1.0, 0.5)
+    )
     chunk = time_chunk(batches, weighted, gamma=0.99)
     per_sample = sample_weights(weighted, batches, chunk)
     assert per_sample is not None and per_sample.shape == (4, 5) and per_sample.dtype == chunk.rewards.dtype
@@ -189,9 +190,18 @@ def test_the_rounds_last_task_carries_its_obs_moments() -> None:
     for epoch in range(2):
         for minibatch in range(2):
             record = gradient_record(
-                spec, policy, data, batches, LearnerTask(1, ("5-0",), epoch, minibatch, 2), LearnInputs(others=[]),
-                task_id="t", learner_id="l", base_version=0, device="cpu", compute=Stopwatch(),
-            )  # fmt: skip
+                spec,
+                policy,
+                data,
+                batches,
+                LearnerTask(1, ("5-0",), epoch, minibatch, 2),
+                LearnInputs(others=[]),
+                task_id="t",
+                learner_id="l",
+                base_version=0,
+                device="cpu",
+                compute=Stopwatch(),
+            )
             if record.obs_moments is not None:
                 carried.append((epoch, minibatch, record.obs_moments.count))
     assert carried == [(1, 1, 16.0)]
@@ -214,9 +224,18 @@ def test_replayed_batches_are_left_out_of_the_obs_moments() -> None:
         task = LearnerTask(1, ids, 0, minibatch, 2)
         data = algorithm_of(cfg).prepare(batches, cfg)
         record = gradient_record(
-            spec, policy, data, batches, task, LearnInputs(others=[], target=policy),
-            task_id="t", learner_id="l", base_version=0, device="cpu", compute=Stopwatch(),
-        )  # fmt: skip
+            spec,
+            policy,
+            data,
+            batches,
+            task,
+            LearnInputs(others=[], target=policy),
+            task_id="t",
+            learner_id="l",
+            base_version=0,
+            device="cpu",
+            compute=Stopwatch(),
+        )
         return record.obs_moments
 
     got = moments(("5-0", "r3-0"), [fresh, replayed])

@@ -86,9 +86,21 @@ def test_matches_vtrace_against_the_learner_policy(seed: int) -> None:
     rewards, values = torch.randn(t_len, n, generator=g), torch.randn(t_len, n, generator=g)
     boot, disc = torch.randn(n, generator=g), 0.99 * (torch.rand(t_len, n, generator=g) > 0.1).float()
     terms = appo_loss(
-        pi, mu, rewards, values, boot, disc, torch.zeros(t_len, n), None,
-        clip=0.2, kl_coef=0.0, vf_coef=1.0, ent_coef=0.0, rho_bar=1.0, c_bar=0.9,
-    )  # fmt: skip
+        pi,
+        mu,
+        rewards,
+        values,
+        boot,
+        disc,
+        torch.zeros(t_len, n),
+        None,
+        clip=0.2,
+        kl_coef=0.0,
+        vf_coef=1.0,
+        ent_coef=0.0,
+        rho_bar=1.0,
+        c_bar=0.9,
+    )
     vs, adv = vtrace(mu, pi, rewards, values, boot, disc, rho_bar=1.0, c_bar=0.9)
     torch.testing.assert_close(terms.vs, vs)
     torch.testing.assert_close(terms.pg_advantages, adv)

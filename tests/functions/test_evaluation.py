@@ -126,8 +126,10 @@ def test_the_actor_function_evaluates_a_policy_version_of_the_job(cache_conn: Ca
         load_policy_bytes(policy, blob)
         expected = run_episodes(policy, make_vector_env("CartPole-v1", 1, seed=1_000_003), episodes=3, seed=1_000_003)
         assert (result.version, result.episode_returns, result.episode_lengths) == (
-            version, expected.returns, expected.lengths,
-        )  # fmt: skip
+            version,
+            expected.returns,
+            expected.lengths,
+        )
         assert result.episode_returns == [float(n) for n in result.episode_lengths]  # CartPole pays 1 a step
         assert EvalResult.from_dict(call({"episodes": 3, "seed": 1_000_003})) == result  # no version: the newest
         assert driver.job.client.xlen(driver.job.keys.traj) == 0  # an evaluation pushes no batch

@@ -23,14 +23,22 @@ EPOCHS, MINIBATCHES = 2, 4
 
 def fused_spec(job: str, *, actors: int) -> JobSpec:
     cfg = PPOConfig(
-        lr=1e-3, train_batch_size=256, num_minibatches=MINIBATCHES, num_epochs=EPOCHS,
+        lr=1e-3,
+        train_batch_size=256,
+        num_minibatches=MINIBATCHES,
+        num_epochs=EPOCHS,
         network=NetworkConfig(kind="mlp", hidden=(16, 16)),
-    )  # fmt: skip
+    )
     steps = 256 // (actors * 2)
     return JobSpec(
-        job=job, env_id="CartPole-v1", algo=cfg, num_envs=2, actor_steps=steps, seed=3,
+        job=job,
+        env_id="CartPole-v1",
+        algo=cfg,
+        num_envs=2,
+        actor_steps=steps,
+        seed=3,
         distribution="gradients_at_actors",
-    )  # fmt: skip
+    )
 
 
 def test_batch_minibatches_keep_the_learners_minibatch_size() -> None:
@@ -42,8 +50,11 @@ def test_batch_minibatches_keep_the_learners_minibatch_size() -> None:
         batch_minibatches(0, train_batch_size=2048, num_minibatches=32)
     tasks = batch_tasks(3, "b", epochs=2, minibatches=2)
     assert [(t.round, t.epoch, t.minibatch, t.num_minibatches) for t in tasks] == [
-        (3, 0, 0, 2), (3, 0, 1, 2), (3, 1, 0, 2), (3, 1, 1, 2),
-    ]  # fmt: skip
+        (3, 0, 0, 2),
+        (3, 0, 1, 2),
+        (3, 1, 0, 2),
+        (3, 1, 1, 2),
+    ]
 
 
 def test_fused_rounds_ship_headers_only_and_apply_every_gradient_once(cache_conn: Cache, job_id: str) -> None:

@@ -121,9 +121,21 @@ def test_replay_weights_of_one_give_exactly_the_unweighted_loss_and_gradients(sh
     for weights in (None, torch.ones(shape)):
         leaf_new, leaf_values = new.clone().requires_grad_(True), values.clone().requires_grad_(True)
         terms = impact_loss(
-            leaf_new, target, behaviour, rewards, leaf_values, bootstrap, discounts, entropy, kl,
-            clip=0.4, kl_coef=0.5, vf_coef=0.8, ent_coef=0.02, sample_weights=weights,
-        )  # fmt: skip
+            leaf_new,
+            target,
+            behaviour,
+            rewards,
+            leaf_values,
+            bootstrap,
+            discounts,
+            entropy,
+            kl,
+            clip=0.4,
+            kl_coef=0.5,
+            vf_coef=0.8,
+            ent_coef=0.02,
+            sample_weights=weights,
+        )
         out.append((terms, torch.autograd.grad(terms.total, [leaf_new, leaf_values])))
     (plain, plain_grads), (ones, ones_grads) = out
     for name in ("policy_loss", "value_loss", "kl_penalty", "entropy", "total"):
@@ -145,9 +157,20 @@ def test_matches_reference_composition(seed: int, shape: tuple[int, ...]) -> Non
     discounts = torch.full(shape, 0.99, dtype=torch.float64)
     clip = 0.4
     terms = impact_loss(
-        new, target, behaviour, rewards, values, bootstrap, discounts, entropy, kl,
-        clip=clip, kl_coef=0.5, vf_coef=0.8, ent_coef=0.02,
-    )  # fmt: skip
+        new,
+        target,
+        behaviour,
+        rewards,
+        values,
+        bootstrap,
+        discounts,
+        entropy,
+        kl,
+        clip=clip,
+        kl_coef=0.5,
+        vf_coef=0.8,
+        ent_coef=0.02,
+    )
     vs, advantages = vtrace(behaviour, target, rewards, values, bootstrap, discounts)
     flat_new, flat_target, flat_adv = new.flatten(), target.flatten(), advantages.flatten()
     surrogate = 0.0
@@ -186,7 +209,11 @@ def test_paper_and_fast_presets() -> None:
     fast = preset("fast", "impact", "mujoco")
     minibatch_size = fast.train_batch_size // fast.num_minibatches
     assert (fast.lr, fast.train_batch_size, minibatch_size, fast.num_epochs, fast.kl_coef) == (
-        3e-4, 2048, 64, 10, 0.0,
-    )  # fmt: skip
+        3e-4,
+        2048,
+        64,
+        10,
+        0.0,
+    )
     with pytest.raises(ValueError):
         preset("slow", "impact", "mujoco")  # type: ignore[arg-type]

@@ -53,10 +53,18 @@ def cartpole(job: str, cfg: AlgoConfig) -> JobSpec:
 
 def ppo(rule: Rule) -> PPOConfig:
     return PPOConfig(
-        lr=2.5e-3, train_batch_size=512, num_minibatches=4, num_epochs=4, clip=0.2, kl_coef=0.0, ent_coef=0.0,
-        vf_coef=0.5, max_grad_norm=0.5, network=NetworkConfig(kind="mlp", hidden=(64, 64)),
+        lr=2.5e-3,
+        train_batch_size=512,
+        num_minibatches=4,
+        num_epochs=4,
+        clip=0.2,
+        kl_coef=0.0,
+        ent_coef=0.0,
+        vf_coef=0.5,
+        max_grad_norm=0.5,
+        network=NetworkConfig(kind="mlp", hidden=(64, 64)),
         stellaris=StellarisConfig(rule=rule),
-    )  # fmt: skip
+    )
 
 
 @pytest.mark.slow
@@ -74,9 +82,15 @@ def test_ppo_sync_learns_cartpole(cache_conn: Cache, job_id: str) -> None:
 @pytest.mark.slow
 def test_impact_stellaris_learns_cartpole(cache_conn: Cache, job_id: str) -> None:
     cfg = IMPACTConfig(
-        lr=2.5e-3, train_batch_size=512, num_minibatches=4, num_epochs=2, ent_coef=0.0, vf_coef=0.5,
-        max_grad_norm=0.5, network=NetworkConfig(kind="mlp", hidden=(64, 64)),
-    )  # fmt: skip
+        lr=2.5e-3,
+        train_batch_size=512,
+        num_minibatches=4,
+        num_epochs=2,
+        ent_coef=0.0,
+        vf_coef=0.5,
+        max_grad_norm=0.5,
+        network=NetworkConfig(kind="mlp", hidden=(64, 64)),
+    )
     rounds, _ = learn(cache_conn, cartpole(job_id, cfg), mode="stellaris", learners=2)
     assert rounds <= MAX_ROUNDS
 
@@ -85,8 +99,14 @@ def test_impact_stellaris_learns_cartpole(cache_conn: Cache, job_id: str) -> Non
 def test_appo_stellaris_learns_cartpole(cache_conn: Cache, job_id: str) -> None:
     """APPO through the algorithm seam: V-trace targets and advantages, PPO's clip on π_θ/μ, two learners."""
     cfg = APPOConfig(
-        lr=2.5e-3, train_batch_size=512, num_minibatches=4, num_epochs=2, ent_coef=0.0, vf_coef=0.5,
-        max_grad_norm=0.5, network=NetworkConfig(kind="mlp", hidden=(64, 64)),
-    )  # fmt: skip
+        lr=2.5e-3,
+        train_batch_size=512,
+        num_minibatches=4,
+        num_epochs=2,
+        ent_coef=0.0,
+        vf_coef=0.5,
+        max_grad_norm=0.5,
+        network=NetworkConfig(kind="mlp", hidden=(64, 64)),
+    )
     rounds, _ = learn(cache_conn, cartpole(job_id, cfg), mode="stellaris", learners=2)
     assert rounds <= MAX_ROUNDS  # a mean return of THRESHOLD, against ~20 for a random policy

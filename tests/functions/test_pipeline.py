@@ -35,10 +35,16 @@ LEASE_S = 0.6
 
 def small_spec(job: str, rule: Rule = Rule.STELLARIS, *, claim_ahead: bool = True) -> JobSpec:
     cfg = PPOConfig(
-        lr=1e-3, train_batch_size=256, num_minibatches=4, num_epochs=2, clip=0.2, kl_coef=0.0, ent_coef=0.01,
+        lr=1e-3,
+        train_batch_size=256,
+        num_minibatches=4,
+        num_epochs=2,
+        clip=0.2,
+        kl_coef=0.0,
+        ent_coef=0.01,
         network=NetworkConfig(kind="mlp", hidden=(32, 32)),
         stellaris=StellarisConfig(rule=rule, claim_ahead=claim_ahead),
-    )  # fmt: skip
+    )
     return JobSpec(job=job, env_id="CartPole-v1", algo=cfg, num_envs=2, actor_steps=64, seed=3)
 
 

@@ -87,9 +87,19 @@ def test_policy_loss_gradient_through_truncated_ratio() -> None:
     for is_weights in (None, torch.tensor([0.45], dtype=torch.float64)):
         log_probs = torch.log(torch.tensor([0.45], dtype=torch.float64)).requires_grad_(True)
         terms = ppo_loss(
-            log_probs, behaviour, advantages, zeros, zeros, zeros, None,
-            clip=0.2, kl_coef=0.0, vf_coef=0.0, ent_coef=0.0, is_weights=is_weights,
-        )  # fmt: skip
+            log_probs,
+            behaviour,
+            advantages,
+            zeros,
+            zeros,
+            zeros,
+            None,
+            clip=0.2,
+            kl_coef=0.0,
+            vf_coef=0.0,
+            ent_coef=0.0,
+            is_weights=is_weights,
+        )
         (grad,) = torch.autograd.grad(terms.total, log_probs)
         grads.append(grad.item())
     assert grads[0] == pytest.approx(-0.9)
@@ -137,9 +147,19 @@ def test_matches_per_sample_reference(seed: int, batch: int, truncate: bool) -> 
     is_weights = torch.rand(batch, generator=generator, dtype=torch.float64) if truncate else None
     clip, kl_coef, vf_coef, ent_coef = 0.25, 0.3, 0.7, 0.05
     terms = ppo_loss(
-        new, old, adv, values, returns, entropy, kl,
-        clip=clip, kl_coef=kl_coef, vf_coef=vf_coef, ent_coef=ent_coef, is_weights=is_weights,
-    )  # fmt: skip
+        new,
+        old,
+        adv,
+        values,
+        returns,
+        entropy,
+        kl,
+        clip=clip,
+        kl_coef=kl_coef,
+        vf_coef=vf_coef,
+        ent_coef=ent_coef,
+        is_weights=is_weights,
+    )
 
     surrogate = 0.0
     for b in range(batch):
@@ -300,8 +320,9 @@ def test_decoupled_form_needs_the_proximal_ratio_and_measures_its_clip_fraction(
         clipped_surrogate(torch.ones(2), torch.ones(2), clip=0.2, form="decoupled")
     b = _batch()  # r = [1.5, 0.5]; with π_prox = π_θ·[1/1.1, 1]: p = [1.1, 1.0], nothing clipped against it
     prox = b["new_log_probs"] - torch.log(torch.tensor([1.1, 1.0], dtype=torch.float64))
-    terms = ppo_loss(**b, clip=0.2, kl_coef=0.5, vf_coef=1.0, ent_coef=0.01, truncation_form="decoupled",
-                     proximal_log_probs=prox)  # fmt: skip
+    terms = ppo_loss(
+        **b, clip=0.2, kl_coef=0.5, vf_coef=1.0, ent_coef=0.01, truncation_form="decoupled", proximal_log_probs=prox
+    )
     assert terms.clip_fraction.item() == 0.0
     # without R' the weights are π_prox/μ = [1.5/1.1, 0.5]: −mean(1.5/1.1·1.1·2, 0.5·1.0·(−1)) = −(3.0 − 0.5)/2
     assert terms.policy_loss.item() == pytest.approx(-1.25)

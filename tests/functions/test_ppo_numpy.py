@@ -55,9 +55,16 @@ def _batch(rng: np.random.Generator, action_space: gym.spaces.Space, steps: int 
 
 
 def _both(
-    monkeypatch: pytest.MonkeyPatch, cfg: PPOConfig, *, discrete: bool = False, relu: bool = False,
-    normalize: bool = True, others: int = 2, packed: bool = True, minibatch: int = 1,
-) -> tuple[tuple[dict, dict], tuple[dict, dict]]:  # fmt: skip
+    monkeypatch: pytest.MonkeyPatch,
+    cfg: PPOConfig,
+    *,
+    discrete: bool = False,
+    relu: bool = False,
+    normalize: bool = True,
+    others: int = 2,
+    packed: bool = True,
+    minibatch: int = 1,
+) -> tuple[tuple[dict, dict], tuple[dict, dict]]:
     """(NumPy's gradient and stats, torch's) for one task."""
     space = gym.spaces.Discrete(4) if discrete else gym.spaces.Box(-1, 1, (3,))
     make = lambda seed: _policy(space, relu=relu, normalize=normalize, seed=seed)  # noqa: E731

@@ -53,9 +53,12 @@ def _landed(batch_id: str, actor: str) -> tuple[str, BatchMeta]:
 def test_round_one_is_each_actors_first_batch_in_actor_order() -> None:
     # actor-10 and actor-2 landed two batches each before actor-1 landed its first
     landed = [
-        _landed("1-0", "actor-10"), _landed("2-0", "actor-2"), _landed("3-0", "actor-10"), _landed("4-0", "actor-2"),
+        _landed("1-0", "actor-10"),
+        _landed("2-0", "actor-2"),
+        _landed("3-0", "actor-10"),
+        _landed("4-0", "actor-2"),
         _landed("5-0", "actor-1"),
-    ]  # fmt: skip
+    ]
     chosen, rest = first_of_each(landed)
     assert [b for b, _ in chosen] == ["5-0", "2-0", "1-0"]  # actor-1, actor-2, actor-10
     assert [b for b, _ in rest] == ["3-0", "4-0"]  # the next round's, in arrival order

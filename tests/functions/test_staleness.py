@@ -535,9 +535,15 @@ def test_which_rules_apply_from_the_queue_alone(rule: AggregationRule, expected:
     asynchronous=st.booleans(),
 )
 def test_a_decision_to_apply_from_the_queue_alone_is_the_one_taken_whatever_is_in_flight(
-    d: float, schedule: Schedule, round_k: int, delta_max: int | None, current: int, queued: list[int],
-    in_flight: list[int], asynchronous: bool,
-) -> None:  # fmt: skip
+    d: float,
+    schedule: Schedule,
+    round_k: int,
+    delta_max: int | None,
+    current: int,
+    queued: list[int],
+    in_flight: list[int],
+    asynchronous: bool,
+) -> None:
     """What the parameter function relies on to skip its look at work in flight: where the rule applies with "at
     least one in flight, versions unknown", it applies the same gradients with any work in flight."""
     rule = AggregationRule(

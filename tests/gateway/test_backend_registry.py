@@ -66,8 +66,12 @@ def test_the_docker_backend_gets_the_settings() -> None:
     assert isinstance(backend, DockerBackend) and backend._client is None  # the engine is reached at first use
     t = backend.template
     assert (t.namespace, t.redis_url, t.python, t.volumes, t.working_dir) == (
-        "ns1", REDIS_URL, "/usr/bin/python3", {"/src": "/app"}, "/app",
-    )  # fmt: skip
+        "ns1",
+        REDIS_URL,
+        "/usr/bin/python3",
+        {"/src": "/app"},
+        "/app",
+    )
     bare = registry.build("docker", GatewaySettings(), None)
     assert isinstance(bare, DockerBackend) and bare.template.volumes == {}  # no volumes: None to DockerBackend
 
@@ -80,8 +84,11 @@ def test_the_ray_backend_gets_the_settings() -> None:
     backend = registry.build("ray", settings, REDIS_URL)
     assert isinstance(backend, RayBackend) and not backend._connected and backend.cluster is None
     assert (backend.address, backend.namespace, backend.redis_url, backend.startup_timeout_s) == (
-        "10.0.0.1:6379", "ns1", REDIS_URL, 30.0,
-    )  # fmt: skip
+        "10.0.0.1:6379",
+        "ns1",
+        REDIS_URL,
+        30.0,
+    )
 
 
 def test_an_unknown_backend_is_refused_naming_the_known_ones() -> None:

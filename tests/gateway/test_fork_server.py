@@ -83,8 +83,10 @@ def test_a_forked_instance_has_its_own_env_limits_and_command_line(backend: Proc
         assert got["rlimit_data"] == 3 << 30
         assert got["gc_frozen"] > 10_000  # what the server imported (torch's objects among them) is frozen
         cmdline = Path(f"/proc/{handle.pid}/cmdline").read_bytes().rstrip(b"\0").decode()
-        assert cmdline == f"{sys.executable} -m functions.runtime --handler tests.functions.sample_handlers:process " \
-            "--port 0 --concurrency 1 --timeout-s 60"  # fmt: skip
+        assert (
+            cmdline == f"{sys.executable} -m functions.runtime --handler tests.functions.sample_handlers:process "
+            "--port 0 --concurrency 1 --timeout-s 60"
+        )
     assert draws[0][0] != draws[1][0] and draws[0][1] != draws[1][1]  # not the server's generators, twice
     # SIGTERM drains, and the exit code comes through the server.
     proc = backend._procs["a-1"]

@@ -128,8 +128,11 @@ def test_the_api_description_is_behind_the_token_unless_made_public(gateway, red
 def test_instance_and_memory_caps_refuse_a_registration_with_a_422(redis_server, fname: str) -> None:
     """A pre-warm of 1,024 instances once ran the host out of memory: now the gateway caps what one function may ask
     for, and names the field and the cap; a pre-warm never starts more than the function's (capped) max."""
-    gw = start_gateway(redis_server.url, STELLARIS_GATEWAY_MAX_INSTANCES="3",
-                       STELLARIS_GATEWAY_MAX_INSTANCE_MEMORY_BYTES=str(512 * MIB))  # fmt: skip
+    gw = start_gateway(
+        redis_server.url,
+        STELLARIS_GATEWAY_MAX_INSTANCES="3",
+        STELLARIS_GATEWAY_MAX_INSTANCE_MEMORY_BYTES=str(512 * MIB),
+    )
     try:
         with gw.client() as client:
             for kwargs, word in (
@@ -151,8 +154,10 @@ def test_instance_and_memory_caps_refuse_a_registration_with_a_422(redis_server,
     ("fields", "word"),
     [
         # The probe's injection: an importable module run with an interpreter option in its environment.
-        ({"target": "antigravity:geohash", "env": {"BROWSER": "perlthanks", "PERL5OPT": "-Mbase;system('id')"}},
-         "target 'antigravity:geohash' is outside the allowed handler modules"),
+        (
+            {"target": "antigravity:geohash", "env": {"BROWSER": "perlthanks", "PERL5OPT": "-Mbase;system('id')"}},
+            "target 'antigravity:geohash' is outside the allowed handler modules",
+        ),
         ({"env": {"PYTHONSTARTUP": "/tmp/x.py"}}, "env 'PYTHONSTARTUP' changes how a program starts"),
         ({"env": {"LD_PRELOAD": "/tmp/x.so"}}, "env 'LD_PRELOAD' changes how a program starts"),
         ({"env": {"ld_preload": "/tmp/x.so"}}, "env 'ld_preload' changes how a program starts"),
@@ -160,7 +165,7 @@ def test_instance_and_memory_caps_refuse_a_registration_with_a_422(redis_server,
         ({"target": "tests.functions.no_such_module:echo"}, "no module 'tests.functions.no_such_module'"),
         ({"target": "functions.handlers.no_such:handle"}, "no module 'functions.handlers.no_such'"),
     ],
-)  # fmt: skip
+)
 def test_registration_refuses_foreign_targets_and_dangerous_env(
     client: GatewayClient, fname: str, fields: dict, word: str
 ) -> None:
@@ -188,9 +193,13 @@ def test_a_target_module_is_found_without_running_its_package(tmp_path: Path) ->
         "assert 'functions' not in sys.modules and 'functions.handlers' not in sys.modules, 'imported'"
     )
     done = subprocess.run(
-        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, cwd=tmp_path,
+        [sys.executable, "-c", probe],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
         env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
-    )  # fmt: skip
+    )
     assert done.returncode == 0, done.stderr[-2000:]
 
 

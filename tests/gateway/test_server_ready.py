@@ -14,8 +14,12 @@ from contract.runtime_http import READY_PREFIX
 
 
 def test_the_gateway_listens_before_it_announces_ready(redis_server) -> None:
-    env = {**os.environ, "REDIS_URL": redis_server.url, "STELLARIS_GATEWAY_PORT": "0",
-           "STELLARIS_GATEWAY_TOKEN": "t" * 32}  # fmt: skip
+    env = {
+        **os.environ,
+        "REDIS_URL": redis_server.url,
+        "STELLARIS_GATEWAY_PORT": "0",
+        "STELLARIS_GATEWAY_TOKEN": "t" * 32,
+    }
     proc = subprocess.Popen([sys.executable, "-m", "gateway"], env=env, stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None

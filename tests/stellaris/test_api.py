@@ -34,13 +34,24 @@ README_CONFIG = '{"env": "CartPole-v1", "rounds": 2, "out": "runs/cartpole-api"}
 # the guide's run, made quick: small batches (the paper preset's 4 minibatches x 2 epochs), one round, and the fast
 # preset's normalisers on, so the file carries observation statistics and the checkpoint reward-scaler state.
 QUICK_CONFIG = {
-    "env": "CartPole-v1", "algo": "ppo", "preset": "paper", "actors": 1, "learners": 2, "rounds": 1, "seed": 3,
+    "env": "CartPole-v1",
+    "algo": "ppo",
+    "preset": "paper",
+    "actors": 1,
+    "learners": 2,
+    "rounds": 1,
+    "seed": 3,
     "out": "runs/cartpole-api",
     "overrides": {
-        "lr": 2.5e-3, "train_batch_size": 512, "num_minibatches": 4, "num_epochs": 2, "normalize_obs": True,
-        "normalize_reward": True, "network": {"kind": "mlp", "hidden": [64, 64]},
+        "lr": 2.5e-3,
+        "train_batch_size": 512,
+        "num_minibatches": 4,
+        "num_epochs": 2,
+        "normalize_obs": True,
+        "normalize_reward": True,
+        "network": {"kind": "mlp", "hidden": [64, 64]},
     },
-}  # fmt: skip
+}
 
 
 def no_deployment_env() -> dict[str, str]:
@@ -111,8 +122,11 @@ def test_load_policy_in_a_fresh_process_acts_as_the_trained_network(run: Path) -
     env = {**no_deployment_env(), "PYTHONPATH": str(ROOT)}
     done = subprocess.run(
         [sys.executable, "-c", LOAD_AND_ACT, str(alone / "policy.safetensors")],
-        env=env, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     got = json.loads(done.stdout)
     assert got["reached"] == []
@@ -120,9 +134,13 @@ def test_load_policy_in_a_fresh_process_acts_as_the_trained_network(run: Path) -
     spec = JobSpec.model_validate(yaml.safe_load((run / "config.yaml").read_text())["job_spec"])
     cartpole = gym.make("CartPole-v1")
     reference = build_policy(
-        cartpole.observation_space, cartpole.action_space, hidden=spec.algo.network.hidden,
-        kind=spec.algo.network.kind, activation=spec.algo.network.activation, normalize_obs=spec.algo.normalize_obs,
-    )  # fmt: skip
+        cartpole.observation_space,
+        cartpole.action_space,
+        hidden=spec.algo.network.hidden,
+        kind=spec.algo.network.kind,
+        activation=spec.algo.network.activation,
+        normalize_obs=spec.algo.normalize_obs,
+    )
     reference.load_state_dict(load_file(str(run / "policy.safetensors")))
     assert reference.obs_normalizer is not None and float(reference.obs_normalizer.count) > 512  # statistics travel
     obs = torch.as_tensor(np.stack([cartpole.reset(seed=s)[0] for s in range(16)]))

@@ -29,9 +29,14 @@ TASKS_PER_ROUND = 4 * 16
 # A fork server's kill takes every process forked from it along: the gateway's (its learner and parameter-function
 # instances) or the control plane's (its serverful actors).
 KILLS = {
-    "learner": 20, "parameter": 3, "actor": 2, "gateway fork server": 1, "actor fork server": 1, "gateway": 1,
+    "learner": 20,
+    "parameter": 3,
+    "actor": 2,
+    "gateway fork server": 1,
+    "actor fork server": 1,
+    "gateway": 1,
     "redis-server": 1,
-}  # fmt: skip
+}
 # Longer than the job may run (proc.wait below): a killed instance's task or update lease is freed only by the control
 # plane, once the gateway reports the instance gone, never by a lease running out.
 LEASE_S = 1200.0

@@ -228,9 +228,24 @@ def test_placement_flags_beat_the_yaml_file(tmp_path: Path, monkeypatch: pytest.
     unflagged = _train_flags(monkeypatch, "--config", str(path))
     assert (unflagged.role_image("learner"), unflagged.role_image("actor"), unflagged.learner_gpus) == ("l:1", "a:1", 2)
     flagged = _train_flags(
-        monkeypatch, "--config", str(path), "--learner-image", "l:2", "--image", "b:2", "--actor-image", "c:3",
-        "--parameter-image", "p:4", "--learner-gpus", "1", "--parameter-gpus", "1", "--device", "cuda",
-    )  # fmt: skip
+        monkeypatch,
+        "--config",
+        str(path),
+        "--learner-image",
+        "l:2",
+        "--image",
+        "b:2",
+        "--actor-image",
+        "c:3",
+        "--parameter-image",
+        "p:4",
+        "--learner-gpus",
+        "1",
+        "--parameter-gpus",
+        "1",
+        "--device",
+        "cuda",
+    )
     assert [flagged.role_image(r) for r in ("learner", "parameter", "actor")] == ["l:2", "p:4", "c:3"]
     assert (flagged.learner_gpus, flagged.parameter_gpus, flagged.device) == (1, 1, "cuda")
     process = _yaml(tmp_path, "learner_gpus: 0\n")
@@ -244,13 +259,20 @@ def test_the_job_registers_each_role_where_the_config_places_it(tmp_path: Path) 
     docker = placements(load_config(_yaml(tmp_path, "backend: docker\nimage: img:1\nlearner_gpus: 1\n"), {}))
     learner = function_spec("j-learner", "learner", docker["learner"], {"A": "1"}, max_instances=2)
     assert (learner.backend, learner.image, learner.resources.gpus, learner.target, learner.max_instances) == (
-        "docker", "img:1", 1, "functions.handlers.learner:handle", 2
-    )  # fmt: skip
+        "docker",
+        "img:1",
+        1,
+        "functions.handlers.learner:handle",
+        2,
+    )
     assert learner.env == {"A": "1", "STELLARIS_DEVICE": "auto"}
     actor = function_spec("j-actor", "actor", docker["actor"], {})
     assert (actor.backend, actor.image, actor.resources.gpus, actor.env) == (
-        "docker", "img:1", 0, {"STELLARIS_DEVICE": "cpu"}
-    )  # fmt: skip
+        "docker",
+        "img:1",
+        0,
+        {"STELLARIS_DEVICE": "cpu"},
+    )
     process = placements(load_config(_yaml(tmp_path, ""), {}))
     parameter = function_spec("j-parameter", "parameter", process["parameter"], {})
     assert (parameter.backend, parameter.image, parameter.resources.gpus) == ("process", None, 0)
@@ -263,8 +285,10 @@ def test_gpu_shares_custom_resources_and_the_cluster_with_the_ray_backend(tmp_pa
     )
     assert [cfg.role_gpus(r) for r in ("learner", "parameter", "actor")] == [0.25, 0, 0]
     assert [cfg.role_resources(r) for r in ("learner", "parameter", "actor")] == [
-        {"gpu_node": 0.01}, {}, {"cpu_node": 0.5},
-    ]  # fmt: skip
+        {"gpu_node": 0.01},
+        {},
+        {"cpu_node": 0.5},
+    ]
     assert cfg.role_image("learner") is None  # ray actors run the project installed on the nodes
     with pytest.raises(ConfigError, match=r"learner_gpus 0.5 is fractional: a container takes whole GPUs"):
         load_config(_yaml(tmp_path, "backend: docker\nlearner_gpus: 0.5\n"), {})

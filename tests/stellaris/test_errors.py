@@ -144,16 +144,40 @@ def test_an_actor_that_dies_on_every_start_ends_the_job_naming_it(tmp_path: Path
     at once each time it is started. Past STELLARIS_ACTOR_MAX_RESTARTS deaths in a row with no batch landed the job
     ends, naming the actor, rather than restarting it until the batch wait (300 s) runs out."""
     env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "STELLARIS_GATEWAY_URL", "STELLARIS_DEBUG")}
-    args = ["--env-module", "tests.stellaris.custom_env", "--env", "PickTarget-v0", "--env-kwargs",
-            '{"crash_on_step": true}', "--actors", "1", "--rounds", "2", "--out", str(tmp_path / "run")]  # fmt: skip
+    args = [
+        "--env-module",
+        "tests.stellaris.custom_env",
+        "--env",
+        "PickTarget-v0",
+        "--env-kwargs",
+        '{"crash_on_step": true}',
+        "--actors",
+        "1",
+        "--rounds",
+        "2",
+        "--out",
+        str(tmp_path / "run"),
+    ]
     cmd = [sys.executable, "-m", "stellaris.cli", "train", *args]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env | {"STELLARIS_ACTOR_MAX_RESTARTS": "2"}, capture_output=True,
-                          text=True, timeout=FAIL_FAST_S)  # fmt: skip
+    proc = subprocess.run(
+        cmd,
+        cwd=ROOT,
+        env=env | {"STELLARIS_ACTOR_MAX_RESTARTS": "2"},
+        capture_output=True,
+        text=True,
+        timeout=FAIL_FAST_S,
+    )
     output = proc.stdout + proc.stderr
     assert proc.returncode == 1, output
     [error] = [line for line in output.splitlines() if line.startswith("error: ")]
     assert "actor-0 died 3 times in a row without landing a batch (last exit code 1" in error, output
     assert output.count("RuntimeError: PickTarget was made with crash_on_step") == 3, output  # each death's own error
-    bad = subprocess.run(cmd, cwd=ROOT, env=env | {"STELLARIS_ACTOR_MAX_RESTARTS": "many"}, capture_output=True,
-                         text=True, timeout=FAIL_FAST_S)  # fmt: skip
+    bad = subprocess.run(
+        cmd,
+        cwd=ROOT,
+        env=env | {"STELLARIS_ACTOR_MAX_RESTARTS": "many"},
+        capture_output=True,
+        text=True,
+        timeout=FAIL_FAST_S,
+    )
     one_error(bad, 1, "STELLARIS_ACTOR_MAX_RESTARTS must be a whole number from 1 to 1000, got 'many'")

@@ -53,9 +53,11 @@ def test_a_given_gateway_that_stops_answering_is_named_and_so_is_its_return(redi
     gw = start_gateway(redis_server.url)
     said: queue.Queue[str] = queue.Queue()
     watch = GatewayWatch(
-        lambda: (None, gw.url), HangSettings(hung_after_s=HUNG_AFTER_S, busy_probe_s=BUSY_PROBE_S), owned=False,
+        lambda: (None, gw.url),
+        HangSettings(hung_after_s=HUNG_AFTER_S, busy_probe_s=BUSY_PROBE_S),
+        owned=False,
         say=said.put,
-    )  # fmt: skip
+    )
     watch.start()
     try:
         os.kill(gw.proc.pid, signal.SIGSTOP)
@@ -78,9 +80,12 @@ def test_a_given_gateway_silent_past_the_wait_ends_the_job_blocked_on_it(redis_s
     said: queue.Queue[str] = queue.Queue()
     before = signal.getsignal(signal.SIGUSR2)
     watch = GatewayWatch(
-        lambda: (None, gw.url), HangSettings(hung_after_s=HUNG_AFTER_S, busy_probe_s=BUSY_PROBE_S), owned=False,
-        say=said.put, give_up_s=1.0,
-    )  # fmt: skip
+        lambda: (None, gw.url),
+        HangSettings(hung_after_s=HUNG_AFTER_S, busy_probe_s=BUSY_PROBE_S),
+        owned=False,
+        say=said.put,
+        give_up_s=1.0,
+    )
     watch.start()
     try:
         os.kill(gw.proc.pid, signal.SIGSTOP)

@@ -102,9 +102,12 @@ SCENARIOS = {
 def test_training_survives_processes_stopped_for_good(tmp_path: Path, scenario: str) -> None:
     plan, said, restarted = SCENARIOS[scenario]
     proc, output, out = start_job(
-        tmp_path, ROUNDS, leases_s=LEASE_S, STELLARIS_GATEWAY_HUNG_AFTER_S=str(HUNG_AFTER_S),
+        tmp_path,
+        ROUNDS,
+        leases_s=LEASE_S,
+        STELLARIS_GATEWAY_HUNG_AFTER_S=str(HUNG_AFTER_S),
         STELLARIS_GATEWAY_BUSY_PROBE_S="0.5",
-    )  # fmt: skip
+    )
     stopped: list[int] = []
     try:
         for at_round, role in plan:

@@ -95,8 +95,10 @@ def assert_nothing_got_through(reports: ProbeReports, secrets: list[str], roles:
     assert theirs.policies.latest() == (0, b"job B's weights")  # untouched
     assert not theirs.client.exists(f"stl:{{{theirs.keys.job}}}:{REPORT}:breach")
     tried = sum(r["tried"] for r in reports.found)
-    print(f"{len(reports.found)} processes of the job probed ({sorted({reports.role(r) for r in reports.found})}): "
-          f"{tried} attempts, all refused")  # fmt: skip
+    print(
+        f"{len(reports.found)} processes of the job probed ({sorted({reports.role(r) for r in reports.found})}): "
+        f"{tried} attempts, all refused"
+    )
 
 
 def test_code_in_a_job_reaches_nothing_outside_it_on_the_process_backend(
@@ -107,10 +109,20 @@ def test_code_in_a_job_reaches_nothing_outside_it_on_the_process_backend(
     try:
         with probe_reports(cache_conn.client) as reports:
             cmd = train_cmd(
-                tmp_path, "--gateway-url", gw.url, "--gateway-token", TOKEN, "--redis-url", redis_server.url,
-                "--rounds", "2", "--out", str(tmp_path / "run"),
-                env=PROBE_ENV, env_kwargs={"victim": victim, "gateway_url": gw.url},
-            )  # fmt: skip
+                tmp_path,
+                "--gateway-url",
+                gw.url,
+                "--gateway-token",
+                TOKEN,
+                "--redis-url",
+                redis_server.url,
+                "--rounds",
+                "2",
+                "--out",
+                str(tmp_path / "run"),
+                env=PROBE_ENV,
+                env_kwargs={"victim": victim, "gateway_url": gw.url},
+            )
             proc = run_train(cmd)
             assert proc.returncode == 0, proc.stderr[-3000:]
         secrets = [TOKEN, INVOKE_TOKEN, redis_server.password]

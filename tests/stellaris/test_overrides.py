@@ -40,9 +40,20 @@ def test_set_nests_dotted_keys_into_overrides_and_reaches_the_job(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     cfg = _train(
-        monkeypatch, "--config", str(_yaml(tmp_path, "")), "--set", "lr=1e-4", "--set", "stellaris.d=0.9",
-        "--set", "network.hidden=[64,64]", "--set", "stellaris.beta_floor=3", "--set", "stellaris.rule=ssp",
-    )  # fmt: skip
+        monkeypatch,
+        "--config",
+        str(_yaml(tmp_path, "")),
+        "--set",
+        "lr=1e-4",
+        "--set",
+        "stellaris.d=0.9",
+        "--set",
+        "network.hidden=[64,64]",
+        "--set",
+        "stellaris.beta_floor=3",
+        "--set",
+        "stellaris.rule=ssp",
+    )
     assert (cfg.d, cfg.mode) == (0.9, "ssp")  # a knob's `stellaris.<knob>` is its field (`rule`: `mode`)
     assert cfg.overrides == {"lr": 1e-4, "network": {"hidden": [64, 64]}, "stellaris": {"beta_floor": 3}}
     algo = resolve(JobRequest.model_validate(cfg.job_request("j"))).algo
@@ -51,8 +62,17 @@ def test_set_nests_dotted_keys_into_overrides_and_reaches_the_job(
 
 def test_set_beats_the_files_same_key_and_keeps_its_others(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = _yaml(tmp_path, "d: 0.5\noverrides: {lr: 0.01, gamma: 0.9, network: {activation: relu, hidden: [8]}}\n")
-    cfg = _train(monkeypatch, "--config", str(path), "--set", "lr=0.02", "--set", "network.hidden=[16]", "--set",
-                 "stellaris.d=0.7")  # fmt: skip
+    cfg = _train(
+        monkeypatch,
+        "--config",
+        str(path),
+        "--set",
+        "lr=0.02",
+        "--set",
+        "network.hidden=[16]",
+        "--set",
+        "stellaris.d=0.7",
+    )
     assert cfg.overrides == {"lr": 0.02, "gamma": 0.9, "network": {"activation": "relu", "hidden": [16]}}
     assert cfg.d == 0.7
     with pytest.raises(ConfigError, match=r"--d 0.3 and --set stellaris.d=0.5 set the same knob; give one"):
@@ -139,8 +159,12 @@ def test_a_bad_override_stops_the_cli_before_anything_starts(
     env |= {"REDIS_URL": f"redis://127.0.0.1:{_closed_port()}/0", "PYTHONPATH": str(ROOT)}
     proc = subprocess.run(
         [sys.executable, "-m", "stellaris.cli", "train", "--config", str(path), *args],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert proc.stderr.splitlines() == [proc.stderr.strip()] and proc.stderr.startswith(line), proc.stderr
     assert not out.exists()
@@ -151,8 +175,15 @@ def test_mapping_flags_take_json_and_resources_also_name_amount_pairs(
 ) -> None:
     cfg = _train(monkeypatch, "--config", str(_yaml(tmp_path, "")), "--overrides", '{"lr": 0.01}', "--set", "gamma=0.9")
     assert cfg.overrides == {"lr": 0.01, "gamma": 0.9}
-    ray = _train(monkeypatch, "--config", str(_yaml(tmp_path, "backend: ray\n")), "--learner-resources",
-                 '{"gpu_node": 0.01}', "--actor-resources", "cpu_node=0.5")  # fmt: skip
+    ray = _train(
+        monkeypatch,
+        "--config",
+        str(_yaml(tmp_path, "backend: ray\n")),
+        "--learner-resources",
+        '{"gpu_node": 0.01}',
+        "--actor-resources",
+        "cpu_node=0.5",
+    )
     assert (ray.learner_resources, ray.actor_resources) == ({"gpu_node": 0.01}, {"cpu_node": 0.5})
     result = CliRunner().invoke(app, ["train", "--config", str(_yaml(tmp_path, "")), "--overrides", "[1]"])
     assert result.exit_code == 2 and "--overrides: '[1]' is not a JSON object" in result.output, result.output

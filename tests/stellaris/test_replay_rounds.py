@@ -30,9 +30,16 @@ MAX_ROUNDS = 300
 
 def impact_cartpole(job: str, **replay: object) -> JobSpec:
     cfg = IMPACTConfig(
-        lr=2.5e-3, train_batch_size=512, num_minibatches=4, num_epochs=2, ent_coef=0.0, vf_coef=0.5,
-        max_grad_norm=0.5, network=NetworkConfig(kind="mlp", hidden=(64, 64)), **replay,
-    )  # fmt: skip
+        lr=2.5e-3,
+        train_batch_size=512,
+        num_minibatches=4,
+        num_epochs=2,
+        ent_coef=0.0,
+        vf_coef=0.5,
+        max_grad_norm=0.5,
+        network=NetworkConfig(kind="mlp", hidden=(64, 64)),
+        **replay,
+    )
     return JobSpec(job=job, env_id="CartPole-v1", algo=cfg, num_envs=4, actor_steps=128, seed=1)
 
 

@@ -21,9 +21,25 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_a_hopper_round_with_replay_through_stellaris_train(tmp_path: Path, replay: str) -> None:
     out = tmp_path / "run"
     cmd = [
-        sys.executable, "-m", "stellaris.cli", "train", "--env", "Hopper-v5", "--algo", "impact", "--preset", "fast",
-        "--rounds", "2", "--set", f"replay={replay}", "--set", "replay_ratio=0.5", "--out", str(out),
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "stellaris.cli",
+        "train",
+        "--env",
+        "Hopper-v5",
+        "--algo",
+        "impact",
+        "--preset",
+        "fast",
+        "--rounds",
+        "2",
+        "--set",
+        f"replay={replay}",
+        "--set",
+        "replay_ratio=0.5",
+        "--out",
+        str(out),
+    ]
     env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "STELLARIS_GATEWAY_URL")}
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -59,8 +75,14 @@ def test_a_resumed_run_replays_the_batches_its_dead_run_stored(tmp_path: Path) -
         assert wait_pid_gone(pid, 30), f"process {pid} outlived the killed run"
     done = int(json.loads((out / "state.json").read_text())["round"])
     env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "STELLARIS_GATEWAY_URL")}
-    resumed = subprocess.run([*train, "--resume", str(out), "--rounds", str(done + 2)], cwd=ROOT, env=env,
-                             capture_output=True, text=True, timeout=600)  # fmt: skip
+    resumed = subprocess.run(
+        [*train, "--resume", str(out), "--rounds", str(done + 2)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     rows = list(csv.DictReader((out / "replay.csv").open()))
     assert [int(r["round"]) for r in rows] == list(range(1, done + 3))

@@ -42,9 +42,24 @@ def test_a_killed_instance_is_replaced_by_a_warm_spare(redis_server, tmp_path: P
         out = tmp_path / "run"
         # 256 tasks a round (16 minibatches x 16 epochs): the round's calls run long enough to be caught in flight.
         overrides = {**FAST_CARTPOLE["overrides"], "num_minibatches": 16, "num_epochs": 16}
-        cmd = train_cmd(tmp_path, "--rounds", str(ROUNDS), "--learners", str(LEARNERS), "--standby", "1",
-                        "--out", str(out), "--redis-url", redis_server.url, "--gateway-url", gw.url,
-                        "--gateway-token", TOKEN, overrides=overrides)  # fmt: skip
+        cmd = train_cmd(
+            tmp_path,
+            "--rounds",
+            str(ROUNDS),
+            "--learners",
+            str(LEARNERS),
+            "--standby",
+            "1",
+            "--out",
+            str(out),
+            "--redis-url",
+            redis_server.url,
+            "--gateway-url",
+            gw.url,
+            "--gateway-token",
+            TOKEN,
+            overrides=overrides,
+        )
         proc = start_until_round(cmd, 2)
         lines, reader = read_on(proc)
         with gw.client() as client:

@@ -28,9 +28,13 @@ def test_each_round_is_written_as_tensorboard_scalars(run_dir: Path) -> None:
     acc.Reload()
     info = rows(run_dir / "info.csv")
     columns = {
-        "return/mean": "train_reward_mean", "staleness/bound": "staleness_bound", "throughput/env_steps": "env_steps",
-        "cost/total": "cost", "latency/round": "duration", "learner/aggregations": "aggregations",
-    }  # fmt: skip
+        "return/mean": "train_reward_mean",
+        "staleness/bound": "staleness_bound",
+        "throughput/env_steps": "env_steps",
+        "cost/total": "cost",
+        "latency/round": "duration",
+        "learner/aggregations": "aggregations",
+    }
     for tag, column in columns.items():
         written = [r for r in info if r[column] not in ("", "nan")]  # a column with no value that round: no point
         assert written, column

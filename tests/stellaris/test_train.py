@@ -31,13 +31,21 @@ FAST_CARTPOLE = {
     "actors": 2,
     "learners": 2,
     "overrides": {
-        "lr": 2.5e-3, "train_batch_size": 512, "num_minibatches": 4, "num_epochs": 4, "clip": 0.2, "kl_coef": 0.0,
-        "ent_coef": 0.0, "vf_coef": 0.5, "max_grad_norm": 0.5, "network": {"kind": "mlp", "hidden": [64, 64]},
+        "lr": 2.5e-3,
+        "train_batch_size": 512,
+        "num_minibatches": 4,
+        "num_epochs": 4,
+        "clip": 0.2,
+        "kl_coef": 0.0,
+        "ent_coef": 0.0,
+        "vf_coef": 0.5,
+        "max_grad_norm": 0.5,
+        "network": {"kind": "mlp", "hidden": [64, 64]},
         # annealed over --rounds, as CleanRL does: at a constant 2.5e-3 a 60-round run peaked at 409 in round 31
         # and sank to 117 by round 49, and one in CI ended its last 10 rounds at best 64
         "lr_schedule": "linear",
     },
-}  # fmt: skip
+}
 
 
 def train_cmd(tmp_path: Path, *args: str, **config: object) -> list[str]:
@@ -128,8 +136,11 @@ def test_train_learns_cartpole_through_gateway_and_cache(tmp_path: Path, mode: s
         assert all(float(r["staleness_max"]) == 0 for r in info)
     evaluated = subprocess.run(
         [sys.executable, "-m", "stellaris.cli", "eval", str(out), "--episodes", "3"],
-        cwd=ROOT, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert evaluated.returncode == 0 and "mean return" in evaluated.stdout
 
 
@@ -173,8 +184,13 @@ def test_ctrl_c_stops_cleanly_and_resume_continues(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "STELLARIS_GATEWAY_URL")}
     proc = subprocess.Popen(
         train_cmd(tmp_path, "--rounds", "1000", "--out", str(out)),
-        cwd=ROOT, env=env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, preexec_fn=default_sigint,
-    )  # fmt: skip
+        cwd=ROOT,
+        env=env,
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
+        preexec_fn=default_sigint,
+    )
     assert proc.stderr is not None
     for line in proc.stderr:  # the per-round log line is the event we wait for
         if line.startswith("round 2 "):
@@ -190,8 +206,9 @@ def test_ctrl_c_stops_cleanly_and_resume_continues(tmp_path: Path) -> None:
     done = rows(out / "info.csv")
     assert len(done) >= 2
 
-    resumed = run_train([sys.executable, "-m", "stellaris.cli", "train", "--resume", str(out), "--rounds",
-                         str(len(done) + 2)])  # fmt: skip
+    resumed = run_train(
+        [sys.executable, "-m", "stellaris.cli", "train", "--resume", str(out), "--rounds", str(len(done) + 2)]
+    )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     info = rows(out / "info.csv")
     assert [int(r["round_id"]) for r in info] == list(range(1, len(done) + 3))
@@ -200,8 +217,9 @@ def test_ctrl_c_stops_cleanly_and_resume_continues(tmp_path: Path) -> None:
 
     # Resumed again with the same budget: nothing is started, and the message says what to raise.
     state = (out / "state.json").read_bytes()
-    again = run_train([sys.executable, "-m", "stellaris.cli", "train", "--resume", str(out), "--rounds",
-                       str(len(done) + 2)])  # fmt: skip
+    again = run_train(
+        [sys.executable, "-m", "stellaris.cli", "train", "--resume", str(out), "--rounds", str(len(done) + 2)]
+    )
     assert again.returncode == 0, again.stderr[-3000:]
     assert f"nothing to resume: {out} has done {len(done) + 2} rounds" in again.stderr
     assert f"(rounds: {len(done) + 2}); give a larger --rounds" in again.stderr
@@ -230,8 +248,19 @@ def test_train_drives_a_running_deployment_given_its_urls(redis_server, tmp_path
     gw = start_gateway(redis_server.url)
     try:
         out = tmp_path / "run"
-        cmd = train_cmd(tmp_path, "--rounds", "2", "--out", str(out), "--redis-url", redis_server.url,
-                        "--gateway-url", gw.url, "--gateway-token", TOKEN)  # fmt: skip
+        cmd = train_cmd(
+            tmp_path,
+            "--rounds",
+            "2",
+            "--out",
+            str(out),
+            "--redis-url",
+            redis_server.url,
+            "--gateway-url",
+            gw.url,
+            "--gateway-token",
+            TOKEN,
+        )
         proc = run_train(cmd)
         assert proc.returncode == 0, proc.stderr[-3000:]
         with gw.client() as client:
@@ -256,10 +285,22 @@ def test_a_run_stopped_mid_round_ends_its_invocations_on_a_shared_deployment(red
     try:
         out = tmp_path / "run"
         # 64 tasks a round: most of a round's time is its invocations, so the signal lands while they run.
-        cmd = train_cmd(tmp_path, "--rounds", "1000", "--mode", "sync", "--out", str(out),
-                        "--redis-url", redis_server.url,
-                        "--gateway-url", gw.url, "--gateway-token", TOKEN,
-                        overrides={**FAST_CARTPOLE["overrides"], "num_minibatches": 8, "num_epochs": 8})  # fmt: skip
+        cmd = train_cmd(
+            tmp_path,
+            "--rounds",
+            "1000",
+            "--mode",
+            "sync",
+            "--out",
+            str(out),
+            "--redis-url",
+            redis_server.url,
+            "--gateway-url",
+            gw.url,
+            "--gateway-token",
+            TOKEN,
+            overrides={**FAST_CARTPOLE["overrides"], "num_minibatches": 8, "num_epochs": 8},
+        )
         proc = start_until_round(cmd, 2)
         assert proc.stderr is not None
         job = JobKeys(json.loads((out / "state.json").read_text())["job"])
@@ -291,8 +332,16 @@ def test_a_dead_embedded_redis_is_reported_in_one_line_with_its_log_tail(tmp_pat
     out = tmp_path / "run"
     # Sync rounds of 64 tasks: most of a round is the control plane waiting on its learner invocations (the moment
     # the windows held it before the watch; right after a round its own Redis calls notice at once).
-    cmd = train_cmd(tmp_path, "--rounds", "1000", "--mode", "sync", "--out", str(out),
-                    overrides={**FAST_CARTPOLE["overrides"], "num_minibatches": 8, "num_epochs": 8})  # fmt: skip
+    cmd = train_cmd(
+        tmp_path,
+        "--rounds",
+        "1000",
+        "--mode",
+        "sync",
+        "--out",
+        str(out),
+        overrides={**FAST_CARTPOLE["overrides"], "num_minibatches": 8, "num_epochs": 8},
+    )
     proc = start_until_round(cmd, 2, STELLARIS_REDIS_RECONNECT_S="600", STELLARIS_CACHE_LOSS_RESUMES="0")
     assert proc.stderr is not None
     kids = descendants(proc.pid)
@@ -380,8 +429,19 @@ def test_resume_after_kill_9_against_a_persistent_redis_continues_exactly(redis_
         scalers = state["reward_scalers"]
         assert scalers and set(scalers) <= {"actor-0", "actor-1"}  # those whose batches the rounds used
 
-        resumed = run_train([sys.executable, "-m", "stellaris.cli", "train", "--resume", str(out), "--rounds",
-                             str(done_rounds + 3), *urls])  # fmt: skip
+        resumed = run_train(
+            [
+                sys.executable,
+                "-m",
+                "stellaris.cli",
+                "train",
+                "--resume",
+                str(out),
+                "--rounds",
+                str(done_rounds + 3),
+                *urls,
+            ]
+        )
         assert resumed.returncode == 0, resumed.stderr[-3000:]
         info = rows(out / "info.csv")
         assert [int(r["round_id"]) for r in info] == list(range(1, done_rounds + 4))

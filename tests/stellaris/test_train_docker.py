@@ -49,9 +49,22 @@ def train(
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump({**FAST_CARTPOLE, "actors": 1, **(config or {})}))
     cmd = [
-        sys.executable, "-m", "stellaris.cli", "train", "--config", str(path), "--backend", "docker",
-        "--image", IMAGE, "--actor-kind", "serverless", "--out", str(out), *args,
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "stellaris.cli",
+        "train",
+        "--config",
+        str(path),
+        "--backend",
+        "docker",
+        "--image",
+        IMAGE,
+        "--actor-kind",
+        "serverless",
+        "--out",
+        str(out),
+        *args,
+    ]
     base = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "STELLARIS_GATEWAY_URL")}
     proc = subprocess.run(cmd, cwd=ROOT, env={**base, **env}, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -88,8 +101,10 @@ def _started_once(engine: DockerClient, gateway_id: str, since: float) -> dict[s
     for event in events:
         attrs = event["Actor"]["Attributes"]
         started[attrs[LABEL_INSTANCE]] = {
-            "id": event["Actor"]["ID"], "image": attrs["image"], "function": attrs[LABEL_FUNCTION],
-        }  # fmt: skip
+            "id": event["Actor"]["ID"],
+            "image": attrs["image"],
+            "function": attrs[LABEL_FUNCTION],
+        }
     return started
 
 
@@ -103,9 +118,16 @@ def test_every_function_of_a_docker_job_runs_in_a_container_of_its_image(
     since = time.time()
     try:
         proc, out = train(
-            tmp_path, "--gateway-url", gw.url, "--gateway-token", TOKEN, "--redis-url", redis_server.url,
-            "--rounds", str(ROUNDS),
-        )  # fmt: skip
+            tmp_path,
+            "--gateway-url",
+            gw.url,
+            "--gateway-token",
+            TOKEN,
+            "--redis-url",
+            redis_server.url,
+            "--rounds",
+            str(ROUNDS),
+        )
         assert f"functions in containers: learner {IMAGE} (0 GPU)" in proc.stderr
         with (out / "invocations.csv").open() as f:
             invocations = list(csv.DictReader(f))
@@ -164,9 +186,17 @@ def test_code_in_a_docker_job_reaches_nothing_outside_it(
     try:
         with probe_reports(cache_conn.client) as reports:
             train(
-                tmp_path, "--gateway-url", gw.url, "--gateway-token", TOKEN, "--redis-url", redis_server.url,
-                "--rounds", "2", config={"env": PROBE_ENV, "env_kwargs": {"victim": victim, "gateway_url": gw.url}},
-            )  # fmt: skip
+                tmp_path,
+                "--gateway-url",
+                gw.url,
+                "--gateway-token",
+                TOKEN,
+                "--redis-url",
+                redis_server.url,
+                "--rounds",
+                "2",
+                config={"env": PROBE_ENV, "env_kwargs": {"victim": victim, "gateway_url": gw.url}},
+            )
         secrets = [TOKEN, INVOKE_TOKEN, redis_server.password]
         assert_nothing_got_through(reports, secrets, {"learner", "parameter", "actor"}, theirs)
     finally:

@@ -28,10 +28,18 @@ def learners_at(round_k: int) -> int:
 def test_actor_count_follows_a_learner_change_within_bounds(tmp_path: Path) -> None:
     out = tmp_path / "run"
     cmd = train_cmd(
-        tmp_path, "--out", str(out), rounds=ROUNDS, actors=1, learners=1, elastic_actors=True,
-        min_actors=MIN_ACTORS, max_actors=MAX_ACTORS, elastic_window=WINDOW,
+        tmp_path,
+        "--out",
+        str(out),
+        rounds=ROUNDS,
+        actors=1,
+        learners=1,
+        elastic_actors=True,
+        min_actors=MIN_ACTORS,
+        max_actors=MAX_ACTORS,
+        elastic_window=WINDOW,
         learner_schedule=f"1@1,{learners_at(CHANGE_ROUND)}@{CHANGE_ROUND}",
-    )  # fmt: skip
+    )
     proc = run_train(cmd)
     assert proc.returncode == 0, proc.stderr[-3000:]
     with (out / "info.csv").open(newline="") as f:
@@ -91,8 +99,9 @@ def test_actor_count_follows_a_learner_change_within_bounds(tmp_path: Path) -> N
     recorded = [float(r["actors_per_learner"]) for r in rows if r["actors_per_learner"] not in ("", "nan")]
     assert state["elastic"]["demands"] == pytest.approx(recorded[-WINDOW:]) and len(recorded) >= WINDOW
     assert state["learner_trigger"]["fired_version"] is not None
-    resumed = run_train([sys.executable, "-m", "stellaris.cli", "train", "--resume", str(out), "--rounds",
-                         str(ROUNDS + 1)])  # fmt: skip
+    resumed = run_train(
+        [sys.executable, "-m", "stellaris.cli", "train", "--resume", str(out), "--rounds", str(ROUNDS + 1)]
+    )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     with (out / "info.csv").open(newline="") as f:
         first = list(csv.DictReader(f))[ROUNDS]

@@ -61,7 +61,7 @@ KEPT_FLAGS = [
     "--algo",
     "--preset",
     "--set",
-]  # fmt: skip
+]
 
 
 def _commands() -> dict[str, Any]:
@@ -85,8 +85,10 @@ def test_every_field_is_a_flag_with_its_description_and_default() -> None:
         assert option.help == f"{field.description} (default {_shown_default(field)})", option.help
     assert params["truncation"].secondary_opts == ["--no-truncation"]
     assert [params[n].envvar for n in ("redis_url", "gateway_url", "gateway_token")] == [
-        "REDIS_URL", "STELLARIS_GATEWAY_URL", "STELLARIS_GATEWAY_TOKEN",
-    ]  # fmt: skip
+        "REDIS_URL",
+        "STELLARIS_GATEWAY_URL",
+        "STELLARIS_GATEWAY_TOKEN",
+    ]
 
 
 def test_a_new_field_becomes_a_flag_without_more_code() -> None:

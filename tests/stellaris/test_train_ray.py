@@ -47,10 +47,23 @@ pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 HEAD_IP, GPU_IP, SPARE_GPU_IP = "127.0.0.2", "127.0.0.3", "127.0.0.4"
 GPU_NODE = {"num_cpus": 4, "num_gpus": 1, "resources": {"gpu_node": 100}}
 PLACEMENT = [
-    "--backend", "ray", "--actor-kind", "serverless", "--device", "cpu",
-    "--learner-gpus", "0.25", "--parameter-gpus", "0.25",
-    "--learner-resources", "gpu_node=1", "--parameter-resources", "gpu_node=1", "--actor-resources", "cpu_node=1",
-]  # fmt: skip
+    "--backend",
+    "ray",
+    "--actor-kind",
+    "serverless",
+    "--device",
+    "cpu",
+    "--learner-gpus",
+    "0.25",
+    "--parameter-gpus",
+    "0.25",
+    "--learner-resources",
+    "gpu_node=1",
+    "--parameter-resources",
+    "gpu_node=1",
+    "--actor-resources",
+    "cpu_node=1",
+]
 
 
 # A credential the nodes' environment holds (a cluster's operator set it): no instance may see it.
@@ -77,9 +90,17 @@ def ray_train(tmp_path: Path, cluster: LocalRayCluster, *args: str) -> list[str]
     config = tmp_path / "config.yaml"
     config.write_text(yaml.safe_dump(FAST_CARTPOLE))
     return [
-        sys.executable, "-m", "stellaris.cli", "train", "--config", str(config), *PLACEMENT,
-        "--ray-address", cluster.address, *args,
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "stellaris.cli",
+        "train",
+        "--config",
+        str(config),
+        *PLACEMENT,
+        "--ray-address",
+        cluster.address,
+        *args,
+    ]
 
 
 def clean_env() -> dict[str, str]:
@@ -177,10 +198,29 @@ def test_code_in_a_ray_job_reaches_nothing_outside_it(
         yaml.safe_dump({**FAST_CARTPOLE, "env": PROBE_ENV, "env_kwargs": {"victim": victim, "gateway_url": gw.url}})
     )
     cmd = [
-        sys.executable, "-m", "stellaris.cli", "train", "--config", str(config), "--backend", "ray",
-        "--actor-kind", "serverless", "--device", "cpu", "--gateway-url", gw.url, "--gateway-token", TOKEN,
-        "--redis-url", redis_server.url, "--rounds", "2", "--out", str(tmp_path / "run"),
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "stellaris.cli",
+        "train",
+        "--config",
+        str(config),
+        "--backend",
+        "ray",
+        "--actor-kind",
+        "serverless",
+        "--device",
+        "cpu",
+        "--gateway-url",
+        gw.url,
+        "--gateway-token",
+        TOKEN,
+        "--redis-url",
+        redis_server.url,
+        "--rounds",
+        "2",
+        "--out",
+        str(tmp_path / "run"),
+    ]
     try:
         with probe_reports(cache_conn.client) as reports:
             proc = subprocess.run(cmd, cwd=ROOT, env=clean_env(), capture_output=True, text=True, timeout=600)

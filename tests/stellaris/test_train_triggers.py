@@ -57,5 +57,7 @@ def test_config_defined_workflow(tmp_path: Path) -> None:
     assert [int(r["count"]) for r in parameter] == [groups[v] for v in sorted(groups)]
     applied = [g for r in parameter for g in json.loads(r["claimed"])]
     assert sorted(applied) == sorted(g["gradient_id"] for g in grads)
-    print(f"learner firings {len(learner)}, batches claimed {len(claimed)}, learner invocations {len(starts)}, "
-          f"parameter firings {len(parameter)}, group sizes {sorted(Counter(groups.values()).items())}")  # fmt: skip
+    print(
+        f"learner firings {len(learner)}, batches claimed {len(claimed)}, learner invocations {len(starts)}, "
+        f"parameter firings {len(parameter)}, group sizes {sorted(Counter(groups.values()).items())}"
+    )

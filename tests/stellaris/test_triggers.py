@@ -50,8 +50,12 @@ def test_every_set_condition_must_hold() -> None:
     t = LearnerTrigger(batches=2, steps=300, version_changed=True, period_s=2.0)
     ok = facts(batches=2, steps=300, version=6, fired_version=5, since_fire_s=2.0)
     assert t.held(ok, train_batch_size=512) == {
-        "landed": True, "batches": True, "steps": True, "version_changed": True, "period_s": True,
-    }  # fmt: skip
+        "landed": True,
+        "batches": True,
+        "steps": True,
+        "version_changed": True,
+        "period_s": True,
+    }
     assert t.fires(ok, train_batch_size=512)
     for broken in (
         {"batches": 1},

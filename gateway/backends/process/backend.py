@@ -155,9 +155,13 @@ class ProcessBackend:
         if server is None or server.failed:
             return None
         request = SpawnRequest(
-            module=RUNTIME_MODULE, argv=cmd[3:], env=env, cwd=self.cwd, memory_bytes=spec.resources.memory_bytes,
+            module=RUNTIME_MODULE,
+            argv=cmd[3:],
+            env=env,
+            cwd=self.cwd,
+            memory_bytes=spec.resources.memory_bytes,
             title=" ".join(cmd),
-        )  # fmt: skip
+        )
         try:
             return server.spawn(request)
         except ForkServerError as exc:

@@ -26,8 +26,9 @@ def _flavour(base_env: Mapping[str, str], own: Mapping[str, str]) -> tuple[tuple
 _early: list[ForkServer] = []
 
 
-def start_early(python: str, base_env: Mapping[str, str], own: Mapping[str, str], startup_timeout_s: float,
-                retry_s: float) -> ForkServer:  # fmt: skip
+def start_early(
+    python: str, base_env: Mapping[str, str], own: Mapping[str, str], startup_timeout_s: float, retry_s: float
+) -> ForkServer:
     """Start, in the background, the server a process backend with `base_env` would start for registrations that
     set `own`: its imports (the function runtime's: torch, gymnasium) then overlap the gateway's own, which take
     as long again, and a new gateway's first instance waits less (`python -m gateway` calls this first thing)."""

@@ -185,11 +185,24 @@ class LocalRayCluster:
         if num_cpus < 0 or num_gpus < 0:
             raise RayClusterError(f"{what}: num_cpus {num_cpus} and num_gpus {num_gpus} must be >= 0")
         cmd = [
-            sys.executable, "-m", "ray.scripts.scripts", "start", "--block", *args,
-            "--node-ip-address", node_ip, "--num-cpus", str(num_cpus), "--num-gpus", str(num_gpus),
-            "--resources", json.dumps(dict(resources or {})), "--object-store-memory", str(object_store_memory_bytes),
+            sys.executable,
+            "-m",
+            "ray.scripts.scripts",
+            "start",
+            "--block",
+            *args,
+            "--node-ip-address",
+            node_ip,
+            "--num-cpus",
+            str(num_cpus),
+            "--num-gpus",
+            str(num_gpus),
+            "--resources",
+            json.dumps(dict(resources or {})),
+            "--object-store-memory",
+            str(object_store_memory_bytes),
             "--disable-usage-stats",
-        ]  # fmt: skip
+        ]
         with self._lock:
             if self._spawner is None or self._watchdog is None:
                 self._spawner, self._watchdog = SpawnThread(), SessionWatchdog(self.stop_timeout_s)
