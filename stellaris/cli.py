@@ -202,6 +202,123 @@ def evaluate(
     _exit_with(body)
 
 
+def _described(name: str) -> str:
+    """A `plan` option's help: the declaration's description and default (TrainConfig's field, or the latency
+    model's), so that it says what `train` and docs/scale-model.md say."""
+    from stellaris.config import TrainConfig
+    from stellaris.plan.latency import LatencyModel
+
+    fields = {**TrainConfig.model_fields, **LatencyModel.model_fields}
+    info = fields[name]
+    default = getattr(info.default, "value", info.default)
+    return f"{info.description} (default {default})"
+
+
+@app.command("plan")
+def plan(
+    env: str | None = typer.Option(None, help=_described("env")),
+    algo: str | None = typer.Option(None, help=_described("algo")),
+    preset: str | None = typer.Option(None, help=_described("preset")),
+    mode: str | None = typer.Option(None, help=_described("mode")),
+    learners: list[str] | None = typer.Option(
+        None,
+        "--learners",
+        metavar="N[,N...]",
+        help="learner counts to model: a comma list or repeated (default 1,2,4,8,16)",
+    ),
+    seed: int | None = typer.Option(None, help="seed of envs, action sampling, minibatches, init and latency draws"),
+    rounds: int | None = typer.Option(None, help="rounds to model: the run's planned rounds, as train's --rounds"),
+    total_steps: int | None = typer.Option(None, help="env steps to model, in whole rounds, as train's"),
+    d: float | None = typer.Option(None, help=_described("d")),
+    v: float | None = typer.Option(None, help=_described("v")),
+    rho: float | None = typer.Option(None, help=_described("rho")),
+    actors: int | None = typer.Option(None, help=_described("actors")),
+    envs_per_actor: int | None = typer.Option(None, help=_described("envs_per_actor")),
+    actor_kind: str | None = typer.Option(None, help=_described("actor_kind")),
+    billing: str | None = typer.Option(None, help=_described("billing")),
+    sets: list[str] | None = typer.Option(
+        None, "--set", metavar="KEY=VALUE", help="an algorithm field over the preset, as train's --set (repeatable)"
+    ),
+    cold_start_s: float | None = typer.Option(None, help=_described("cold_start_s")),
+    cold_start_p: float | None = typer.Option(None, help=_described("cold_start_p")),
+    straggler_p: float | None = typer.Option(None, help=_described("straggler_p")),
+    straggler_factor: float | None = typer.Option(None, help=_described("straggler_factor")),
+    jitter_sigma: float | None = typer.Option(None, help=_described("jitter_sigma")),
+    speed_spread: float | None = typer.Option(None, help=_described("speed_spread")),
+    task_overhead_s: float | None = typer.Option(None, help=_described("task_overhead_s")),
+    apply_overhead_s: float | None = typer.Option(None, help=_described("apply_overhead_s")),
+    prewarm: bool | None = typer.Option(None, "--prewarm/--no-prewarm", help=_described("prewarm")),
+    task_s: float | None = typer.Option(None, help="model every task as this many seconds (default: as measured)"),
+    collect_s: float | None = typer.Option(
+        None, help="model every batch's collection as this many seconds (default: as measured)"
+    ),
+    eval_episodes: int = typer.Option(3, help="deterministic evaluation episodes after the last round (0: none)"),
+    eval_every: int = typer.Option(0, help="also evaluate every this many rounds (0: after the last round only)"),
+    compare: Path | None = typer.Option(
+        None, "--compare", help="a real run directory: model its job, N and rounds, and compare them round by round"
+    ),
+    out: Path = typer.Option(Path("plan"), "--out", help="directory for the CSVs"),
+) -> None:
+    """Model how d, v, ρ and N would behave on a cluster of N learners before paying for it: every gradient computed
+    for real on real episodes, its arrival on a virtual clock from a latency model. Prints a table of the N and writes
+    a CSV per N (docs/scale-model.md)."""
+    from stellaris.plan.command import PlanRequest
+
+    train = {
+        "env": env,
+        "algo": algo,
+        "preset": preset,
+        "mode": mode,
+        "seed": seed,
+        "rounds": rounds,
+        "total_steps": total_steps,
+        "d": d,
+        "v": v,
+        "rho": rho,
+        "actors": actors,
+        "envs_per_actor": envs_per_actor,
+        "actor_kind": actor_kind,
+        "billing": billing,
+    }
+    latency = {
+        "cold_start_s": cold_start_s,
+        "cold_start_p": cold_start_p,
+        "straggler_p": straggler_p,
+        "straggler_factor": straggler_factor,
+        "jitter_sigma": jitter_sigma,
+        "speed_spread": speed_spread,
+        "task_overhead_s": task_overhead_s,
+        "apply_overhead_s": apply_overhead_s,
+        "prewarm": prewarm,
+    }
+    request = PlanRequest(
+        train={k: x for k, x in train.items() if x is not None},
+        sets=sets or [],
+        learners=learners or [],
+        latency={k: x for k, x in latency.items() if x is not None},
+        eval_episodes=eval_episodes,
+        eval_every=eval_every,
+        task_s=task_s,
+        collect_s=collect_s,
+        compare=compare,
+        out=out,
+    )
+
+    def body() -> int:
+        from rich.console import Console
+
+        from stellaris.plan.command import plan as checked
+        from stellaris.plan.command import run
+
+        planned = checked(request)  # every input, before torch loads
+        import torch
+
+        torch.set_num_threads(1)  # one thread, as each function instance computes (TrainConfig.torch_threads)
+        return run(planned, request.out, Console())
+
+    _exit_with(body)
+
+
 @app.command("plot")
 def plot(
     runs: list[Path] = typer.Argument(..., help="run directories; same config but seed: one line, mean ± std"),

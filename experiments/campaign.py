@@ -1,0 +1,310 @@
+"""`python -m experiments.campaign run PLAN`: the evaluation campaign, one cell (env × mode × seed) at a time.
+
+Each cell is one `stellaris train` of its own (its own embedded Redis and gateway, as a user runs it), one after
+another on an otherwise idle machine. A cell whose CSV is in the results directory is never run again; an interrupted
+one resumes from its checkpoint. As a cell lands, its per-round CSV is written under `results/campaign/<plan>/` with a
+row in `cells.csv` (its wall-clock, the commit, the machine, the date), and with `--commit` both are committed, so a
+campaign can span several working days. `python -m experiments.report` turns the CSVs into the results page
+(docs/experiments.md).
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime as dt
+import math
+import os
+import platform
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.console import Console
+
+from experiments.summary import read_info
+from host.lifetime import dies_with_us
+
+console = Console(stderr=True)
+app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__.split("\n\n")[0] if __doc__ else None)
+
+RESULTS = Path("results/campaign")
+RUNS = Path("runs/campaign")
+MUJOCO = ("Hopper-v5", "Walker2d-v5", "HalfCheetah-v5")
+MODES = ("stellaris", "sync", "async")
+HOPPER_ONLY_MODES = ("softsync", "ssp")
+SEEDS = (1, 2, 3, 4, 5)
+ATARI, ATARI_STEPS = "ALE/SpaceInvaders-v5", 200_000
+STEPS = 500_000
+# Fast preset, 2048 env steps a round: an evaluation every 41 rounds lands at 84k, 168k, 252k, 336k, 420k steps, and
+# the run's last round (245, 502k steps) is evaluated too: the rows the report reads at 250k and 500k.
+EVAL_EVERY, EVAL_EPISODES = 41, 10
+CELL_COLUMNS = [
+    "round",
+    "env_steps",
+    "wall_s",
+    "train_return",
+    "episodes",
+    "eval_return",
+    "eval_episodes",
+    "cost",
+    "staleness_mean",
+    "gradients_applied",
+]
+INDEX_COLUMNS = [
+    "cell",
+    "env",
+    "mode",
+    "seed",
+    "steps",
+    "preset",
+    "algo",
+    "run_s",
+    "rounds",
+    "commit",
+    "machine",
+    "finished",
+]
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One run of the campaign: what it trains and for how long; `args` are further `stellaris train` flags."""
+
+    env: str
+    mode: str
+    seed: int
+    steps: int = STEPS
+    algo: str = "ppo"
+    preset: str = "fast"
+    args: tuple[str, ...] = field(default=())
+
+    @property
+    def id(self) -> str:
+        env = self.env.split("/")[-1].lower()
+        return f"{env}-{self.algo}-{self.mode}-s{self.seed}"
+
+    def command(self, out: Path) -> list[str]:
+        return [
+            sys.executable,
+            "-m",
+            "stellaris.cli",
+            "train",
+            "--env",
+            self.env,
+            "--algo",
+            self.algo,
+            "--preset",
+            self.preset,
+            "--mode",
+            self.mode,
+            "--seed",
+            str(self.seed),
+            "--total-steps",
+            str(self.steps),
+            "--eval-every",
+            str(EVAL_EVERY),
+            "--eval-episodes",
+            str(EVAL_EPISODES),
+            "--out",
+            str(out),
+            *self.args,
+        ]
+
+
+def plan_cells(name: str, *, seeds: Iterable[int] = SEEDS, steps: int = STEPS) -> list[Cell]:
+    """The cells of a plan, seed-major, so a campaign cut short still holds every mode on its first seeds.
+
+    `modes`: stellaris, sync and async on Hopper, Walker2d and HalfCheetah, and softsync and SSP on Hopper.
+    `atari`: stellaris, sync and async on SpaceInvaders, 3 seeds, at `ATARI_STEPS` (what fits this machine).
+    `smoke`: a short Hopper stellaris/sync pair (what the report's fixture and a first try use)."""
+    seeds = tuple(seeds)
+    if name == "modes":
+        cells = []
+        for seed in seeds:
+            for env in MUJOCO:
+                modes = MODES + (HOPPER_ONLY_MODES if env == "Hopper-v5" else ())
+                cells += [Cell(env, mode, seed, steps) for mode in modes]
+        return cells
+    if name == "atari":
+        return [Cell(ATARI, mode, seed, min(steps, ATARI_STEPS)) for seed in seeds[:3] for mode in MODES]
+    if name == "smoke":
+        return [Cell("Hopper-v5", mode, seed, steps) for seed in seeds for mode in ("stellaris", "sync")]
+    raise typer.BadParameter(f"unknown plan {name!r}: choose modes, atari or smoke", param_hint="PLAN")
+
+
+def cell_rows(run: Path) -> list[dict[str, Any]]:
+    """A finished run's per-round rows, as the campaign keeps them: the training clock (`wall_s`, the rounds'
+    durations summed from the first), the mean return of the episodes finished in the round, the deterministic
+    evaluation where one ran, the cumulative cost."""
+    rows, wall = [], 0.0
+    for r in read_info(run):
+        wall += r["duration"]
+        rows.append(
+            {
+                "round": int(r["round_id"]),
+                "env_steps": int(r["env_steps"]),
+                "wall_s": round(wall, 3),
+                "train_return": _num(r["train_reward_mean"]),
+                "episodes": int(r["episodes"]),
+                "eval_return": _num(r.get("eval_reward_mean", math.nan)),
+                "eval_episodes": int(r.get("eval_episodes") or 0),
+                "cost": _num(r["cost"], 6),
+                "staleness_mean": _num(r.get("staleness_mean", math.nan), 3),
+                "gradients_applied": int(r.get("gradients_applied") or 0),
+            }
+        )
+    return rows
+
+
+def _num(x: float, digits: int = 2) -> float | str:
+    return "" if x is None or math.isnan(x) else round(float(x), digits)
+
+
+def _commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    except OSError:
+        return ""
+
+
+def machine() -> str:
+    """What the cell ran on, in a line: CPU model, cores, memory."""
+    model = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+        mem_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    except (OSError, ValueError):
+        mem_gib = math.nan
+    return f"{model}, {os.cpu_count()} cores, {mem_gib:.0f} GiB"
+
+
+def write_csv(path: Path, columns: list[str], rows: list[dict[str, Any]], *, append: bool = False) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    new = not path.exists() or not append
+    with path.open("a" if append else "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=columns)
+        if new:
+            w.writeheader()
+        w.writerows(rows)
+
+
+def finished(results: Path) -> set[str]:
+    """The cells whose CSV has landed."""
+    index = results / "cells.csv"
+    if not index.exists():
+        return set()
+    with index.open(newline="") as f:
+        return {row["cell"] for row in csv.DictReader(f) if (results / f"{row['cell']}.csv").exists()}
+
+
+def run_cell(cell: Cell, results: Path, runs: Path) -> tuple[str, float]:
+    """Run (or resume) one cell; on success write its CSV and its index row. Returns (status, seconds)."""
+    out = runs / cell.id
+    cmd = (
+        [sys.executable, "-m", "stellaris.cli", "train", "--resume", str(out)]
+        if (out / "state.json").exists()
+        else cell.command(out)
+    )
+    runs.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    with (runs / f"{cell.id}.log").open("a") as log:
+        log.write(f"$ {' '.join(cmd)}\n")
+        log.flush()
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, preexec_fn=dies_with_us())
+        try:
+            code = proc.wait()
+        except BaseException:
+            proc.send_signal(signal.SIGTERM)  # `stellaris train` stops at a checkpoint: the cell resumes next time
+            proc.wait()
+            raise
+    seconds = time.monotonic() - t0
+    if code != 0:
+        return f"failed (exit {code}; see {runs / f'{cell.id}.log'})", seconds
+    rows = cell_rows(out)
+    write_csv(results / f"{cell.id}.csv", CELL_COLUMNS, rows)
+    write_csv(
+        results / "cells.csv",
+        INDEX_COLUMNS,
+        [
+            {
+                "cell": cell.id,
+                "env": cell.env,
+                "mode": cell.mode,
+                "seed": cell.seed,
+                "steps": cell.steps,
+                "preset": cell.preset,
+                "algo": cell.algo,
+                "run_s": round(seconds, 1),
+                "rounds": len(rows),
+                "commit": _commit(),
+                "machine": machine(),
+                "finished": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M"),
+            }
+        ],
+        append=True,
+    )
+    return "done", seconds
+
+
+def _git_commit(results: Path, cell: Cell) -> None:
+    paths = [str(results / f"{cell.id}.csv"), str(results / "cells.csv")]
+    subprocess.run(["git", "add", *paths], check=True)
+    subprocess.run(["git", "commit", "-q", "-m", f"campaign: {cell.id}", "--", *paths], check=True)
+
+
+@app.command()
+def run(
+    plan: str = typer.Argument(..., help="modes, atari or smoke"),
+    seeds: str = typer.Option(",".join(map(str, SEEDS)), help="comma-separated seeds"),
+    steps: int = typer.Option(STEPS, min=2048, help="env steps per run"),
+    results: Path = typer.Option(None, help="where the CSVs land (default results/campaign/PLAN)"),
+    runs: Path = typer.Option(RUNS, help="where the run directories go (not committed)"),
+    limit: int = typer.Option(0, min=0, help="run at most this many cells now (0: all)"),
+    commit: bool = typer.Option(False, help="git-commit each cell's CSV as it lands"),
+    dry_run: bool = typer.Option(False, "--dry-run", help="list the cells that would run, and run none"),
+) -> None:
+    """Run the plan's unfinished cells, one at a time; finished ones are skipped."""
+    try:
+        seed_list = [int(s) for s in seeds.split(",") if s.strip()]
+    except ValueError:
+        raise typer.BadParameter(f"seeds must be integers separated by commas, got {seeds!r}") from None
+    cells = plan_cells(plan, seeds=seed_list, steps=steps)
+    results = results or RESULTS / plan
+    done = finished(results)
+    todo = [c for c in cells if c.id not in done]
+    console.print(f"{plan}: {len(cells)} cells, {len(cells) - len(todo)} finished, {len(todo)} to run")
+    if dry_run:
+        for cell in todo[: limit or None]:
+            console.print(f"would run {cell.id}: {' '.join(cell.command(runs / cell.id)[3:])}")
+        return
+    for i, cell in enumerate(todo[: limit or None], 1):
+        console.print(f"[{i}/{len(todo)}] {cell.id} ...", end=" ")
+        status, seconds = run_cell(cell, results, runs)
+        console.print(f"{status} in {seconds:.0f} s")
+        if status != "done":
+            raise typer.Exit(1)
+        if commit:
+            _git_commit(results, cell)
+
+
+@app.command()
+def status(plan: str = typer.Argument(..., help="modes, atari or smoke"), results: Path = typer.Option(None)) -> None:
+    """Which cells of the plan have landed."""
+    cells = plan_cells(plan)
+    done = finished(results or RESULTS / plan)
+    for cell in cells:
+        console.print(f"{'done' if cell.id in done else '    '}  {cell.id}")
+    console.print(f"{len(done & {c.id for c in cells})} of {len(cells)} cells landed")
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,116 @@
+"""`python -m experiments.plan_validation`: the scale model (`stellaris plan`, docs/scale-model.md) against real runs
+at N = 1, the only N this 2-core machine runs for real.
+
+For each seed: one real `stellaris train` (its own Redis and gateway, one learner), then `stellaris plan --compare`
+on its run directory, which models the same job round by round. The per-round comparisons land in
+`results/scale-model/validation/<mode>-s<seed>.csv` (already landed seeds are skipped); the summary compares, over
+seeds, the IQM and 95 % interval of the training return in the last rounds, the mean staleness and the seconds per
+round, real against modelled (experiments/stats.py).
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from experiments import stats
+
+console = Console(stderr=True)
+RESULTS = Path("results/scale-model/validation")
+RUNS = Path("runs/plan-validation")
+LAST = 10  # the rounds whose training return is compared (the run's last 10)
+
+
+def run_seed(env: str, mode: str, seed: int, rounds: int, results: Path, runs: Path) -> Path:
+    """One real run and its model; returns the comparison's CSV."""
+    out = results / f"{mode}-s{seed}.csv"
+    if out.exists():
+        return out
+    run, plan_out = runs / f"{mode}-s{seed}", runs / f"{mode}-s{seed}-plan"
+    for path in (run, plan_out):
+        subprocess.run(["rm", "-rf", str(path)], check=True)
+    t0 = time.monotonic()
+    train = [
+        sys.executable,
+        "-m",
+        "stellaris.cli",
+        "train",
+        "--env",
+        env,
+        "--mode",
+        mode,
+        "--seed",
+        str(seed),
+        "--rounds",
+        str(rounds),
+        "--out",
+        str(run),
+    ]
+    subprocess.run(train, check=True, capture_output=True)
+    t1 = time.monotonic()
+    plan = [sys.executable, "-m", "stellaris.cli", "plan", "--compare", str(run), "--out", str(plan_out)]
+    subprocess.run(plan, check=True, capture_output=True)
+    console.print(f"{mode} seed {seed}: real run {t1 - t0:.0f} s, model {time.monotonic() - t1:.0f} s")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_bytes((plan_out / "compare.csv").read_bytes())
+    return out
+
+
+def _rows(path: Path) -> list[dict[str, float]]:
+    with path.open(newline="") as f:
+        return [{k: float(v) if v not in ("", None) else math.nan for k, v in r.items()} for r in csv.DictReader(f)]
+
+
+def summary(paths: list[Path]) -> list[tuple[str, stats.Interval, stats.Interval]]:
+    """(quantity, real IQM and interval over seeds, modelled IQM and interval) for each compared quantity."""
+    out = []
+    for name, rows_of in (
+        (f"training return, last {LAST} rounds", lambda rs: rs[-LAST:]),
+        ("mean staleness, rounds 2 on", lambda rs: rs[1:]),
+        ("seconds per round, rounds 2 on", lambda rs: rs[1:]),
+    ):
+        column = {"training": "train_reward_mean", "mean": "staleness_mean", "seconds": "duration"}[name.split()[0]]
+        per_seed: dict[str, list[float]] = {"real": [], "model": []}
+        for path in paths:
+            rows = rows_of(_rows(path))
+            for side in per_seed:
+                per_seed[side].append(float(np.nanmean([r[f"{side}_{column}"] for r in rows])))
+        ivs = stats.iqm_intervals(per_seed)
+        out.append((name, ivs["real"], ivs["model"]))
+    return out
+
+
+def main(
+    env: str = typer.Option("Hopper-v5", help="the env"),
+    mode: str = typer.Option("stellaris", help="the rule"),
+    seeds: str = typer.Option("1,2,3,4,5", help="comma-separated seeds"),
+    rounds: int = typer.Option(40, min=LAST + 1, help="rounds per run"),
+    results: Path = typer.Option(RESULTS),
+    runs: Path = typer.Option(RUNS),
+) -> None:
+    """Run the seeds not yet compared, then print real against modelled over seeds."""
+    paths = [run_seed(env, mode, int(s), rounds, results, runs) for s in seeds.split(",") if s.strip()]
+    table = Table(title=f"scale model at N = 1 against real runs: {env}, {mode}, {len(paths)} seeds, {rounds} rounds")
+    for col in ("quantity", "real: IQM [95 % CI]", "model: IQM [95 % CI]", "model inside real's CI"):
+        table.add_column(col)
+    for name, real, model in summary(paths):
+        table.add_row(
+            name,
+            f"{real.point:.2f} [{real.low:.2f}, {real.high:.2f}]",
+            f"{model.point:.2f} [{model.low:.2f}, {model.high:.2f}]",
+            "yes" if real.contains(model.point) else "no",
+        )
+    Console().print(table)
+
+
+if __name__ == "__main__":
+    typer.run(main)

@@ -1,0 +1,372 @@
+"""`python -m experiments.report`: the results page of the evaluation campaign, rebuilt from its committed CSVs.
+
+Reads `results/campaign/<plan>/` (`cells.csv` and one CSV per cell, experiments/campaign.py) and writes
+`docs/results/evaluation.md` with its figures beside it: per env, the IQM of the deterministic evaluation return at
+250k and 500k env steps with stratified-bootstrap 95 % intervals over seeds (experiments/stats.py), the training
+return in the 50k steps before each, wall-clock to fixed returns and the cost; reward against env steps and against
+wall-clock with interval bands, cost bars and performance profiles; and the goals, each met or missed with its
+figures. The same CSVs always give the same page (the bootstrap is seeded).
+"""
+
+from __future__ import annotations
+
+import csv
+import functools
+import math
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import matplotlib
+import numpy as np
+import typer
+
+from experiments import stats
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+
+PAGE = Path("docs/results/evaluation.md")
+CHECKPOINTS = (250_000, 500_000)
+WINDOW = 50_000  # the training return at a checkpoint: episodes of the rounds in the 50k steps before it
+TARGETS: dict[str, tuple[float, float]] = {  # wall-clock to these training returns (Hopper's from the issue)
+    "Hopper-v5": (1500.0, 2500.0),
+    "Walker2d-v5": (1500.0, 3000.0),
+    "HalfCheetah-v5": (1500.0, 3000.0),
+}
+TARGET_ROUNDS = 5  # a target is reached when the episode-weighted mean of the last 5 rounds' returns gets there
+GRID_POINTS = 26  # the curves' common grid, per env
+BAND_REPS = 1000  # bootstrap replications of a curve's band and a profile (the tables use stats.REPS)
+MODE_ORDER = ("stellaris", "sync", "async", "softsync", "ssp", "cleanrl", "sb3", "rllib")
+
+
+@dataclass(frozen=True)
+class Run:
+    cell: str
+    env: str
+    mode: str
+    seed: int
+    run_s: float
+    rows: list[dict[str, float]]
+
+
+def _float(v: str) -> float:
+    return float(v) if v not in ("", None) else math.nan
+
+
+def load(results: Path) -> list[Run]:
+    """Every landed cell of a campaign directory."""
+    index = results / "cells.csv"
+    if not index.exists():
+        raise typer.BadParameter(f"{index} does not exist: run `python -m experiments.campaign run` first")
+    runs = []
+    with index.open(newline="") as f:
+        for row in csv.DictReader(f):
+            path = results / f"{row['cell']}.csv"
+            if not path.exists():
+                continue
+            with path.open(newline="") as g:
+                rows = [{k: _float(v) for k, v in r.items()} for r in csv.DictReader(g)]
+            runs.append(Run(row["cell"], row["env"], row["mode"], int(row["seed"]), float(row["run_s"]), rows))
+    return runs
+
+
+def eval_at(run: Run, steps: float) -> float:
+    """The deterministic evaluation of the first evaluated round at or past `steps` (NaN when the run stops short)."""
+    for r in run.rows:
+        if r["env_steps"] >= steps and r["eval_episodes"] > 0 and not math.isnan(r["eval_return"]):
+            return r["eval_return"]
+    return math.nan
+
+
+def train_at(run: Run, steps: float, window: float = WINDOW) -> float:
+    """Episode-weighted training return of the rounds that ended in (steps - window, steps]."""
+    rows = [r for r in run.rows if steps - window < r["env_steps"] <= steps + 2048 and r["episodes"] > 0]
+    if not rows:
+        return math.nan
+    return float(np.average([r["train_return"] for r in rows], weights=[r["episodes"] for r in rows]))
+
+
+def time_to(run: Run, target: float) -> float:
+    """Training wall-clock when the episode-weighted return of the last TARGET_ROUNDS rounds first reaches `target`
+    (inf when it never does)."""
+    for i in range(len(run.rows)):
+        window = [r for r in run.rows[max(0, i + 1 - TARGET_ROUNDS) : i + 1] if r["episodes"] > 0]
+        weights = [r["episodes"] for r in window]
+        if window and np.average([r["train_return"] for r in window], weights=weights) >= target:
+            return run.rows[i]["wall_s"]
+    return math.inf
+
+
+def cost_at(run: Run, steps: float) -> float:
+    for r in run.rows:
+        if r["env_steps"] >= steps:
+            return r["cost"]
+    return math.nan
+
+
+def _by(runs: Sequence[Run]) -> dict[str, dict[str, list[Run]]]:
+    """env -> mode -> runs, modes in the page's order."""
+    out: dict[str, dict[str, list[Run]]] = defaultdict(lambda: defaultdict(list))
+    for run in sorted(runs, key=lambda r: (r.env, _rank(r.mode), r.seed)):
+        out[run.env][run.mode].append(run)
+    return out
+
+
+def _rank(mode: str) -> int:
+    return MODE_ORDER.index(mode) if mode in MODE_ORDER else len(MODE_ORDER)
+
+
+def _interval(values: list[float], reps: int) -> stats.Interval | None:
+    """The IQM over runs with its interval; None unless every run has a value."""
+    return _interval_of(tuple(values), reps)
+
+
+@functools.lru_cache(maxsize=4096)
+def _interval_of(values: tuple[float, ...], reps: int) -> stats.Interval | None:  # tables and goals ask alike
+    finite = [v for v in values if math.isfinite(v)]
+    return stats.iqm_intervals({"x": finite}, reps=reps)["x"] if len(finite) == len(values) and finite else None
+
+
+def _cell(iv: stats.Interval | None, digits: int = 0) -> str:
+    return "–" if iv is None else f"{iv.point:,.{digits}f} [{iv.low:,.{digits}f}, {iv.high:,.{digits}f}]"
+
+
+def _median(values: list[float]) -> str:
+    reached = [v for v in values if math.isfinite(v)]
+    if len(reached) * 2 <= len(values):
+        return f"not reached ({len(reached)}/{len(values)})"
+    return f"{float(np.median(values)):,.0f} s ({len(reached)}/{len(values)})"
+
+
+def curves(runs: list[Run], x: str, grid: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """IQM over seeds of the training return against `x` (env_steps or wall_s) on `grid`, with its interval band."""
+    ys = []
+    for run in runs:
+        pts = [(r[x], r["train_return"]) for r in run.rows if r["episodes"] > 0]
+        xs, vs = np.array([p[0] for p in pts]), np.array([p[1] for p in pts])
+        y = np.interp(grid, xs, vs, left=np.nan, right=np.nan)
+        ys.append(y)
+    m = np.vstack(ys)
+    whole = np.all(np.isfinite(m), axis=0)  # points every run reaches
+    point, low, high = (np.full(len(grid), np.nan) for _ in range(3))
+    if whole.any():
+        point[whole], low[whole], high[whole] = stats.iqm_curve(m[:, whole], reps=BAND_REPS)
+    return point, low, high
+
+
+def _figure_curves(env: str, modes: dict[str, list[Run]], path: Path) -> None:
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    max_steps = max(r.rows[-1]["env_steps"] for rs in modes.values() for r in rs)
+    max_wall = max(r.rows[-1]["wall_s"] for rs in modes.values() for r in rs)
+    for ax, x, grid, label in (
+        (axes[0], "env_steps", np.linspace(0, max_steps, GRID_POINTS), "env steps"),
+        (axes[1], "wall_s", np.linspace(0, max_wall, GRID_POINTS), "training wall-clock (s)"),
+    ):
+        for mode, rs in modes.items():
+            point, low, high = curves(rs, x, grid)
+            ax.plot(grid, point, label=f"{mode} ({len(rs)} seeds)")
+            ax.fill_between(grid, low, high, alpha=0.2)
+        ax.set_xlabel(label)
+        ax.set_ylabel("training return (IQM over seeds)")
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    fig.suptitle(f"{env}: training return, IQM and 95 % bootstrap interval over seeds")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _figure_costs(by_env: dict[str, dict[str, list[Run]]], path: Path, reps: int) -> None:
+    envs = list(by_env)
+    modes = sorted({m for e in by_env.values() for m in e}, key=_rank)
+    fig, ax = plt.subplots(figsize=(8, 3.6))
+    width = 0.8 / max(1, len(modes))
+    for i, mode in enumerate(modes):
+        ivs = [_interval([cost_at(r, CHECKPOINTS[-1]) for r in by_env[e].get(mode, [])], reps) for e in envs]
+        xs = np.arange(len(envs)) + i * width
+        pts = [iv.point if iv else np.nan for iv in ivs]
+        err = np.array([[iv.point - iv.low, iv.high - iv.point] if iv else [np.nan, np.nan] for iv in ivs]).T
+        ax.bar(xs, pts, width, yerr=err, capsize=3, label=mode)
+    ax.set_xticks(np.arange(len(envs)) + width * (len(modes) - 1) / 2, envs)
+    ax.set_ylabel(f"cost to {CHECKPOINTS[-1] // 1000}k env steps (USD, IQM)")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3, axis="y")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _figure_profiles(by_env: dict[str, dict[str, list[Run]]], path: Path) -> None:
+    """Performance profiles of the evaluation return at the last checkpoint, each env's returns normalised by the
+    best run's on it (so envs pool)."""
+    modes = sorted({m for e in by_env.values() for m in e}, key=_rank)
+    scores: dict[str, np.ndarray] = {}
+    for mode in modes:
+        cols = []
+        for env_modes in by_env.values():
+            best = max((eval_at(r, CHECKPOINTS[-1]) for rs in env_modes.values() for r in rs), default=math.nan)
+            vals = [eval_at(r, CHECKPOINTS[-1]) / best for r in env_modes.get(mode, [])]
+            cols.append(vals)
+        n = min((len(c) for c in cols), default=0)
+        if n and all(math.isfinite(v) for c in cols for v in c[:n]):
+            scores[mode] = np.array([c[:n] for c in cols]).T
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    taus = np.linspace(0, 1.05, 43)
+    for mode, (frac, low, high) in stats.performance_profile(scores, taus, reps=BAND_REPS).items():
+        ax.plot(taus, frac, label=mode)
+        ax.fill_between(taus, low, high, alpha=0.2)
+    ax.set_xlabel(f"evaluation return at {CHECKPOINTS[-1] // 1000}k steps / best run's on its env (τ)")
+    ax.set_ylabel("fraction of runs above τ")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _env_section(env: str, modes: dict[str, list[Run]], img: str, reps: int) -> list[str]:
+    lines = [f"## {env}", "", f"![{env}: training return against env steps and wall-clock]({img})", ""]
+    targets = TARGETS.get(env, ())
+    head = [
+        "mode",
+        "seeds",
+        *(f"eval IQM at {c // 1000}k" for c in CHECKPOINTS),
+        *(f"train IQM at {c // 1000}k" for c in CHECKPOINTS),
+        *(f"time to {t:,.0f} (median)" for t in targets),
+        f"cost to {CHECKPOINTS[-1] // 1000}k (USD, IQM)",
+        "run wall-clock (s, median)",
+    ]
+    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for mode, rs in modes.items():
+        row = [mode, ", ".join(str(r.seed) for r in rs)]
+        row += [_cell(_interval([eval_at(r, c) for r in rs], reps)) for c in CHECKPOINTS]
+        row += [_cell(_interval([train_at(r, c) for r in rs], reps)) for c in CHECKPOINTS]
+        row += [_median([time_to(r, t) for r in rs]) for t in targets]
+        row += [_cell(_interval([cost_at(r, CHECKPOINTS[-1]) for r in rs], reps), 4)]
+        row += [f"{float(np.median([r.run_s for r in rs])):,.0f}"]
+        lines.append("| " + " | ".join(row) + " |")
+    lines.append("")
+    return lines
+
+
+def goals(by_env: dict[str, dict[str, list[Run]]], reps: int = stats.REPS) -> list[str]:
+    """The issue's goals that these runs can speak to, each met or missed with its figures."""
+    lines = []
+    for env, modes in by_env.items():
+        st, sy = modes.get("stellaris"), modes.get("sync")
+        if not st or not sy:
+            continue
+        for c in CHECKPOINTS:
+            a, b = _interval([eval_at(r, c) for r in st], reps), _interval([eval_at(r, c) for r in sy], reps)
+            if a is None or b is None:
+                continue
+            worse = b.above(a)
+            lines.append(
+                f"- {env}, equal env steps ({c // 1000}k): Stellaris's evaluation IQM {a.point:,.0f} "
+                f"[{a.low:,.0f}, {a.high:,.0f}] against sync's {b.point:,.0f} [{b.low:,.0f}, {b.high:,.0f}]: "
+                f"{'**missed** (worse beyond the interval)' if worse else 'met (no worse beyond the interval)'}."
+            )
+        for t in TARGETS.get(env, ()):
+            ts = [time_to(r, t) for r in st]
+            tb = [time_to(r, t) for r in sy]
+            ms, mb = float(np.median(ts)), float(np.median(tb))
+            if math.isfinite(ms) and math.isfinite(mb):
+                ratio = mb / ms
+                verdict = "met" if ratio >= 1.5 else "**missed**"
+                lines.append(
+                    f"- {env}, wall-clock to {t:,.0f}: Stellaris {ms:,.0f} s, sync {mb:,.0f} s (medians): "
+                    f"{ratio:.2f}x sooner, goal 1.5x: {verdict}."
+                )
+            else:
+                lines.append(
+                    f"- {env}, wall-clock to {t:,.0f}: not reached by half the runs of one side "
+                    f"(Stellaris {_reached(ts)}, sync {_reached(tb)})."
+                )
+        x = [eval_at(r, CHECKPOINTS[-1]) for r in st]
+        y = [eval_at(r, CHECKPOINTS[-1]) for r in sy]
+        if all(map(math.isfinite, x + y)):
+            p = stats.probability_of_improvement(x, y, reps=reps)
+            lines.append(
+                f"- {env}: P(Stellaris > sync) on the evaluation at {CHECKPOINTS[-1] // 1000}k = {p.point:.2f} "
+                f"[{p.low:.2f}, {p.high:.2f}]."
+            )
+    return lines or ["- Too few runs have landed to speak to any goal yet."]
+
+
+def _reached(times: list[float]) -> str:
+    return f"{sum(map(math.isfinite, times))}/{len(times)}"
+
+
+def build(results: Path, page: Path, *, title_date: str | None = None, reps: int = stats.REPS) -> Path:
+    """Write the page and its figures; returns the page. `reps`: bootstrap replications of the tables' intervals."""
+    runs = load(results)
+    by_env = _by(runs)
+    img_dir = page.parent / "img" / page.stem
+    img_dir.mkdir(parents=True, exist_ok=True)
+    machines = sorted({m for m in _column(results, "machine")})
+    commits = sorted({m for m in _column(results, "commit")})
+    finished = sorted(_column(results, "finished"))
+    days = sorted({f.split()[0] for f in finished})
+    title_date = title_date or (days[0] if len(days) == 1 else f"{days[0]} to {days[-1]}" if days else None)
+    lines = [
+        "# Evaluation: Stellaris against the modes" + (f" ({title_date})" if title_date else ""),
+        "",
+        "Generated by `python -m experiments.report` from the CSVs in "
+        f"`{results.as_posix()}/` (one per run, `python -m experiments.campaign run`); do not edit by hand.",
+        "",
+        f"- Runs: {len(runs)}, landed {finished[0] if finished else '–'} to {finished[-1] if finished else '–'} "
+        f"(UTC), at commits {', '.join(commits) or '–'}.",
+        f"- Machine: {'; '.join(machines) or '–'}. One run at a time.",
+        "- Each run: `stellaris train --preset fast` with its mode and seed, to the env-step budget; a deterministic "
+        "evaluation (mean action, 10 episodes, on the run's evaluation seed: its seed + 1,000,003, never a training "
+        "env) every 41 rounds of 2,048 steps and at the end: the rows read at 250k and 500k are those at 252k and "
+        "502k steps.",
+        "- Statistics: interquartile mean (IQM) over seeds with a stratified-bootstrap 95 % interval "
+        f"({reps} replications, rliable); time to a return: the training clock when the episode-weighted mean "
+        f"of the last {TARGET_ROUNDS} rounds first reaches it, median over seeds (with how many reached it). The "
+        "training clock sums the rounds' durations; the platform's start (a few seconds) is outside it and is in "
+        "'run wall-clock'. Cost: the cost model's ([Experiments](../experiments.md#suites)), cumulative to the "
+        "checkpoint.",
+        "",
+        "## The goals",
+        "",
+        *goals(by_env, reps),
+        "",
+    ]
+    for env, modes in by_env.items():
+        name = env.split("/")[-1].lower()
+        _figure_curves(env, modes, img_dir / f"{name}.png")
+        lines += _env_section(env, modes, f"img/{page.stem}/{name}.png", reps)
+    if by_env:
+        _figure_costs(by_env, img_dir / "costs.png", reps)
+        _figure_profiles(by_env, img_dir / "profiles.png")
+        lines += [
+            "## Cost and performance profiles",
+            "",
+            f"![Cost to {CHECKPOINTS[-1] // 1000}k env steps by mode](img/{page.stem}/costs.png)",
+            "",
+            f"![Performance profiles of the evaluation return at {CHECKPOINTS[-1] // 1000}k]"
+            f"(img/{page.stem}/profiles.png)",
+            "",
+        ]
+    page.write_text("\n".join(lines))
+    return page
+
+
+def _column(results: Path, name: str) -> list[str]:
+    with (results / "cells.csv").open(newline="") as f:
+        return [row[name] for row in csv.DictReader(f) if row.get(name)]
+
+
+def main(
+    results: Path = typer.Option(Path("results/campaign/modes"), help="the campaign's CSV directory"),
+    page: Path = typer.Option(PAGE, help="the page to write (figures go beside it, under img/)"),
+) -> None:
+    """Rebuild the results page from the committed CSVs."""
+    print(build(results, page))
+
+
+if __name__ == "__main__":
+    typer.run(main)

@@ -1,0 +1,231 @@
+"""`stellaris plan`'s body (docs/scale-model.md#running-stellaris-plan): its inputs checked before anything is
+computed (one line naming what is wrong, as `stellaris train` checks its own), then one modelled run per N with a
+progress bar, a table per N, the CSVs, and with `--compare RUN_DIR` the round-by-round comparison with a real run.
+
+The job is `stellaris train`'s: the same `TrainConfig` (flags over the defaults, or over a run's config.yaml with
+`--compare`), one per N. torch and the functions load only once every input has passed (`simulate`, imported then).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from stellaris.config import ConfigError, TrainConfig, load_config
+from stellaris.plan.job import PlanJob, plan_job
+from stellaris.plan.latency import LatencyModel
+from stellaris.plan.report import (
+    RoundRow,
+    Summary,
+    compare_rows,
+    read_info,
+    rows_file,
+    summarize,
+    write_comparison,
+    write_rows,
+    write_summaries,
+)
+from stellaris.train_options import parsed_sets
+
+DEFAULT_LEARNERS = "1,2,4,8,16"
+MAX_LEARNER_COUNTS = 32  # distinct N in one plan: each is a whole modelled run
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    """What `stellaris plan` was given: `train` holds the TrainConfig fields given (the job), `latency` the latency
+    knobs given (LatencyModel's fields), `learners` the --learners values as typed."""
+
+    train: dict[str, Any] = field(default_factory=dict)
+    sets: list[str] = field(default_factory=list)
+    learners: list[str] = field(default_factory=list)
+    latency: dict[str, float | bool] = field(default_factory=dict)
+    eval_episodes: int = 3
+    eval_every: int = 0
+    task_s: float | None = None
+    collect_s: float | None = None
+    compare: Path | None = None
+    out: Path = Path("plan")
+
+
+@dataclass(frozen=True)
+class Planned:
+    """The checked plan: one job per N, and the real run's info.csv rows with --compare."""
+
+    jobs: list[PlanJob]
+    info: list[dict[str, str]] | None = None
+
+
+def learner_counts(values: Sequence[str]) -> list[int]:
+    """--learners as given (repeated, each a comma list) -> the distinct counts, in order; ConfigError naming a bad
+    one."""
+    counts: list[int] = []
+    for part in (p.strip() for value in values for p in value.split(",")):
+        if not part:
+            continue  # "1,2," or a stray comma
+        if not part.isdigit() or int(part) < 1:
+            raise ConfigError(f"--learners: {part!r} is not a whole number of learners (1 or more), e.g. 1,2,4,8,16")
+        if int(part) not in counts:
+            counts.append(int(part))
+    if not counts:
+        raise ConfigError("--learners: give at least one learner count, e.g. --learners 1,2,4")
+    if len(counts) > MAX_LEARNER_COUNTS:
+        raise ConfigError(f"--learners: {len(counts)} counts; at most {MAX_LEARNER_COUNTS} in one plan")
+    return counts
+
+
+def latency_model(given: dict[str, float | bool]) -> LatencyModel:
+    """The latency knobs given over LatencyModel's defaults; ConfigError naming the flag of a bad one."""
+    try:
+        return LatencyModel.model_validate(given)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        name = "--" + str(error["loc"][0]).replace("_", "-") if error["loc"] else "latency model"
+        raise ConfigError(f"{name}: {error['msg']}, got {error.get('input')!r}") from None
+
+
+def _check_numbers(request: PlanRequest) -> None:
+    for flag, value in (("--task-s", request.task_s), ("--collect-s", request.collect_s)):
+        if value is not None and not (math.isfinite(value) and value > 0):
+            raise ConfigError(f"{flag}: give a positive number of seconds, got {value!r}")
+    for flag, count in (("--eval-episodes", request.eval_episodes), ("--eval-every", request.eval_every)):
+        if count < 0:
+            raise ConfigError(f"{flag}: give 0 or more, got {count}")
+
+
+def _run_source(run_dir: Path) -> tuple[Path, list[dict[str, str]]]:
+    """A real run's config.yaml and info.csv rows; ConfigError naming what is missing."""
+    if not run_dir.is_dir():
+        raise ConfigError(f"--compare: {run_dir} is not a directory (give a run directory, e.g. runs/CartPole-v1-...)")
+    config = run_dir / "config.yaml"
+    if not config.is_file():
+        raise ConfigError(f"--compare: {run_dir} has no config.yaml: not a run directory")
+    try:
+        return config, read_info(run_dir / "info.csv")
+    except ValueError as exc:
+        raise ConfigError(f"--compare: {exc}") from None
+
+
+def plan(request: PlanRequest) -> Planned:
+    """Every input checked, and the job of each N made, before anything runs; ConfigError names the first problem."""
+    _check_numbers(request)
+    latency = latency_model(request.latency)
+    sets = parsed_sets(request.sets)
+    source, info, rounds = None, None, None
+    given_length = request.train.get("rounds") is not None or request.train.get("total_steps") is not None
+    if request.compare is None and not given_length:
+        raise ConfigError("give --rounds or --total-steps: the model runs a planned number of rounds")
+    if request.compare is not None:
+        source, info = _run_source(request.compare)
+        rounds = None if given_length else len(info)  # the real run's rounds, under its own plan
+    section = "config" if source is not None else None
+
+    def config(learners: int | None) -> TrainConfig:
+        flags = request.train if learners is None else {**request.train, "learners": learners}
+        return load_config(source, flags, section=section, sets=sets)
+
+    counts = learner_counts(request.learners) if request.learners else None
+    if counts is None:
+        counts = [config(None).learners] if source is not None else learner_counts([DEFAULT_LEARNERS])
+    jobs = [
+        plan_job(
+            config(n),
+            latency=latency,
+            rounds=rounds,
+            eval_episodes=request.eval_episodes,
+            eval_every=request.eval_every,
+            task_s=request.task_s,
+            collect_s=request.collect_s,
+        )
+        for n in counts
+    ]
+    return Planned(jobs, info)
+
+
+def _number(value: float, spec: str) -> str:
+    return "-" if math.isnan(value) else format(value, spec)
+
+
+def summary_table(summaries: Sequence[Summary], title: str) -> Table:
+    table = Table(title=title)
+    for name in ("N", "wall s", "cost $", "return", "eval", "staleness", "applied", "flushes"):
+        table.add_column(name, justify="right", no_wrap=True)
+    for s in summaries:
+        table.add_row(
+            str(s.learners),
+            f"{s.wall_clock_s:.1f}",
+            f"{s.cost:.5f}",
+            _number(s.final_return, ".1f"),
+            _number(s.eval_return, ".1f"),
+            _number(s.staleness_mean, ".2f"),
+            str(s.gradients_applied),
+            str(s.flushes),
+        )
+    return table
+
+
+def comparison_table(compared: Sequence[dict[str, float | int]]) -> Table:
+    table = Table(title="real run / model, round by round")
+    table.add_column("round", justify="right")
+    shown = [
+        ("return", "train_reward_mean", ".1f"),
+        ("staleness", "staleness_mean", ".2f"),
+        ("applied", "gradients_applied", ".0f"),
+        ("round s", "duration", ".2f"),
+    ]
+    for name, _, _ in shown:
+        table.add_column(name, justify="right", no_wrap=True)
+    for row in compared:
+        cells = [
+            f"{_number(float(row[f'real_{key}']), spec)} / {_number(float(row[f'model_{key}']), spec)}"
+            for _, key, spec in shown
+        ]
+        table.add_row(str(row["round_id"]), *cells)
+    return table
+
+
+def _title(job: PlanJob) -> str:
+    spec = job.spec
+    knobs = spec.algo.stellaris
+    return (
+        f"{spec.env_id} {spec.algo.algo} {knobs.rule} d={knobs.d} v={knobs.v} ρ={knobs.rho}: "
+        f"{job.rounds} round(s) x {job.env_steps_per_round} steps (wall-clock and cost modelled)"
+    )
+
+
+def run(planned: Planned, out: Path, console: Console) -> int:
+    """Run each N's modelled run with a progress bar, write its CSV as it finishes, then the summary (and the
+    comparison); print the tables. Returns the exit code."""
+    from stellaris.plan.simulate import simulate  # torch and the functions: only once the inputs have passed
+
+    out.mkdir(parents=True, exist_ok=True)
+    began = time.perf_counter()
+    summaries: list[Summary] = []
+    all_rows: list[list[RoundRow]] = []
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=True) as progress:
+        bar = progress.add_task("modelling", total=sum(job.rounds for job in planned.jobs))
+        for job in planned.jobs:
+            progress.update(bar, description=f"N={job.learners}")
+            rows = simulate(job, on_round=lambda row: progress.advance(bar))
+            write_rows(rows_file(out, job.learners), rows)
+            all_rows.append(rows)
+            summaries.append(summarize(rows))
+    write_summaries(out / "summary.csv", summaries)
+    console.print(summary_table(summaries, _title(planned.jobs[0])))
+    if planned.info is not None:  # against the first N modelled: the run's own unless --learners says otherwise
+        compared = compare_rows(planned.info, all_rows[0])
+        write_comparison(out / "compare.csv", compared)
+        console.print(comparison_table(compared))
+    seconds = time.perf_counter() - began
+    console.print(f"wrote {len(summaries)} run(s)' rounds and summary.csv to {out}/ ({seconds:.0f} s on this machine)")
+    return 0

@@ -1,0 +1,148 @@
+"""The scale model's latency model (docs/scale-model.md): how long a learner task would take on an N-learner
+serverless cluster, given the compute time this machine measured for it.
+
+A task's modelled seconds = its measured seconds × the learner's fixed slowdown × a straggler factor (with probability
+`straggler_p`) × a lognormal stretch of mean 1 (σ = `jitter_sigma`), + `task_overhead_s`. A learner whose instance
+starts cold is ready `cold_start_s` after the instance starts: round 1's always (no instance exists yet), a later
+round's with probability `cold_start_p` (warm pools keep the instances between rounds). With `prewarm` the instance
+starts as the round's collection does, as the platform pre-warms learners, so the start overlaps the collection.
+Pure: every draw comes from a `random.Random` seeded by (seed, N, what is drawn), so the same seed gives the same
+draws, and one knob's draws never shift another's.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class LatencyModel(BaseModel):
+    """The serverless variance the model adds to the measured compute times (docs/scale-model.md has each default's
+    reason)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+    cold_start_s: float = Field(
+        default=1.5,
+        ge=0.0,
+        le=3600.0,
+        description="seconds a learner invocation that starts cold waits before its first task",
+    )
+    cold_start_p: float = Field(
+        default=0.0,
+        ge=0.0,
+        le=1.0,
+        description="probability that a learner invocation after round 1 starts cold (round 1's always do)",
+    )
+    straggler_p: float = Field(
+        default=0.0, ge=0.0, le=1.0, description="probability that a task straggles (takes straggler_factor x longer)"
+    )
+    straggler_factor: float = Field(
+        default=4.0, ge=1.0, le=1000.0, description="how many times longer a straggling task takes"
+    )
+    jitter_sigma: float = Field(
+        default=0.0, ge=0.0, le=3.0, description="σ of a lognormal stretch of mean 1 on every task (0: none)"
+    )
+    speed_spread: float = Field(
+        default=0.0,
+        ge=0.0,
+        le=100.0,
+        description="each learner's fixed slowdown is drawn uniformly from [1, 1 + speed_spread]",
+    )
+    task_overhead_s: float = Field(
+        default=0.0,
+        ge=0.0,
+        le=3600.0,
+        description="seconds added to every task besides its compute: the cache round trip and transfers",
+    )
+    apply_overhead_s: float = Field(
+        default=0.0,
+        ge=0.0,
+        le=3600.0,
+        description="seconds added to every apply besides its compute: the parameter function's publish",
+    )
+    prewarm: bool = Field(
+        default=True, description="learner instances start as the round's collection starts, as the platform's do"
+    )
+
+
+def _stream(seed: int, learners: int, name: str) -> random.Random:
+    """One seeded stream of draws: a str seed is hashed with SHA-512, the same in every process and Python run."""
+    return random.Random(f"stellaris-plan:{seed}:{learners}:{name}")
+
+
+def draw_slowdowns(spread: float, learners: int, rng: random.Random) -> tuple[float, ...]:
+    """Each learner's fixed slowdown, uniform on [1, 1 + spread]: learner i takes slowdown_i × a task's time."""
+    return tuple(1.0 + spread * rng.random() for _ in range(learners))
+
+
+def task_seconds(model: LatencyModel, measured_s: float, slowdown: float, rng: random.Random) -> float:
+    """A task's modelled seconds: its compute stretched, plus the fixed overhead. Two draws every time, whatever the
+    knobs, so that the draws line up across runs that differ in a knob."""
+    straggles = rng.random() < model.straggler_p
+    z = rng.gauss(0.0, 1.0)
+    stretch = math.exp(model.jitter_sigma * z - model.jitter_sigma**2 / 2)  # E[stretch] = 1
+    compute_s = measured_s * slowdown * (model.straggler_factor if straggles else 1.0) * stretch
+    return compute_s + model.task_overhead_s
+
+
+def starts_cold(model: LatencyModel, round_k: int, rng: random.Random) -> bool:
+    """Whether a learner invocation of round `round_k` starts cold: always in round 1, then with `cold_start_p`.
+    One draw every time."""
+    cold_later = rng.random() < model.cold_start_p
+    return round_k == 1 or cold_later
+
+
+def ready_times(
+    model: LatencyModel, cold: Sequence[bool], invoked_at: float, started_at: float | None = None
+) -> list[float]:
+    """When each learner invoked at `invoked_at` (the batch's landing) can claim its first task: at once when warm;
+    when cold, `cold_start_s` after its instance starts, and never before it is invoked. The instance starts at
+    `started_at` (the round's start: the platform pre-warms learners as the collection begins, and before round 1 at
+    launch) when `prewarm`, else when invoked."""
+    warming = invoked_at if started_at is None or not model.prewarm else min(started_at, invoked_at)
+    return [max(invoked_at, warming + model.cold_start_s) if c else invoked_at for c in cold]
+
+
+@dataclass
+class ClusterLatency:
+    """The draws of one modelled cluster: its learners' slowdowns and the streams of cold starts and task times."""
+
+    model: LatencyModel
+    slowdowns: tuple[float, ...]
+    cold_rng: random.Random
+    task_rng: random.Random
+
+    @classmethod
+    def draw(cls, model: LatencyModel, learners: int, seed: int) -> ClusterLatency:
+        if learners < 1:
+            raise ValueError(f"a cluster needs at least 1 learner, got {learners}")
+        slowdowns = draw_slowdowns(model.speed_spread, learners, _stream(seed, learners, "speed"))
+        return cls(model, slowdowns, _stream(seed, learners, "cold"), _stream(seed, learners, "task"))
+
+    @classmethod
+    def given(cls, model: LatencyModel, slowdowns: Sequence[float], seed: int = 0) -> ClusterLatency:
+        """A cluster with the slowdowns given rather than drawn (a worked example, a measured cluster)."""
+        if not slowdowns or any(s <= 0 for s in slowdowns):
+            raise ValueError(f"slowdowns must be positive, one per learner, got {list(slowdowns)}")
+        n = len(slowdowns)
+        return cls(model, tuple(slowdowns), _stream(seed, n, "cold"), _stream(seed, n, "task"))
+
+    @property
+    def learners(self) -> int:
+        return len(self.slowdowns)
+
+    def cold(self, round_k: int) -> list[bool]:
+        """Which learners' instances start cold in round `round_k` (one draw each)."""
+        return [starts_cold(self.model, round_k, self.cold_rng) for _ in self.slowdowns]
+
+    def ready_at(self, round_k: int, invoked_at: float, started_at: float | None = None) -> list[float]:
+        """When each learner of round `round_k` can claim its first task (`ready_times` of this round's draws)."""
+        return ready_times(self.model, self.cold(round_k), invoked_at, started_at)
+
+    def task_seconds(self, learner: int, measured_s: float) -> float:
+        return task_seconds(self.model, measured_s, self.slowdowns[learner], self.task_rng)

@@ -1,0 +1,161 @@
+"""The evaluation campaign (experiments/campaign.py) and its results page (experiments/report.py): the plan's cells,
+one real cell run end to end and skipped the second time, and the page rebuilt from a small fixture of CSVs."""
+
+from __future__ import annotations
+
+import csv
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from experiments import campaign, report
+
+
+def test_the_modes_plan_holds_every_cell_once_seed_major() -> None:
+    cells = campaign.plan_cells("modes")
+    # 5 seeds × (Hopper: 5 modes, Walker2d and HalfCheetah: 3 each)
+    assert len(cells) == 5 * (5 + 3 + 3) == len({c.id for c in cells})
+    assert [c.seed for c in cells] == sorted(c.seed for c in cells)  # a campaign cut short has every mode's seed 1
+    assert {c.mode for c in cells if c.env == "Walker2d-v5"} == {"stellaris", "sync", "async"}
+    assert cells[0].command(Path("o"))[3:] == [
+        "train",
+        "--env",
+        "Hopper-v5",
+        "--algo",
+        "ppo",
+        "--preset",
+        "fast",
+        "--mode",
+        "stellaris",
+        "--seed",
+        "1",
+        "--total-steps",
+        "500000",
+        "--eval-every",
+        "41",
+        "--eval-episodes",
+        "10",
+        "--out",
+        "o",
+    ]
+
+
+def test_an_unknown_plan_is_refused_by_name() -> None:
+    with pytest.raises(Exception, match="unknown plan 'nope'"):
+        campaign.plan_cells("nope")
+
+
+def test_a_real_cell_lands_its_csv_once(tmp_path: Path) -> None:
+    """Two rounds of Hopper through `stellaris train`: the cell's CSV and index row land; asked again, the campaign
+    skips it."""
+    results, runs = tmp_path / "results", tmp_path / "runs"
+    cmd = [
+        sys.executable,
+        "-m",
+        "experiments.campaign",
+        "run",
+        "smoke",
+        "--seeds",
+        "3",
+        "--steps",
+        "4096",
+        "--results",
+        str(results),
+        "--runs",
+        str(runs),
+        "--limit",
+        "1",
+    ]
+    first = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0, first.stderr[-2000:]
+    assert "1 to run" not in first.stderr and "2 to run" in first.stderr
+    with (results / "hopper-v5-ppo-stellaris-s3.csv").open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [int(r["round"]) for r in rows] == [1, 2] and int(rows[-1]["env_steps"]) >= 4096
+    assert float(rows[-1]["wall_s"]) > float(rows[0]["wall_s"]) > 0 and float(rows[-1]["cost"]) > 0
+    assert int(rows[-1]["eval_episodes"]) == 10  # the last round is evaluated
+    again = subprocess.run([*cmd, "--dry-run"], capture_output=True, text=True, timeout=60)
+    assert "1 finished, 1 to run" in again.stderr  # the landed cell is skipped; the other one would run
+    assert "would run hopper-v5-ppo-sync-s3" in again.stderr and "would run hopper-v5-ppo-stellaris" not in again.stderr
+    with (results / "cells.csv").open(newline="") as f:
+        index = list(csv.DictReader(f))
+    assert [r["cell"] for r in index] == ["hopper-v5-ppo-stellaris-s3"]
+    assert float(index[0]["run_s"]) > 0 and "cores" in index[0]["machine"]
+
+
+def _fixture(results: Path) -> None:
+    """Hopper, stellaris and sync, 3 seeds each: returns rising linearly with steps (stellaris a little faster in
+    wall-clock), evaluations every 41 rounds and at the end."""
+    rng = np.random.default_rng(0)
+    index = []
+    for mode, secs_per_round in (("stellaris", 1.0), ("sync", 2.0)):
+        for seed in (1, 2, 3):
+            cell = f"hopper-v5-ppo-{mode}-s{seed}"
+            rows = []
+            for k in range(1, 246):
+                ret = 3000 * k / 245 + rng.normal(0, 50)
+                evaluated = k % 41 == 0 or k == 245
+                rows.append(
+                    {
+                        "round": k,
+                        "env_steps": 2048 * k,
+                        "wall_s": secs_per_round * k,
+                        "train_return": ret,
+                        "episodes": 5,
+                        "eval_return": ret + 100 if evaluated else "",
+                        "eval_episodes": 10 if evaluated else 0,
+                        "cost": 0.0001 * k * secs_per_round,
+                        "staleness_mean": 0.5,
+                        "gradients_applied": 32,
+                    }
+                )
+            campaign.write_csv(results / f"{cell}.csv", campaign.CELL_COLUMNS, rows)
+            index.append(
+                {
+                    "cell": cell,
+                    "env": "Hopper-v5",
+                    "mode": mode,
+                    "seed": seed,
+                    "steps": 500000,
+                    "preset": "fast",
+                    "algo": "ppo",
+                    "run_s": 245 * secs_per_round + 5,
+                    "rounds": 245,
+                    "commit": "abc1234",
+                    "machine": "test machine",
+                    "finished": "2026-12-07 06:00",
+                }
+            )
+    campaign.write_csv(results / "cells.csv", campaign.INDEX_COLUMNS, index)
+
+
+def test_time_to_a_return_by_hand(tmp_path: Path) -> None:
+    rows = [
+        {"env_steps": 2048.0 * k, "wall_s": 10.0 * k, "train_return": float(r), "episodes": 1.0}
+        for k, r in enumerate([100, 200, 300, 400, 500, 600, 700], 1)
+    ]
+    run = report.Run("c", "Hopper-v5", "sync", 1, 70.0, rows)
+    # the mean of the last 5 rounds' returns: round 5 -> 300, round 6 -> 400, round 7 -> 500
+    assert report.time_to(run, 400) == 60.0
+    assert report.time_to(run, 150) == 20.0  # round 2: the mean of rounds 1-2 is 150
+    assert math.isinf(report.time_to(run, 10_000))
+
+
+def test_the_page_is_rebuilt_from_the_csvs(tmp_path: Path) -> None:
+    results, page = tmp_path / "results", tmp_path / "docs" / "evaluation.md"
+    page.parent.mkdir()
+    _fixture(results)
+    report.build(results, page, reps=200)
+    text = page.read_text()
+    assert "| stellaris | 1, 2, 3 |" in text and "| sync | 1, 2, 3 |" in text
+    assert "wall-clock to 1,500: Stellaris" in text and "2.00x sooner, goal 1.5x: met" in text
+    assert "P(Stellaris > sync)" in text
+    for figure in ("hopper-v5.png", "costs.png", "profiles.png"):
+        assert (page.parent / "img" / "evaluation" / figure).stat().st_size > 10_000
+    first = text
+    report.build(results, page, reps=200)
+    assert page.read_text() == first  # seeded: the same CSVs give the same page

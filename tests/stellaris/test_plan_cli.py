@@ -1,0 +1,146 @@
+"""`stellaris plan` (docs/scale-model.md#running-stellaris-plan): a bad input is one line naming what was wrong, exit
+2, before anything is computed; a plan prints its table and writes a CSV per N and the summary; `--compare` models a
+real run's job and writes the round-by-round comparison."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from stellaris.cli import app
+from stellaris.config import ConfigError
+from stellaris.plan.command import learner_counts
+from stellaris.plan.report import COLUMNS, COMPARE_COLUMNS, SUMMARY_COLUMNS
+
+SMALL = ["--set", "train_batch_size=256", "--set", "num_minibatches=4", "--set", "num_epochs=2"]
+
+
+def _plan(*args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(app, ["plan", *args], env={"COLUMNS": "200"})
+    return result.exit_code, result.output
+
+
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (["--rounds", "1", "--learners", "0"], "--learners: '0' is not a whole number of learners"),
+        (["--rounds", "1", "--learners", "2,x"], "--learners: 'x'"),
+        (["--rounds", "1", "--straggler-p", "1.5"], "--straggler-p: Input should be less than or equal to 1, got 1.5"),
+        (["--rounds", "1", "--cold-start-s", "-1"], "--cold-start-s: Input should be greater than or equal to 0"),
+        (["--rounds", "1", "--d", "1.5"], "d: Input should be less than or equal to 1"),
+        (["--rounds", "1", "--learners", "300"], "learners: Input should be less than or equal to 256"),
+        (["--rounds", "1", "--mode", "bogus"], "mode: Input should be"),
+        (["--rounds", "1", "--env", "NoSuchEnv-v0"], "unknown Gymnasium env id 'NoSuchEnv-v0'"),
+        (["--rounds", "1", "--set", "lr=-1"], "overrides.lr: Input should be greater than 0"),
+        (["--rounds", "1", "--task-s", "0"], "--task-s: give a positive number of seconds"),
+        (["--rounds", "1", "--eval-episodes", "-1"], "--eval-episodes: give 0 or more"),
+        ([], "give --rounds or --total-steps"),
+        (["--compare", "no/such/run"], "--compare: no/such/run is not a directory"),
+    ],
+)
+def test_a_bad_input_is_one_line_naming_it(args: list[str], named: str, tmp_path: Path) -> None:
+    code, output = _plan(*args, "--out", str(tmp_path / "out"))
+    assert code == 2, output
+    lines = output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and named in lines[0], output
+    assert not (tmp_path / "out").exists()  # nothing ran
+
+
+def test_learner_counts_take_lists_and_repeats() -> None:
+    assert learner_counts(["1,2,4", "8", "2"]) == [1, 2, 4, 8]
+    assert learner_counts([" 16 , 1 "]) == [16, 1]
+    with pytest.raises(ConfigError, match="at least one"):
+        learner_counts([","])
+
+
+def _csv(path: Path) -> list[dict[str, str]]:
+    with path.open(newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_a_plan_prints_its_table_and_writes_a_csv_per_n(tmp_path: Path) -> None:
+    out = tmp_path / "plan"
+    code, output = _plan(
+        "--env",
+        "CartPole-v1",
+        "--learners",
+        "1",
+        "--learners",
+        "3",
+        "--rounds",
+        "2",
+        "--mode",
+        "async",
+        "--straggler-p",
+        "0.2",
+        "--speed-spread",
+        "1",
+        "--eval-episodes",
+        "1",
+        *SMALL,
+        "--out",
+        str(out),
+    )
+    assert code == 0, output
+    assert "CartPole-v1 ppo async" in output and "staleness" in output
+    assert sorted(p.name for p in out.iterdir()) == ["learners-1.csv", "learners-3.csv", "summary.csv"]
+    for n in (1, 3):
+        rows = _csv(out / f"learners-{n}.csv")
+        assert list(rows[0]) == COLUMNS and [r["round_id"] for r in rows] == ["1", "2"]
+        assert {r["learners"] for r in rows} == {str(n)} and {r["gradients_applied"] for r in rows} == {"8"}
+        assert rows[-1]["eval_episodes"] == "1"
+    summary = _csv(out / "summary.csv")
+    assert list(summary[0]) == SUMMARY_COLUMNS and [s["learners"] for s in summary] == ["1", "3"]
+    assert float(summary[1]["staleness_mean"]) > 0
+
+
+def test_compare_models_a_real_runs_job_and_writes_the_comparison(tmp_path: Path) -> None:
+    """A run directory as `stellaris train` leaves it (config.yaml's `config` section, info.csv): the model takes
+    its env, rule, N and overrides, models as many rounds as info.csv has, and pairs them."""
+    run = tmp_path / "run"
+    run.mkdir()
+    config = {
+        "env": "CartPole-v1",
+        "mode": "sync",
+        "learners": 1,
+        "seed": 2,
+        "total_steps": 100_000,
+        "overrides": {"train_batch_size": 256, "num_minibatches": 4, "num_epochs": 2},
+    }
+    (run / "config.yaml").write_text(yaml.safe_dump({"config": config, "job_spec": {}}))
+    columns = [
+        "round_id",
+        "duration",
+        "train_reward_mean",
+        "staleness_mean",
+        "gradients_applied",
+        "aggregations",
+        "cost",
+    ]
+    with (run / "info.csv").open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(columns)
+        writer.writerows([[1, 3.5, 20.0, 0.0, 8, 8, 0.001], [2, 1.5, 25.0, 0.0, 8, 8, 0.002]])
+    out = tmp_path / "plan"
+    code, output = _plan("--compare", str(run), "--eval-episodes", "0", "--out", str(out))
+    assert code == 0, output
+    assert "real run / model" in output
+    assert sorted(p.name for p in out.iterdir()) == ["compare.csv", "learners-1.csv", "summary.csv"]
+    compared = _csv(out / "compare.csv")
+    assert list(compared[0]) == COMPARE_COLUMNS and [r["round_id"] for r in compared] == ["1", "2"]
+    assert [r["real_train_reward_mean"] for r in compared] == ["20.0", "25.0"]
+    assert {r["model_staleness_mean"] for r in compared} == {"0.0"} and {
+        r["model_gradients_applied"] for r in compared
+    } == {"8.0"}
+    rows = _csv(out / "learners-1.csv")
+    assert [r["round_id"] for r in rows] == ["1", "2"]  # the run's two rounds, not its planned 100,000 steps
+
+
+def test_compare_needs_a_run_directory(tmp_path: Path) -> None:
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump({"config": {"env": "CartPole-v1"}}))
+    code, output = _plan("--compare", str(tmp_path), "--out", str(tmp_path / "out"))
+    assert code == 2 and "info.csv" in output, output

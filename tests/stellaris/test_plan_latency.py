@@ -1,0 +1,317 @@
+"""The scale model's pure parts (docs/scale-model.md): the latency model's draws, the event core's schedule and arrival
+order, the cost and the report, against numbers worked out by hand. No torch, no envs: the work is a stand-in that
+applies what the test says."""
+
+from __future__ import annotations
+
+import math
+import statistics
+
+import pytest
+
+from gateway.models import ACTOR_PRICING, LEARNER_PRICING
+from stellaris.plan.cost import round_cost
+from stellaris.plan.events import Landing, Published, Start, run_round
+from stellaris.plan.latency import ClusterLatency, LatencyModel, ready_times, starts_cold, task_seconds
+from stellaris.plan.report import RoundRow, compare_rows, summarize
+
+
+class Applies:
+    """The parameter function as the test's rule: `async` applies the oldest landed gradient on its own; `sync`
+    applies the whole queue once nothing is in flight. Every task measures `measured_s`; each apply takes `apply_s`."""
+
+    def __init__(self, rule: str, *, measured_s: float = 1.0, apply_s: float = 0.0) -> None:
+        self.rule, self.measured_s, self.apply_s = rule, measured_s, apply_s
+        self.queue: list[Landing] = []
+        self.applied: list[tuple[int, int]] = []  # (task, staleness) in the order applied
+        self.in_flight_seen: list[tuple[int, ...]] = []
+
+    def compute(self, start: Start) -> float:
+        return self.measured_s
+
+    def land(self, landing: Landing) -> None:
+        self.queue.append(landing)
+
+    def queued(self) -> int:
+        return len(self.queue)
+
+    def decide(self, version: int, in_flight: tuple[int, ...]) -> float | None:
+        self.in_flight_seen.append(in_flight)
+        if self.rule == "sync" and in_flight:
+            return None
+        count = 1 if self.rule == "async" else len(self.queue)
+        used, self.queue = self.queue[:count], self.queue[count:]
+        self.applied += [(g.task, version - g.version) for g in used]
+        return self.apply_s
+
+
+def _starts(starts: list[Start]) -> list[tuple[int, int, float, int]]:
+    return [(s.task, s.learner, s.time, s.version) for s in starts]
+
+
+def _landings(landings: list[Landing]) -> list[tuple[int, int, float, float]]:
+    return [(g.task, g.learner, g.start, g.end) for g in landings]
+
+
+def test_two_learners_four_tasks_worked_by_hand() -> None:
+    """Learners of speeds 1 and 2 (learner 1 takes twice as long), a cold start of 0.5 s, four tasks of 1.0 s each,
+    applies that take no time, each gradient applied on its own:
+
+    - 0.5: both are ready; learner 0 takes task 0 (0.5 -> 1.5), learner 1 task 1 (0.5 -> 2.5), both on version 0.
+    - 1.5: task 0 lands and is applied (staleness 0): version 1. Learner 0 takes task 2 on version 1 (1.5 -> 2.5);
+      learner 1 holds version 0, which task 2 truncates against.
+    - 2.5: task 1 lands (it started first), then task 2; they are applied in that order, each 1 version stale:
+      versions 2 and 3. Learner 1 takes task 3 on version 3 (2.5 -> 4.5); learner 0 finds the queue empty.
+    - 4.5: task 3 lands and is applied (staleness 0): version 4, the round's end.
+    """
+    latency = ClusterLatency.given(LatencyModel(cold_start_s=0.5), [1.0, 2.0])
+    work = Applies("async")
+    trace = run_round(
+        work, steps=[4], ready=latency.ready_at(1, 0.0), stretch=latency.task_seconds, version=0, claim_ahead=False
+    )
+    assert trace.ready == (0.5, 0.5)
+    assert _starts(trace.starts) == [(0, 0, 0.5, 0), (1, 1, 0.5, 0), (2, 0, 1.5, 1), (3, 1, 2.5, 3)]
+    assert [s.others for s in trace.starts] == [(), (), (0,), ()]
+    assert [s.first for s in trace.starts] == [True, True, False, False]
+    assert _landings(trace.landings) == [(0, 0, 0.5, 1.5), (1, 1, 0.5, 2.5), (2, 0, 1.5, 2.5), (3, 1, 2.5, 4.5)]
+    assert work.applied == [(0, 0), (1, 1), (2, 1), (3, 0)]
+    assert trace.published == [
+        Published(1, 1.5, 1.5),
+        Published(2, 2.5, 2.5),
+        Published(3, 2.5, 2.5),
+        Published(4, 4.5, 4.5),
+    ]
+    # At the first decision task 1 runs on version 0, tasks 2 and 3 wait (they will take the newest): all 0.
+    assert work.in_flight_seen[0] == (0, 0, 0)
+    assert trace.end == 4.5 and trace.last_landing == 4.5
+
+
+@pytest.mark.parametrize(
+    ("claim_ahead", "versions", "stalenesses"),
+    [
+        # Claiming ahead, task 2 is claimed as task 1 starts (1.0), before task 0's update is out (1.25): version 0.
+        (True, [0, 0, 0], [0, 1, 2]),
+        # Claiming after each computation, task 1 is claimed at 1.0 (version 0), task 2 at 2.0 (version 1).
+        (False, [0, 0, 1], [0, 1, 1]),
+    ],
+)
+def test_one_learner_claiming_ahead_worked_by_hand(
+    claim_ahead: bool, versions: list[int], stalenesses: list[int]
+) -> None:
+    """One learner, no cold start, three tasks of 1.0 s, applies of 0.25 s: tasks run 0-1, 1-2, 2-3; versions are
+    published at 1.25, 2.25 and 3.25."""
+    latency = ClusterLatency.given(LatencyModel(cold_start_s=0.0), [1.0])
+    work = Applies("async", apply_s=0.25)
+    trace = run_round(
+        work,
+        steps=[3],
+        ready=latency.ready_at(1, 0.0),
+        stretch=latency.task_seconds,
+        version=0,
+        claim_ahead=claim_ahead,
+    )
+    assert [(s.time, s.version) for s in trace.starts] == list(zip([0.0, 1.0, 2.0], versions, strict=True))
+    assert [staleness for _, staleness in work.applied] == stalenesses
+    assert [(p.version, p.time) for p in trace.published] == [(1, 1.25), (2, 2.25), (3, 3.25)]
+    assert trace.end == 3.25
+
+
+def test_sync_steps_wait_for_the_update_worked_by_hand() -> None:
+    """Sync, 2 learners of speeds 1 and 2, no cold start, two steps of 2 tasks of 1.0 s, applies of 0.5 s:
+
+    - step 1 on version 0: learner 0 0 -> 1, learner 1 0 -> 2; at 1 the rule waits for task 1 (in flight);
+      at 2 it applies both: version 1 at 2.5.
+    - step 2 is enqueued at 2.5, on version 1: learner 0 2.5 -> 3.5, learner 1 2.5 -> 4.5; version 2 at 5.0.
+    """
+    latency = ClusterLatency.given(LatencyModel(cold_start_s=0.0), [1.0, 2.0])
+    work = Applies("sync", apply_s=0.5)
+    trace = run_round(
+        work,
+        steps=[2, 2],
+        ready=latency.ready_at(1, 0.0),
+        stretch=latency.task_seconds,
+        version=0,
+        claim_ahead=False,
+    )
+    assert _starts(trace.starts) == [(0, 0, 0.0, 0), (1, 1, 0.0, 0), (2, 0, 2.5, 1), (3, 1, 2.5, 1)]
+    assert [g.end for g in trace.landings] == [1.0, 2.0, 3.5, 4.5]
+    assert work.applied == [(0, 0), (1, 0), (2, 0), (3, 0)]
+    assert [(p.version, p.time) for p in trace.published] == [(1, 2.5), (2, 5.0)]
+    assert work.in_flight_seen[:2] == [(0,), ()]
+
+
+def test_a_rule_that_never_applies_is_named() -> None:
+    class Never(Applies):
+        def decide(self, version: int, in_flight: tuple[int, ...]) -> float | None:
+            return None
+
+    latency = ClusterLatency.given(LatencyModel(cold_start_s=0.0), [1.0])
+    with pytest.raises(RuntimeError, match="1 gradient\\(s\\) queued"):
+        run_round(Never("async"), steps=[1], ready=[0.0], stretch=latency.task_seconds, version=0, claim_ahead=False)
+
+
+def test_the_round_takes_learners_and_positive_steps() -> None:
+    work = Applies("async")
+    with pytest.raises(ValueError, match="at least one learner"):
+        run_round(work, steps=[1], ready=[], stretch=lambda i, m: m, version=0, claim_ahead=False)
+    with pytest.raises(ValueError, match="positive task counts"):
+        run_round(work, steps=[0], ready=[0.0], stretch=lambda i, m: m, version=0, claim_ahead=False)
+
+
+# --- the latency model ----------------------------------------------------------------------------------------------
+
+
+def test_a_task_is_stretched_by_slowdown_and_straggling() -> None:
+    rng = ClusterLatency.draw(LatencyModel(), 1, seed=0).task_rng
+    assert task_seconds(LatencyModel(), 0.5, 2.0, rng) == 1.0  # no straggling, no jitter: slowdown alone
+    stragglers = LatencyModel(straggler_p=1.0, straggler_factor=4.0)
+    assert task_seconds(stragglers, 0.5, 2.0, rng) == 4.0
+
+
+def test_a_task_pays_the_overhead_unstretched() -> None:
+    rng = ClusterLatency.draw(LatencyModel(), 1, seed=0).task_rng
+    assert task_seconds(LatencyModel(task_overhead_s=0.25), 0.5, 2.0, rng) == 1.25
+
+
+def test_a_prewarmed_cold_start_overlaps_the_collection() -> None:
+    """Learner 0 cold, learner 1 warm; the batch lands at 2.0. Pre-warmed from the round's start (0.0), a 1.5 s start
+    is over by then; from 1.0, learner 0 is ready at 2.5; without pre-warming it starts when invoked: 3.5."""
+    model = LatencyModel(cold_start_s=1.5)
+    assert ready_times(model, [True, False], 2.0, started_at=0.0) == [2.0, 2.0]
+    assert ready_times(model, [True, False], 2.0, started_at=1.0) == [2.5, 2.0]
+    assert ready_times(LatencyModel(cold_start_s=1.5, prewarm=False), [True, False], 2.0, started_at=0.0) == [3.5, 2.0]
+    assert ready_times(model, [True], 2.0) == [3.5]  # no round start given: the instance starts when invoked
+
+
+def test_cold_starts_are_round_ones_and_then_drawn() -> None:
+    rng = ClusterLatency.draw(LatencyModel(), 1, seed=0).cold_rng
+    assert starts_cold(LatencyModel(cold_start_p=0.0), 1, rng)
+    assert not any(starts_cold(LatencyModel(cold_start_p=0.0), k, rng) for k in range(2, 50))
+    assert all(starts_cold(LatencyModel(cold_start_p=1.0), k, rng) for k in range(2, 50))
+    warm = ClusterLatency.given(LatencyModel(cold_start_s=2.0), [1.0, 1.0])
+    assert warm.ready_at(1, 10.0) == [12.0, 12.0] and warm.ready_at(2, 20.0) == [20.0, 20.0]
+
+
+def _draws(model: LatencyModel, seed: int) -> tuple[tuple[float, ...], list[float], list[list[float]]]:
+    cluster = ClusterLatency.draw(model, 4, seed=seed)
+    tasks = [cluster.task_seconds(i % 4, 1.0) for i in range(40)]
+    return cluster.slowdowns, tasks, [cluster.ready_at(k, 0.0) for k in range(1, 6)]
+
+
+def test_the_draws_repeat_under_a_seed_and_differ_across_seeds() -> None:
+    model = LatencyModel(cold_start_p=0.3, straggler_p=0.2, jitter_sigma=0.5, speed_spread=1.0)
+    first = _draws(model, seed=3)
+    assert first == _draws(model, seed=3)
+    assert first[0] != _draws(model, seed=4)[0] and first[1] != _draws(model, seed=4)[1]
+    assert all(1.0 <= s <= 2.0 for s in first[0])
+    assert any(t > 2.0 * 4.0 / 2 for t in first[1])  # some straggled
+    assert {r for ready in first[2][1:] for r in ready} == {0.0, 1.5}  # later rounds: some cold, some warm
+
+
+def test_one_knob_does_not_shift_the_others_draws() -> None:
+    """Each task draws twice whatever the knobs: turning stragglers on changes only the tasks that straggle."""
+    plain = _draws(LatencyModel(jitter_sigma=0.3), seed=1)[1]
+    straggly = _draws(LatencyModel(jitter_sigma=0.3, straggler_p=0.1, straggler_factor=3.0), seed=1)[1]
+    ratios = {round(b / a, 9) for a, b in zip(plain, straggly, strict=True)}
+    assert ratios == {1.0, 3.0}
+
+
+def test_the_jitter_has_mean_one() -> None:
+    cluster = ClusterLatency.draw(LatencyModel(jitter_sigma=0.5), 1, seed=0)
+    stretches = [cluster.task_seconds(0, 1.0) for _ in range(20_000)]
+    assert statistics.fmean(stretches) == pytest.approx(1.0, abs=0.02)
+    assert statistics.median(stretches) == pytest.approx(math.exp(-0.125), abs=0.02)  # exp(-σ²/2)
+
+
+def test_the_knobs_are_bounded() -> None:
+    with pytest.raises(ValueError, match="straggler_p"):
+        LatencyModel(straggler_p=1.5)
+    with pytest.raises(ValueError, match="straggler_factor"):
+        LatencyModel(straggler_factor=0.5)
+    with pytest.raises(ValueError, match="positive"):
+        ClusterLatency.given(LatencyModel(), [1.0, 0.0])
+    with pytest.raises(ValueError, match="at least 1 learner"):
+        ClusterLatency.draw(LatencyModel(), 0, seed=0)
+
+
+# --- cost and report ------------------------------------------------------------------------------------------------
+
+
+def test_the_cost_of_a_round_worked_by_hand() -> None:
+    learner_s, actor_s = LEARNER_PRICING.usd_per_second, ACTOR_PRICING.usd_per_second  # $3.06/h/4, $4.896/h/128
+    args = {"actors": 2, "round_s": 4.0, "actor_s": [1.0, 1.5], "learner_s": [2.0, 1.0], "parameter_s": 3.0}
+    serverless = round_cost(billing="serverless", actor_kind="serverful", **args)  # type: ignore[arg-type]
+    assert serverless.learner == pytest.approx(6.0 * learner_s)  # 2 + 1 learner seconds, 3 parameter seconds
+    assert serverless.actor == pytest.approx(2 * 4.0 * actor_s)  # serverful actors, held the whole round
+    actors_billed = round_cost(billing="serverless", actor_kind="serverless", **args)  # type: ignore[arg-type]
+    assert actors_billed.actor == pytest.approx(2.5 * actor_s)
+    held = round_cost(billing="serverful", actor_kind="serverful", **args)  # type: ignore[arg-type]
+    assert held.learner == pytest.approx(3 * 4.0 * learner_s)  # 2 learners and the parameter server
+    assert held.total == pytest.approx(held.learner + 2 * 4.0 * actor_s)
+    assert learner_s == pytest.approx(3.06 / 3600 / 4)
+
+
+def _row(round_id: int, *, staleness: float, applied: int, ret: float, cost: float) -> RoundRow:
+    return RoundRow(
+        round_id=round_id,
+        learners=2,
+        env_steps=100 * round_id,
+        wall_clock_s=10.0 * round_id,
+        duration=10.0,
+        actor_time=4.0,
+        learn_time=6.0,
+        cost=cost,
+        cost_learner=cost,
+        cost_actor=0.0,
+        train_reward_mean=ret,
+        episodes=3,
+        eval_reward_mean=math.nan,
+        eval_episodes=0,
+        staleness_mean=staleness,
+        staleness_max=staleness,
+        gradients_applied=applied,
+        aggregations=applied,
+        flushes=0,
+        cold_starts=0,
+        learner_compute_time=1.0,
+        parameter_compute_time=0.1,
+    )
+
+
+def test_the_summary_weighs_staleness_by_gradients() -> None:
+    rows = [
+        _row(1, staleness=1.0, applied=10, ret=5.0, cost=0.1),
+        _row(2, staleness=4.0, applied=30, ret=7.0, cost=0.3),
+    ]
+    summary = summarize(rows)
+    assert summary.staleness_mean == pytest.approx((10 * 1.0 + 30 * 4.0) / 40)
+    assert (summary.rounds, summary.env_steps, summary.wall_clock_s, summary.cost) == (2, 200, 20.0, 0.3)
+    assert summary.final_return == 7.0 and math.isnan(summary.eval_return) and summary.gradients_applied == 40
+
+
+def test_the_comparison_pairs_rounds_both_have() -> None:
+    info = [
+        {
+            "round_id": "1",
+            "train_reward_mean": "4.5",
+            "staleness_mean": "1.0",
+            "gradients_applied": "10",
+            "aggregations": "10",
+            "duration": "12.5",
+            "cost": "0.2",
+        },
+        {
+            "round_id": "3",
+            "train_reward_mean": "",
+            "staleness_mean": "nan",
+            "gradients_applied": "10",
+            "aggregations": "9",
+            "duration": "9.0",
+            "cost": "0.4",
+        },
+    ]
+    compared = compare_rows(info, [_row(1, staleness=2.0, applied=10, ret=5.0, cost=0.1)])
+    assert len(compared) == 1
+    row = compared[0]
+    assert (row["round_id"], row["real_train_reward_mean"], row["model_train_reward_mean"]) == (1, 4.5, 5.0)
+    assert (row["real_staleness_mean"], row["model_staleness_mean"], row["real_duration"]) == (1.0, 2.0, 12.5)
