@@ -65,11 +65,13 @@ INDEX_COLUMNS = [
     "preset",
     "algo",
     "run_s",
+    "attempts",
     "rounds",
     "commit",
     "machine",
     "finished",
 ]
+STOPPED = (130, 143, -signal.SIGINT, -signal.SIGTERM)  # `stellaris train` stopped at a checkpoint: it resumes
 
 
 @dataclass(frozen=True)
@@ -227,6 +229,11 @@ def run_cell(cell: Cell, results: Path, runs: Path) -> tuple[str, float]:
             proc.wait()
             raise
     seconds = time.monotonic() - t0
+    spent = runs / f"{cell.id}.attempts"  # earlier attempts' seconds, one line each: the cell's wall-clock sums them
+    earlier = [float(x) for x in spent.read_text().split()] if spent.exists() else []
+    if code in STOPPED:
+        spent.write_text("".join(f"{x}\n" for x in [*earlier, round(seconds, 1)]))
+        return f"interrupted at a checkpoint (exit {code}); run the campaign again to resume it", seconds
     if code != 0:
         return f"failed (exit {code}; see {runs / f'{cell.id}.log'})", seconds
     rows = cell_rows(out)
@@ -243,7 +250,8 @@ def run_cell(cell: Cell, results: Path, runs: Path) -> tuple[str, float]:
                 "steps": cell.steps,
                 "preset": cell.preset,
                 "algo": cell.algo,
-                "run_s": round(seconds, 1),
+                "run_s": round(seconds + sum(earlier), 1),
+                "attempts": len(earlier) + 1,
                 "rounds": len(rows),
                 "commit": _commit(),
                 "machine": machine(),

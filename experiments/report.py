@@ -323,6 +323,8 @@ def build(results: Path, page: Path, *, title_date: str | None = None, reps: int
         "evaluation (mean action, 10 episodes, on the run's evaluation seed: its seed + 1,000,003, never a training "
         "env) every 41 rounds of 2,048 steps and at the end: the rows read at 250k and 500k are those at 252k and "
         "502k steps.",
+        "- A cell stopped and resumed (`attempts` above 1 in `cells.csv`) counts every attempt in its run wall-clock; "
+        "each restart pays the platform's start again.",
         "- Statistics: interquartile mean (IQM) over seeds with a stratified-bootstrap 95 % interval "
         f"({reps} replications, rliable); time to a return: the training clock when the episode-weighted mean "
         f"of the last {TARGET_ROUNDS} rounds first reaches it, median over seeds (with how many reached it). The "

@@ -124,6 +124,7 @@ def _fixture(results: Path) -> None:
                     "preset": "fast",
                     "algo": "ppo",
                     "run_s": 245 * secs_per_round + 5,
+                    "attempts": 1,
                     "rounds": 245,
                     "commit": "abc1234",
                     "machine": "test machine",
