@@ -38,6 +38,7 @@ TARGETS: dict[str, tuple[float, float]] = {  # wall-clock to these training retu
 TARGET_ROUNDS = 5  # a target is reached when the episode-weighted mean of the last 5 rounds' returns gets there
 GRID_POINTS = 26  # the curves' common grid, per env
 BAND_REPS = 1000  # bootstrap replications of a curve's band and a profile (the tables use stats.REPS)
+MIN_SEEDS = 5  # a goal is met or missed on at least this many seeds a side
 MODE_ORDER = ("stellaris", "sync", "async", "softsync", "ssp", "cleanrl", "sb3", "rllib")
 
 
@@ -262,11 +263,11 @@ def goals(by_env: dict[str, dict[str, list[Run]]], reps: int = stats.REPS) -> li
             a, b = _interval([eval_at(r, c) for r in st], reps), _interval([eval_at(r, c) for r in sy], reps)
             if a is None or b is None:
                 continue
-            worse = b.above(a)
+            verdict = "**missed** (worse beyond the interval)" if b.above(a) else "met (no worse beyond the interval)"
             lines.append(
                 f"- {env}, equal env steps ({c // 1000}k): Stellaris's evaluation IQM {a.point:,.0f} "
                 f"[{a.low:,.0f}, {a.high:,.0f}] against sync's {b.point:,.0f} [{b.low:,.0f}, {b.high:,.0f}]: "
-                f"{'**missed** (worse beyond the interval)' if worse else 'met (no worse beyond the interval)'}."
+                f"{_decided(verdict, st, sy)}."
             )
         for t in TARGETS.get(env, ()):
             ts = [time_to(r, t) for r in st]
@@ -274,7 +275,7 @@ def goals(by_env: dict[str, dict[str, list[Run]]], reps: int = stats.REPS) -> li
             ms, mb = float(np.median(ts)), float(np.median(tb))
             if math.isfinite(ms) and math.isfinite(mb):
                 ratio = mb / ms
-                verdict = "met" if ratio >= 1.5 else "**missed**"
+                verdict = _decided("met" if ratio >= 1.5 else "**missed**", st, sy)
                 lines.append(
                     f"- {env}, wall-clock to {t:,.0f}: Stellaris {ms:,.0f} s, sync {mb:,.0f} s (medians): "
                     f"{ratio:.2f}x sooner, goal 1.5x: {verdict}."
@@ -293,6 +294,12 @@ def goals(by_env: dict[str, dict[str, list[Run]]], reps: int = stats.REPS) -> li
                 f"[{p.low:.2f}, {p.high:.2f}]."
             )
     return lines or ["- Too few runs have landed to speak to any goal yet."]
+
+
+def _decided(verdict: str, *sides: list[Run]) -> str:
+    """The verdict, once every side has MIN_SEEDS runs; until then, what it would be, marked undecided."""
+    fewest = min(len(side) for side in sides)
+    return verdict if fewest >= MIN_SEEDS else f"undecided ({fewest} of {MIN_SEEDS} seeds landed; so far: {verdict})"
 
 
 def _reached(times: list[float]) -> str:
