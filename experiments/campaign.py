@@ -15,6 +15,7 @@ import datetime as dt
 import math
 import os
 import platform
+import shutil
 import signal
 import subprocess
 import sys
@@ -27,6 +28,10 @@ from typing import Any
 import typer
 from rich.console import Console
 
+from experiments.peers import venv as peers_venv
+from experiments.peers.protocol import PROGRESS_FILE
+from experiments.rllib_env import RLlibEnvError, venv_python
+from experiments.rllib_suite import serverful_cost_usd
 from experiments.summary import read_info
 from host.lifetime import dies_with_us
 
@@ -38,7 +43,10 @@ RUNS = Path("runs/campaign")
 MUJOCO = ("Hopper-v5", "Walker2d-v5", "HalfCheetah-v5")
 MODES = ("stellaris", "sync", "async")
 HOPPER_ONLY_MODES = ("softsync", "ssp")
+PEERS = ("cleanrl", "sb3")  # other libraries' PPO (experiments/peers/), as modes of their own
+PEER_ITERATION = 2048  # both peers' default rollout: a round's worth of env steps, as the fast preset's
 SEEDS = (1, 2, 3, 4, 5)
+PEER_SEEDS = {"Hopper-v5": SEEDS, "Walker2d-v5": SEEDS[:3], "HalfCheetah-v5": SEEDS[:3]}
 ATARI, ATARI_STEPS = "ALE/SpaceInvaders-v5", 200_000
 STEPS = 500_000
 # Fast preset, 2048 env steps a round: an evaluation every 41 rounds lands at 84k, 168k, 252k, 336k, 420k steps, and
@@ -91,7 +99,13 @@ class Cell:
         env = self.env.split("/")[-1].lower()
         return f"{env}-{self.algo}-{self.mode}-s{self.seed}"
 
+    @property
+    def peer(self) -> bool:
+        return self.mode in PEERS
+
     def command(self, out: Path) -> list[str]:
+        if self.peer:
+            return self.peer_command(out)
         return [
             sys.executable,
             "-m",
@@ -118,12 +132,37 @@ class Cell:
             *self.args,
         ]
 
+    def peer_command(self, out: Path) -> list[str]:
+        """The peer's script in the peers' venv: as many 2048-step iterations as reach `steps` (the project's fast
+        preset rounds up alike: 245 rounds, 501,760 steps, for 500k), evaluated as the project's cells are."""
+        source = ["--source", str(peers_venv.cleanrl_source())] if self.mode == "cleanrl" else []
+        return [
+            str(venv_python(peers_venv.venv_path())),
+            "-m",
+            f"experiments.peers.{self.mode}_ppo",
+            *source,
+            "--env",
+            self.env,
+            "--seed",
+            str(self.seed),
+            "--rounds",
+            str(math.ceil(self.steps / PEER_ITERATION)),
+            "--eval-every",
+            str(EVAL_EVERY),
+            "--eval-episodes",
+            str(EVAL_EPISODES),
+            "--out",
+            str(out),
+            *self.args,
+        ]
+
 
 def plan_cells(name: str, *, seeds: Iterable[int] = SEEDS, steps: int = STEPS) -> list[Cell]:
     """The cells of a plan, seed-major, so a campaign cut short still holds every mode on its first seeds.
 
     `modes`: stellaris, sync and async on Hopper, Walker2d and HalfCheetah, and softsync and SSP on Hopper.
     `atari`: stellaris, sync and async on SpaceInvaders, 3 seeds, at `ATARI_STEPS` (what fits this machine).
+    `peers`: CleanRL's and Stable-Baselines3's PPO on the three MuJoCo envs, 5 seeds on Hopper and 3 on the others.
     `smoke`: a short Hopper stellaris/sync pair (what the report's fixture and a first try use)."""
     seeds = tuple(seeds)
     if name == "modes":
@@ -135,9 +174,17 @@ def plan_cells(name: str, *, seeds: Iterable[int] = SEEDS, steps: int = STEPS) -
         return cells
     if name == "atari":
         return [Cell(ATARI, mode, seed, min(steps, ATARI_STEPS)) for seed in seeds[:3] for mode in MODES]
+    if name == "peers":
+        return [
+            Cell(env, mode, seed, steps, preset="defaults")
+            for seed in seeds
+            for env in MUJOCO
+            if seed in PEER_SEEDS[env]
+            for mode in PEERS
+        ]
     if name == "smoke":
         return [Cell("Hopper-v5", mode, seed, steps) for seed in seeds for mode in ("stellaris", "sync")]
-    raise typer.BadParameter(f"unknown plan {name!r}: choose modes, atari or smoke", param_hint="PLAN")
+    raise typer.BadParameter(f"unknown plan {name!r}: choose modes, atari, peers or smoke", param_hint="PLAN")
 
 
 def cell_rows(run: Path) -> list[dict[str, Any]]:
@@ -161,6 +208,28 @@ def cell_rows(run: Path) -> list[dict[str, Any]]:
                 "gradients_applied": int(r.get("gradients_applied") or 0),
             }
         )
+    return rows
+
+
+def peer_rows(run: Path) -> list[dict[str, Any]]:
+    """A finished peer's rows (experiments/peers/protocol.py), costed as a serverful run holding one learner slot and
+    one actor core for its training clock (experiments/rllib_suite.py: what the project's own cells pay per
+    resource-second)."""
+    rows = []
+    with (run / PROGRESS_FILE).open(newline="") as f:
+        for r in csv.DictReader(f):
+            wall = float(r["wall_s"])
+            learner, actor = serverful_cost_usd(wall, cores=1, learners=1)
+            rows.append(
+                {
+                    **{k: r[k] for k in ("round", "env_steps", "wall_s", "train_return", "episodes")},
+                    "eval_return": r["eval_return"],
+                    "eval_episodes": r["eval_episodes"],
+                    "cost": round(learner + actor, 6),
+                    "staleness_mean": "",
+                    "gradients_applied": "",
+                }
+            )
     return rows
 
 
@@ -211,6 +280,8 @@ def finished(results: Path) -> set[str]:
 def run_cell(cell: Cell, results: Path, runs: Path) -> tuple[str, float]:
     """Run (or resume) one cell; on success write its CSV and its index row. Returns (status, seconds)."""
     out = runs / cell.id
+    if cell.peer and out.exists():
+        shutil.rmtree(out)  # a peer cannot resume: an interrupted one starts over, and its earlier try does not count
     cmd = (
         [sys.executable, "-m", "stellaris.cli", "train", "--resume", str(out)]
         if (out / "state.json").exists()
@@ -231,12 +302,14 @@ def run_cell(cell: Cell, results: Path, runs: Path) -> tuple[str, float]:
     seconds = time.monotonic() - t0
     spent = runs / f"{cell.id}.attempts"  # earlier attempts' seconds, one line each: the cell's wall-clock sums them
     earlier = [float(x) for x in spent.read_text().split()] if spent.exists() else []
-    if code in STOPPED:
+    if code in STOPPED and not cell.peer:
         spent.write_text("".join(f"{x}\n" for x in [*earlier, round(seconds, 1)]))
         return f"interrupted at a checkpoint (exit {code}); run the campaign again to resume it", seconds
+    if code in STOPPED:
+        return f"stopped (exit {code}); run the campaign again to start it over", seconds
     if code != 0:
         return f"failed (exit {code}; see {runs / f'{cell.id}.log'})", seconds
-    rows = cell_rows(out)
+    rows = peer_rows(out) if cell.peer else cell_rows(out)
     write_csv(results / f"{cell.id}.csv", CELL_COLUMNS, rows)
     write_csv(
         results / "cells.csv",
@@ -269,9 +342,24 @@ def _git_commit(results: Path, cell: Cell) -> None:
     subprocess.run(["git", "commit", "-q", "-m", f"campaign: {cell.id}", "--", *paths], check=True)
 
 
+def _ready_peers(cells: list[Cell]) -> None:
+    """The peers' venv (made if missing) and, for CleanRL's cells, its clone; refuses naming what is missing."""
+    try:
+        peers_venv.ensure_venv(echo=console.print)
+    except RLlibEnvError as exc:
+        raise typer.BadParameter(str(exc), param_hint="peers") from exc
+    source = peers_venv.cleanrl_source()
+    if any(c.mode == "cleanrl" for c in cells) and not (source / "cleanrl" / "ppo_continuous_action.py").is_file():
+        raise typer.BadParameter(
+            f"CleanRL's cells need a clone of https://github.com/vwxyzjn/cleanrl at {source} (commit "
+            f"{peers_venv.CLEANRL_COMMIT} ran the published cells), or ${peers_venv.CLEANRL_ENV_VAR} pointing at one",
+            param_hint="peers",
+        )
+
+
 @app.command()
 def run(
-    plan: str = typer.Argument(..., help="modes, atari or smoke"),
+    plan: str = typer.Argument(..., help="modes, atari, peers or smoke"),
     seeds: str = typer.Option(",".join(map(str, SEEDS)), help="comma-separated seeds"),
     steps: int = typer.Option(STEPS, min=2048, help="env steps per run"),
     results: Path = typer.Option(None, help="where the CSVs land (default results/campaign/PLAN)"),
@@ -290,6 +378,8 @@ def run(
     done = finished(results)
     todo = [c for c in cells if c.id not in done]
     console.print(f"{plan}: {len(cells)} cells, {len(cells) - len(todo)} finished, {len(todo)} to run")
+    if not dry_run and any(c.peer for c in todo):
+        _ready_peers(todo)
     if dry_run:
         for cell in todo[: limit or None]:
             console.print(f"would run {cell.id}: {' '.join(cell.command(runs / cell.id)[3:])}")
@@ -305,7 +395,9 @@ def run(
 
 
 @app.command()
-def status(plan: str = typer.Argument(..., help="modes, atari or smoke"), results: Path = typer.Option(None)) -> None:
+def status(
+    plan: str = typer.Argument(..., help="modes, atari, peers or smoke"), results: Path = typer.Option(None)
+) -> None:
     """Which cells of the plan have landed."""
     cells = plan_cells(plan)
     done = finished(results or RESULTS / plan)

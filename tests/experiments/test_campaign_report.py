@@ -87,12 +87,12 @@ def test_a_real_cell_lands_its_csv_once(tmp_path: Path) -> None:
     assert float(index[0]["run_s"]) > 0 and "cores" in index[0]["machine"]
 
 
-def _fixture(results: Path) -> None:
-    """Hopper, stellaris and sync, 3 seeds each: returns rising linearly with steps (stellaris a little faster in
-    wall-clock), evaluations every 41 rounds and at the end."""
+def _fixture(results: Path, modes: tuple[tuple[str, float], ...] = (("stellaris", 1.0), ("sync", 2.0))) -> None:
+    """Hopper, each mode at its seconds a round (stellaris and sync unless told), 3 seeds each: returns rising
+    linearly with steps, evaluations every 41 rounds and at the end."""
     rng = np.random.default_rng(0)
     index = []
-    for mode, secs_per_round in (("stellaris", 1.0), ("sync", 2.0)):
+    for mode, secs_per_round in modes:
         for seed in (1, 2, 3):
             cell = f"hopper-v5-ppo-{mode}-s{seed}"
             rows = []
@@ -161,3 +161,21 @@ def test_the_page_is_rebuilt_from_the_csvs(tmp_path: Path) -> None:
     first = text
     report.build(results, page, reps=200)
     assert page.read_text() == first  # seeded: the same CSVs give the same page
+
+
+def test_the_peers_join_the_page_from_their_own_directory(tmp_path: Path) -> None:
+    """The modes' and the peers' directories make one page; Hopper's peer goal compares the median wall-clock to
+    1,500: CleanRL at 3 s a round is behind Stellaris's 1 s, SB3 at 0.5 s is ahead of it."""
+    modes, peers, page = tmp_path / "modes", tmp_path / "peers", tmp_path / "docs" / "evaluation.md"
+    page.parent.mkdir()
+    _fixture(modes)
+    _fixture(peers, (("cleanrl", 3.0), ("sb3", 0.5)))
+    report.build([modes, peers, tmp_path / "not-yet"], page, reps=200)
+    text = page.read_text()
+    assert "| cleanrl | 1, 2, 3 |" in text and "| sb3 | 1, 2, 3 |" in text
+    cleanrl = next(line for line in text.splitlines() if "against cleanrl" in line)
+    sb3 = next(line for line in text.splitlines() if "against sb3" in line)
+    assert "(3 of 5 seeds landed; so far: met)" in cleanrl and "so far: **missed**" in sb3
+    assert "Peers (`cleanrl`, `sb3`)" in text
+    with pytest.raises(Exception, match="no cells.csv in"):
+        report.load([tmp_path / "not-yet"])
