@@ -43,8 +43,9 @@ RUNS = Path("runs/campaign")
 MUJOCO = ("Hopper-v5", "Walker2d-v5", "HalfCheetah-v5")
 MODES = ("stellaris", "sync", "async")
 HOPPER_ONLY_MODES = ("softsync", "ssp")
-PEERS = ("cleanrl", "sb3")  # other libraries' PPO (experiments/peers/), as modes of their own
-PEER_ITERATION = 2048  # both peers' default rollout: a round's worth of env steps, as the fast preset's
+PEERS = ("cleanrl", "sb3", "rllib")  # other libraries' PPO (experiments/peers/), as modes of their own
+PEER_ITERATION = 2048  # CleanRL's and SB3's default rollout: a round's worth of env steps, as the fast preset's
+RLLIB_EVAL_EVERY = 21  # RLlib's iterations of 4,000 steps between evaluations: 84k steps, as 41 rounds of 2,048
 SEEDS = (1, 2, 3, 4, 5)
 PEER_SEEDS = {"Hopper-v5": SEEDS, "Walker2d-v5": SEEDS[:3], "HalfCheetah-v5": SEEDS[:3]}
 ATARI, ATARI_STEPS = "ALE/SpaceInvaders-v5", 200_000
@@ -133,8 +134,16 @@ class Cell:
         ]
 
     def peer_command(self, out: Path) -> list[str]:
-        """The peer's script in the peers' venv: as many 2048-step iterations as reach `steps` (the project's fast
-        preset rounds up alike: 245 rounds, 501,760 steps, for 500k), evaluated as the project's cells are."""
+        """The peer's script in the peers' venv, to the same env-step budget as the project's cells: CleanRL and SB3
+        run as many 2048-step iterations as reach `steps` (the fast preset rounds up alike: 245, 501,760 steps, for
+        500k) and are evaluated every 41; RLlib samples 4,000 steps an iteration to 501,760 and is evaluated every
+        21 (84k steps, as 41 x 2048). The same 10 deterministic episodes each time."""
+        rounds = math.ceil(self.steps / PEER_ITERATION)
+        budget = (
+            ["--steps", str(rounds * PEER_ITERATION), "--eval-every", str(RLLIB_EVAL_EVERY)]
+            if self.mode == "rllib"
+            else ["--rounds", str(rounds), "--eval-every", str(EVAL_EVERY)]
+        )
         source = ["--source", str(peers_venv.cleanrl_source())] if self.mode == "cleanrl" else []
         return [
             str(venv_python(peers_venv.venv_path())),
@@ -145,10 +154,7 @@ class Cell:
             self.env,
             "--seed",
             str(self.seed),
-            "--rounds",
-            str(math.ceil(self.steps / PEER_ITERATION)),
-            "--eval-every",
-            str(EVAL_EVERY),
+            *budget,
             "--eval-episodes",
             str(EVAL_EPISODES),
             "--out",
@@ -162,7 +168,8 @@ def plan_cells(name: str, *, seeds: Iterable[int] = SEEDS, steps: int = STEPS) -
 
     `modes`: stellaris, sync and async on Hopper, Walker2d and HalfCheetah, and softsync and SSP on Hopper.
     `atari`: stellaris, sync and async on SpaceInvaders, 3 seeds, at `ATARI_STEPS` (what fits this machine).
-    `peers`: CleanRL's and Stable-Baselines3's PPO on the three MuJoCo envs, 5 seeds on Hopper and 3 on the others.
+    `peers`: CleanRL's, Stable-Baselines3's and RLlib's PPO on the three MuJoCo envs, 5 seeds on Hopper and 3 on
+    the others.
     `smoke`: a short Hopper stellaris/sync pair (what the report's fixture and a first try use)."""
     seeds = tuple(seeds)
     if name == "modes":
@@ -364,6 +371,7 @@ def run(
     steps: int = typer.Option(STEPS, min=2048, help="env steps per run"),
     results: Path = typer.Option(None, help="where the CSVs land (default results/campaign/PLAN)"),
     runs: Path = typer.Option(RUNS, help="where the run directories go (not committed)"),
+    env: str = typer.Option("", help="only this env's cells, e.g. Hopper-v5 (default: every env of the plan)"),
     limit: int = typer.Option(0, min=0, help="run at most this many cells now (0: all)"),
     commit: bool = typer.Option(False, help="git-commit each cell's CSV as it lands"),
     dry_run: bool = typer.Option(False, "--dry-run", help="list the cells that would run, and run none"),
@@ -376,6 +384,12 @@ def run(
     cells = plan_cells(plan, seeds=seed_list, steps=steps)
     results = results or RESULTS / plan
     done = finished(results)
+    if env and env not in {c.env for c in cells}:
+        raise typer.BadParameter(
+            f"{env!r} is not in the plan {plan!r}: choose one of {', '.join(sorted({c.env for c in cells}))}",
+            param_hint="--env",
+        )
+    cells = [c for c in cells if not env or c.env == env]
     todo = [c for c in cells if c.id not in done]
     console.print(f"{plan}: {len(cells)} cells, {len(cells) - len(todo)} finished, {len(todo)} to run")
     if not dry_run and any(c.peer for c in todo):

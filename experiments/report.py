@@ -366,10 +366,11 @@ def build(results: Path | Sequence[Path], page: Path, *, title_date: str | None 
         "502k steps.",
         *(
             [
-                "- Peers (`cleanrl`, `sb3`): CleanRL's `ppo_continuous_action.py` and Stable-Baselines3's PPO, each "
-                "with its own default hyperparameters, run from their released code for 245 iterations of 2,048 "
-                "steps, evaluated by the same protocol, and costed as a serverful run holding one learner slot and "
-                "one actor core ([Experiments](../experiments.md#the-evaluation-campaign)).",
+                "- Peers (`cleanrl`, `sb3`, `rllib`): CleanRL's `ppo_continuous_action.py`, Stable-Baselines3's PPO "
+                "and RLlib's (new API stack), each with its own default hyperparameters, run from their released "
+                "code to the same 501,760 env steps, evaluated by the same protocol about every 84k steps, and "
+                "costed as a serverful run holding one learner slot and one actor core "
+                "([Experiments](../experiments.md#the-evaluation-campaign)).",
             ]
             if any(r.mode in PEERS for r in runs)
             else []
@@ -381,8 +382,8 @@ def build(results: Path | Sequence[Path], page: Path, *, title_date: str | None 
         f"of the last {TARGET_ROUNDS} rounds first reaches it, median over seeds (with how many reached it). The "
         "training clock sums the rounds' durations (a peer's: seconds since its training loop began); startup and "
         "evaluations are outside it and in 'run wall-clock' "
-        "([Experiments](../experiments.md#the-evaluation-campaign)). Cost: the cost model's ([Experiments](../experiments.md#suites)), cumulative to the "
-        "checkpoint.",
+        "([Experiments](../experiments.md#the-evaluation-campaign)). Cost: the cost model's "
+        "([Experiments](../experiments.md#suites)), cumulative to the checkpoint.",
         "",
         "## The goals",
         "",

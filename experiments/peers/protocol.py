@@ -88,10 +88,17 @@ class Recorder:
         self._csv = csv.DictWriter(self._file, fieldnames=PROGRESS_COLUMNS)
         self._csv.writeheader()
         self.started, self.eval_s, self.round = clock(), 0.0, 0
-        self.returns: list[float] = []
+        self.return_sum, self.episode_count = 0.0, 0
 
     def episode(self, episode_return: float) -> None:
-        self.returns.append(float(episode_return))
+        self.episodes(float(episode_return), 1)
+
+    def episodes(self, return_sum: float, count: int) -> None:
+        """`count` episodes that ended, their returns summed (a peer that reports sums, as RLlib's callback does)."""
+        if count < 0:
+            raise ValueError(f"an episode count cannot be negative, got {count}")
+        self.return_sum += return_sum
+        self.episode_count += count
 
     def eval_due(self, round_k: int) -> bool:
         return round_k % self.eval_every == 0 or round_k == self.total_rounds
@@ -103,8 +110,8 @@ class Recorder:
             "round": self.round,
             "env_steps": int(env_steps),
             "wall_s": round(self.clock() - self.started - self.eval_s, 3),
-            "train_return": round(float(np.mean(self.returns)), 2) if self.returns else "",
-            "episodes": len(self.returns),
+            "train_return": round(self.return_sum / self.episode_count, 2) if self.episode_count else "",
+            "episodes": self.episode_count,
             "eval_return": "",
             "eval_episodes": 0,
         }
@@ -115,7 +122,7 @@ class Recorder:
             row["eval_return"], row["eval_episodes"] = round(float(np.mean(returns)), 2), len(returns)
         self._csv.writerow(row)
         self._file.flush()
-        self.returns.clear()
+        self.return_sum, self.episode_count = 0.0, 0
         if self.round % PROGRESS_EVERY == 0 or row["eval_episodes"]:
             shown = {k: v for k, v in row.items() if v != "" and not (isinstance(v, float) and math.isnan(v))}
             print(" ".join(f"{k}={v}" for k, v in shown.items()), flush=True)

@@ -1,8 +1,9 @@
-"""The peers' virtual environment: Stable-Baselines3 and CleanRL's dependencies, made on first use.
+"""The peers' virtual environment: RLlib, Stable-Baselines3 and CleanRL's dependencies, made on first use.
 
-Stable-Baselines3 2.9.2 wants `gymnasium<1.3` and the project pins 1.4.0, so the peers run in a venv of their own,
-made the way RLlib's is (experiments/rllib_env.py). MuJoCo is pinned to the project's version, so that the peers'
-Hopper is the project's Hopper; `torch` exactly, or pip fetches GBs of CUDA wheels.
+RLlib 2.60.0 pins `gymnasium==1.2.2`, Stable-Baselines3 2.9.2 wants `gymnasium<1.3`, the project pins 1.4.0: the
+peers run in a venv of their own, made the way the RLlib suite's is (experiments/rllib_env.py). MuJoCo is pinned to
+the project's version, so that the peers' Hopper is the project's Hopper; `torch` exactly, or pip fetches GBs of CUDA
+wheels.
 """
 
 from __future__ import annotations
@@ -17,16 +18,18 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_VENV = REPO_ROOT / ".venv-peers"
 VENV_ENV_VAR = "STELLARIS_PEERS_VENV"
 REQUIREMENTS: tuple[str, ...] = (
+    "ray[rllib]==2.60.0",
     "stable-baselines3==2.9.2",
     "torch==2.13.0",
-    "gymnasium[mujoco]==1.2.2",  # the newest SB3 2.9.2 admits
+    "gymnasium[mujoco]==1.2.2",  # what RLlib pins, and SB3 admits
     "mujoco==4.0.1",  # the project's
     "numpy==2.4.6",  # the project's
     "tyro==1.0.17",  # CleanRL's command line
     "tensorboard==2.21.0",  # CleanRL's logging
 )
 CHECK = (
-    "import gymnasium, stable_baselines3, torch, tyro; from torch.utils.tensorboard import SummaryWriter; "
+    "import gymnasium, ray, stable_baselines3, torch, tyro; from torch.utils.tensorboard import SummaryWriter; "
+    "from ray.rllib.algorithms.ppo import PPOConfig; "
     "gymnasium.make('Hopper-v5').reset(seed=0); print(stable_baselines3.__version__)"
 )
 CLEANRL_ENV_VAR = "STELLARIS_CLEANRL_SOURCE"
@@ -54,6 +57,6 @@ def ensure_venv(path: Path | None = None, *, echo: Callable[[str], None] = print
         requirements=REQUIREMENTS,
         check=CHECK,
         what="peers'",
-        why="Stable-Baselines3 2.9.2 wants gymnasium<1.3; the project runs 1.4.0",
+        why="RLlib pins gymnasium 1.2.2 and SB3 wants below 1.3; the project runs 1.4.0",
         pointer=f"${VENV_ENV_VAR}",
     )

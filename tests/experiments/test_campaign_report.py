@@ -176,6 +176,19 @@ def test_the_peers_join_the_page_from_their_own_directory(tmp_path: Path) -> Non
     cleanrl = next(line for line in text.splitlines() if "against cleanrl" in line)
     sb3 = next(line for line in text.splitlines() if "against sb3" in line)
     assert "(3 of 5 seeds landed; so far: met)" in cleanrl and "so far: **missed**" in sb3
-    assert "Peers (`cleanrl`, `sb3`)" in text
-    with pytest.raises(Exception, match="no cells.csv in"):
+    assert "Peers (`cleanrl`, `sb3`, `rllib`)" in text
+    with pytest.raises(Exception, match=r"no cells\.csv in"):
         report.load([tmp_path / "not-yet"])
+
+
+def test_a_campaign_can_run_one_env_first(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    runner = CliRunner()
+    hopper = runner.invoke(
+        campaign.app, ["run", "modes", "--env", "Hopper-v5", "--dry-run", "--results", str(tmp_path)]
+    )
+    assert hopper.exit_code == 0 and "modes: 25 cells, 0 finished, 25 to run" in hopper.output
+    assert "walker2d" not in hopper.output
+    typo = runner.invoke(campaign.app, ["run", "modes", "--env", "Hoper", "--dry-run", "--results", str(tmp_path)])
+    assert typo.exit_code == 2 and "'Hoper' is not in the plan 'modes'" in " ".join(typo.output.split())

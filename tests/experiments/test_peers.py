@@ -128,21 +128,21 @@ def test_cleanrl_transform_observation_takes_two_arguments() -> None:
 
 def test_peer_cells_and_commands() -> None:
     cells = campaign.plan_cells("peers")
-    assert len(cells) == 2 * (5 + 3 + 3)
-    assert {c.mode for c in cells} == {"cleanrl", "sb3"} and all(c.preset == "defaults" for c in cells)
-    assert [c.id for c in cells[:6]] == [
+    assert len(cells) == 3 * (5 + 3 + 3)
+    assert {c.mode for c in cells} == {"cleanrl", "sb3", "rllib"} and all(c.preset == "defaults" for c in cells)
+    assert [c.id for c in cells[:4]] == [
         "hopper-v5-ppo-cleanrl-s1",
         "hopper-v5-ppo-sb3-s1",
+        "hopper-v5-ppo-rllib-s1",
         "walker2d-v5-ppo-cleanrl-s1",
-        "walker2d-v5-ppo-sb3-s1",
-        "halfcheetah-v5-ppo-cleanrl-s1",
-        "halfcheetah-v5-ppo-sb3-s1",
     ]
     assert sorted({c.seed for c in cells if c.env == "Walker2d-v5"}) == [1, 2, 3]
     cmd = cells[0].command(Path("runs/x"))
     assert cmd[1:3] == ["-m", "experiments.peers.cleanrl_ppo"] and "--source" in cmd
     assert cmd[cmd.index("--rounds") + 1] == "245"  # 245 x 2048 = 501,760 steps, as the project's fast preset runs
     assert "--source" not in cells[1].command(Path("runs/y"))
+    rllib = cells[2].command(Path("runs/z"))
+    assert rllib[rllib.index("--steps") + 1] == "501760" and rllib[rllib.index("--eval-every") + 1] == "21"
 
 
 def test_peer_rows_are_costed_by_the_cost_model(tmp_path: Path) -> None:
