@@ -21,7 +21,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +47,8 @@ PEERS = ("cleanrl", "sb3", "rllib")  # other libraries' PPO (experiments/peers/)
 PEER_ITERATION = 2048  # CleanRL's and SB3's default rollout: a round's worth of env steps, as the fast preset's
 RLLIB_EVAL_EVERY = 21  # RLlib's iterations of 4,000 steps between evaluations: 84k steps, as 41 rounds of 2,048
 SEEDS = (1, 2, 3, 4, 5)
+SCALE_LEARNERS = (1, 2, 4, 8, 16)
+SCALE_SEEDS = {1: SEEDS, 4: SEEDS}  # the other N: the first 3 seeds
 PEER_SEEDS = {"Hopper-v5": SEEDS, "Walker2d-v5": SEEDS[:3], "HalfCheetah-v5": SEEDS[:3]}
 ATARI, ATARI_STEPS = "ALE/SpaceInvaders-v5", 200_000
 STEPS = 500_000
@@ -73,6 +75,7 @@ INDEX_COLUMNS = [
     "steps",
     "preset",
     "algo",
+    "learners",
     "run_s",
     "attempts",
     "rounds",
@@ -85,7 +88,8 @@ STOPPED = (130, 143, -signal.SIGINT, -signal.SIGTERM)  # `stellaris train` stopp
 
 @dataclass(frozen=True)
 class Cell:
-    """One run of the campaign: what it trains and for how long; `args` are further `stellaris train` flags."""
+    """One run of the campaign: what it trains and for how long; `args` are further flags of its command.
+    `learners` > 0 makes it a scale-model cell: `stellaris plan` models that many learners."""
 
     env: str
     mode: str
@@ -94,19 +98,28 @@ class Cell:
     algo: str = "ppo"
     preset: str = "fast"
     args: tuple[str, ...] = field(default=())
+    learners: int = 0
 
     @property
     def id(self) -> str:
         env = self.env.split("/")[-1].lower()
-        return f"{env}-{self.algo}-{self.mode}-s{self.seed}"
+        n = f"-n{self.learners}" if self.learners else ""
+        return f"{env}-{self.algo}-{self.mode}{n}-s{self.seed}"
 
     @property
     def peer(self) -> bool:
         return self.mode in PEERS
 
+    @property
+    def starts_over(self) -> bool:
+        """A peer or a modelled run has no checkpoint: stopped, it runs again from the start."""
+        return self.peer or self.learners > 0
+
     def command(self, out: Path) -> list[str]:
         if self.peer:
             return self.peer_command(out)
+        if self.learners:
+            return self.plan_command(out)
         return [
             sys.executable,
             "-m",
@@ -122,6 +135,37 @@ class Cell:
             self.mode,
             "--seed",
             str(self.seed),
+            "--total-steps",
+            str(self.steps),
+            "--eval-every",
+            str(EVAL_EVERY),
+            "--eval-episodes",
+            str(EVAL_EPISODES),
+            "--out",
+            str(out),
+            *self.args,
+        ]
+
+    def plan_command(self, out: Path) -> list[str]:
+        """`stellaris plan` of the same job at `learners` learners (docs/scale-model.md), evaluated as the real cells
+        are; the latency knobs come in `args` (the campaign's --calibrate)."""
+        return [
+            sys.executable,
+            "-m",
+            "stellaris.cli",
+            "plan",
+            "--env",
+            self.env,
+            "--algo",
+            self.algo,
+            "--preset",
+            self.preset,
+            "--mode",
+            self.mode,
+            "--seed",
+            str(self.seed),
+            "--learners",
+            str(self.learners),
             "--total-steps",
             str(self.steps),
             "--eval-every",
@@ -168,6 +212,8 @@ def plan_cells(name: str, *, seeds: Iterable[int] = SEEDS, steps: int = STEPS) -
 
     `modes`: stellaris, sync and async on Hopper, Walker2d and HalfCheetah, and softsync and SSP on Hopper.
     `atari`: stellaris, sync and async on SpaceInvaders, 3 seeds, at `ATARI_STEPS` (what fits this machine).
+    `scale`: the scale model of stellaris, sync and async on Hopper at N = 1, 2, 4, 8 and 16 learners, 3 seeds (5
+    at N = 1 and 4).
     `peers`: CleanRL's, Stable-Baselines3's and RLlib's PPO on the three MuJoCo envs, 5 seeds on Hopper and 3 on
     the others.
     `smoke`: a short Hopper stellaris/sync pair (what the report's fixture and a first try use)."""
@@ -189,9 +235,17 @@ def plan_cells(name: str, *, seeds: Iterable[int] = SEEDS, steps: int = STEPS) -
             if seed in PEER_SEEDS[env]
             for mode in PEERS
         ]
+    if name == "scale":
+        return [
+            Cell("Hopper-v5", mode, seed, steps, learners=n)
+            for seed in seeds
+            for n in SCALE_LEARNERS
+            if seed in SCALE_SEEDS.get(n, SEEDS[:3])
+            for mode in MODES
+        ]
     if name == "smoke":
         return [Cell("Hopper-v5", mode, seed, steps) for seed in seeds for mode in ("stellaris", "sync")]
-    raise typer.BadParameter(f"unknown plan {name!r}: choose modes, atari, peers or smoke", param_hint="PLAN")
+    raise typer.BadParameter(f"unknown plan {name!r}: choose modes, atari, peers, scale or smoke", param_hint="PLAN")
 
 
 def cell_rows(run: Path) -> list[dict[str, Any]]:
@@ -215,6 +269,29 @@ def cell_rows(run: Path) -> list[dict[str, Any]]:
                 "gradients_applied": int(r.get("gradients_applied") or 0),
             }
         )
+    return rows
+
+
+def plan_rows(run: Path, learners: int) -> list[dict[str, Any]]:
+    """A modelled run's rows (`stellaris plan`'s learners-N.csv) as the campaign keeps a cell's: its clock and cost
+    are the model's."""
+    rows = []
+    with (run / f"learners-{learners}.csv").open(newline="") as f:
+        for r in csv.DictReader(f):
+            rows.append(
+                {
+                    "round": int(r["round_id"]),
+                    "env_steps": int(r["env_steps"]),
+                    "wall_s": _num(float(r["wall_clock_s"]), 3),
+                    "train_return": _num(float(r["train_reward_mean"] or "nan")),
+                    "episodes": int(r["episodes"]),
+                    "eval_return": _num(float(r["eval_reward_mean"] or "nan")),
+                    "eval_episodes": int(r["eval_episodes"] or 0),
+                    "cost": _num(float(r["cost"]), 6),
+                    "staleness_mean": _num(float(r["staleness_mean"] or "nan"), 3),
+                    "gradients_applied": int(r["gradients_applied"] or 0),
+                }
+            )
     return rows
 
 
@@ -266,7 +343,17 @@ def machine() -> str:
 
 
 def write_csv(path: Path, columns: list[str], rows: list[dict[str, Any]], *, append: bool = False) -> None:
+    """Write `rows`, or append them; a file written with other columns is rewritten with these first (an index from
+    before a column was added gets it, blank), so that no row lands under another's header."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    if append and path.exists():
+        with path.open(newline="") as f:
+            reader = csv.DictReader(f)
+            earlier, header = list(reader), reader.fieldnames
+        if header != columns:
+            if header and set(header) - set(columns):
+                raise ValueError(f"{path} has columns {sorted(set(header) - set(columns))} that {columns} lacks")
+            write_csv(path, columns, [{c: r.get(c, "") for c in columns} for r in earlier])
     new = not path.exists() or not append
     with path.open("a" if append else "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=columns)
@@ -287,8 +374,10 @@ def finished(results: Path) -> set[str]:
 def run_cell(cell: Cell, results: Path, runs: Path) -> tuple[str, float]:
     """Run (or resume) one cell; on success write its CSV and its index row. Returns (status, seconds)."""
     out = runs / cell.id
-    if cell.peer and out.exists():
-        shutil.rmtree(out)  # a peer cannot resume: an interrupted one starts over, and its earlier try does not count
+    if cell.starts_over and out.exists():
+        shutil.rmtree(
+            out
+        )  # no checkpoint to resume: an interrupted one starts over, and its earlier try does not count
     cmd = (
         [sys.executable, "-m", "stellaris.cli", "train", "--resume", str(out)]
         if (out / "state.json").exists()
@@ -309,14 +398,14 @@ def run_cell(cell: Cell, results: Path, runs: Path) -> tuple[str, float]:
     seconds = time.monotonic() - t0
     spent = runs / f"{cell.id}.attempts"  # earlier attempts' seconds, one line each: the cell's wall-clock sums them
     earlier = [float(x) for x in spent.read_text().split()] if spent.exists() else []
-    if code in STOPPED and not cell.peer:
+    if code in STOPPED and not cell.starts_over:
         spent.write_text("".join(f"{x}\n" for x in [*earlier, round(seconds, 1)]))
         return f"interrupted at a checkpoint (exit {code}); run the campaign again to resume it", seconds
     if code in STOPPED:
         return f"stopped (exit {code}); run the campaign again to start it over", seconds
     if code != 0:
         return f"failed (exit {code}; see {runs / f'{cell.id}.log'})", seconds
-    rows = peer_rows(out) if cell.peer else cell_rows(out)
+    rows = peer_rows(out) if cell.peer else plan_rows(out, cell.learners) if cell.learners else cell_rows(out)
     write_csv(results / f"{cell.id}.csv", CELL_COLUMNS, rows)
     write_csv(
         results / "cells.csv",
@@ -330,6 +419,7 @@ def run_cell(cell: Cell, results: Path, runs: Path) -> tuple[str, float]:
                 "steps": cell.steps,
                 "preset": cell.preset,
                 "algo": cell.algo,
+                "learners": cell.learners or "",
                 "run_s": round(seconds + sum(earlier), 1),
                 "attempts": len(earlier) + 1,
                 "rounds": len(rows),
@@ -364,32 +454,45 @@ def _ready_peers(cells: list[Cell]) -> None:
         )
 
 
-@app.command()
-def run(
-    plan: str = typer.Argument(..., help="modes, atari, peers or smoke"),
-    seeds: str = typer.Option(",".join(map(str, SEEDS)), help="comma-separated seeds"),
-    steps: int = typer.Option(STEPS, min=2048, help="env steps per run"),
-    results: Path = typer.Option(None, help="where the CSVs land (default results/campaign/PLAN)"),
-    runs: Path = typer.Option(RUNS, help="where the run directories go (not committed)"),
-    env: str = typer.Option("", help="only this env's cells, e.g. Hopper-v5 (default: every env of the plan)"),
-    limit: int = typer.Option(0, min=0, help="run at most this many cells now (0: all)"),
-    commit: bool = typer.Option(False, help="git-commit each cell's CSV as it lands"),
-    dry_run: bool = typer.Option(False, "--dry-run", help="list the cells that would run, and run none"),
-) -> None:
-    """Run the plan's unfinished cells, one at a time; finished ones are skipped."""
+def _selected(plan: str, seeds: str, steps: int, env: str, calibrate: Path | None) -> list[Cell]:
+    """The plan's cells for these seeds and steps, of one env when given, with the scale cells calibrated."""
     try:
         seed_list = [int(s) for s in seeds.split(",") if s.strip()]
     except ValueError:
         raise typer.BadParameter(f"seeds must be integers separated by commas, got {seeds!r}") from None
     cells = plan_cells(plan, seeds=seed_list, steps=steps)
-    results = results or RESULTS / plan
-    done = finished(results)
     if env and env not in {c.env for c in cells}:
         raise typer.BadParameter(
             f"{env!r} is not in the plan {plan!r}: choose one of {', '.join(sorted({c.env for c in cells}))}",
             param_hint="--env",
         )
     cells = [c for c in cells if not env or c.env == env]
+    if calibrate is None:
+        return cells
+    if not (calibrate / "info.csv").is_file():
+        raise typer.BadParameter(f"{calibrate} has no info.csv: give a real run's directory", param_hint="--calibrate")
+    return [replace(c, args=(*c.args, "--calibrate", str(calibrate))) if c.learners else c for c in cells]
+
+
+@app.command()
+def run(
+    plan: str = typer.Argument(..., help="modes, atari, peers, scale or smoke"),
+    seeds: str = typer.Option(",".join(map(str, SEEDS)), help="comma-separated seeds"),
+    steps: int = typer.Option(STEPS, min=2048, help="env steps per run"),
+    results: Path = typer.Option(None, help="where the CSVs land (default results/campaign/PLAN)"),
+    runs: Path = typer.Option(RUNS, help="where the run directories go (not committed)"),
+    env: str = typer.Option("", help="only this env's cells, e.g. Hopper-v5 (default: every env of the plan)"),
+    calibrate: Path | None = typer.Option(
+        None, help="scale: the real one-learner run whose overheads the model takes (stellaris plan --calibrate)"
+    ),
+    limit: int = typer.Option(0, min=0, help="run at most this many cells now (0: all)"),
+    commit: bool = typer.Option(False, help="git-commit each cell's CSV as it lands"),
+    dry_run: bool = typer.Option(False, "--dry-run", help="list the cells that would run, and run none"),
+) -> None:
+    """Run the plan's unfinished cells, one at a time; finished ones are skipped."""
+    cells = _selected(plan, seeds, steps, env, calibrate)
+    results = results or RESULTS / plan
+    done = finished(results)
     todo = [c for c in cells if c.id not in done]
     console.print(f"{plan}: {len(cells)} cells, {len(cells) - len(todo)} finished, {len(todo)} to run")
     if not dry_run and any(c.peer for c in todo):
@@ -410,7 +513,7 @@ def run(
 
 @app.command()
 def status(
-    plan: str = typer.Argument(..., help="modes, atari, peers or smoke"), results: Path = typer.Option(None)
+    plan: str = typer.Argument(..., help="modes, atari, peers, scale or smoke"), results: Path = typer.Option(None)
 ) -> None:
     """Which cells of the plan have landed."""
     cells = plan_cells(plan)
