@@ -15,18 +15,23 @@ import datetime as dt
 import math
 import os
 import platform
+import shutil
 import signal
 import subprocess
 import sys
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import typer
 from rich.console import Console
 
+from experiments.peers import venv as peers_venv
+from experiments.peers.protocol import PROGRESS_FILE
+from experiments.rllib_env import RLlibEnvError, venv_python
+from experiments.rllib_suite import serverful_cost_usd
 from experiments.summary import read_info
 from host.lifetime import dies_with_us
 
@@ -38,7 +43,13 @@ RUNS = Path("runs/campaign")
 MUJOCO = ("Hopper-v5", "Walker2d-v5", "HalfCheetah-v5")
 MODES = ("stellaris", "sync", "async")
 HOPPER_ONLY_MODES = ("softsync", "ssp")
+PEERS = ("cleanrl", "sb3", "rllib")  # other libraries' PPO (experiments/peers/), as modes of their own
+PEER_ITERATION = 2048  # CleanRL's and SB3's default rollout: a round's worth of env steps, as the fast preset's
+RLLIB_EVAL_EVERY = 21  # RLlib's iterations of 4,000 steps between evaluations: 84k steps, as 41 rounds of 2,048
 SEEDS = (1, 2, 3, 4, 5)
+SCALE_LEARNERS = (1, 2, 4, 8, 16)
+SCALE_SEEDS = {1: SEEDS, 4: SEEDS}  # the other N: the first 3 seeds
+PEER_SEEDS = {"Hopper-v5": SEEDS, "Walker2d-v5": SEEDS[:3], "HalfCheetah-v5": SEEDS[:3]}
 ATARI, ATARI_STEPS = "ALE/SpaceInvaders-v5", 200_000
 STEPS = 500_000
 # Fast preset, 2048 env steps a round: an evaluation every 41 rounds lands at 84k, 168k, 252k, 336k, 420k steps, and
@@ -64,6 +75,7 @@ INDEX_COLUMNS = [
     "steps",
     "preset",
     "algo",
+    "learners",
     "run_s",
     "attempts",
     "rounds",
@@ -76,7 +88,8 @@ STOPPED = (130, 143, -signal.SIGINT, -signal.SIGTERM)  # `stellaris train` stopp
 
 @dataclass(frozen=True)
 class Cell:
-    """One run of the campaign: what it trains and for how long; `args` are further `stellaris train` flags."""
+    """One run of the campaign: what it trains and for how long; `args` are further flags of its command.
+    `learners` > 0 makes it a scale-model cell: `stellaris plan` models that many learners."""
 
     env: str
     mode: str
@@ -85,13 +98,28 @@ class Cell:
     algo: str = "ppo"
     preset: str = "fast"
     args: tuple[str, ...] = field(default=())
+    learners: int = 0
 
     @property
     def id(self) -> str:
         env = self.env.split("/")[-1].lower()
-        return f"{env}-{self.algo}-{self.mode}-s{self.seed}"
+        n = f"-n{self.learners}" if self.learners else ""
+        return f"{env}-{self.algo}-{self.mode}{n}-s{self.seed}"
+
+    @property
+    def peer(self) -> bool:
+        return self.mode in PEERS
+
+    @property
+    def starts_over(self) -> bool:
+        """A peer or a modelled run has no checkpoint: stopped, it runs again from the start."""
+        return self.peer or self.learners > 0
 
     def command(self, out: Path) -> list[str]:
+        if self.peer:
+            return self.peer_command(out)
+        if self.learners:
+            return self.plan_command(out)
         return [
             sys.executable,
             "-m",
@@ -118,12 +146,76 @@ class Cell:
             *self.args,
         ]
 
+    def plan_command(self, out: Path) -> list[str]:
+        """`stellaris plan` of the same job at `learners` learners (docs/scale-model.md), evaluated as the real cells
+        are; the latency knobs come in `args` (the campaign's --calibrate)."""
+        return [
+            sys.executable,
+            "-m",
+            "stellaris.cli",
+            "plan",
+            "--env",
+            self.env,
+            "--algo",
+            self.algo,
+            "--preset",
+            self.preset,
+            "--mode",
+            self.mode,
+            "--seed",
+            str(self.seed),
+            "--learners",
+            str(self.learners),
+            "--total-steps",
+            str(self.steps),
+            "--eval-every",
+            str(EVAL_EVERY),
+            "--eval-episodes",
+            str(EVAL_EPISODES),
+            "--out",
+            str(out),
+            *self.args,
+        ]
+
+    def peer_command(self, out: Path) -> list[str]:
+        """The peer's script in the peers' venv, to the same env-step budget as the project's cells: CleanRL and SB3
+        run as many 2048-step iterations as reach `steps` (the fast preset rounds up alike: 245, 501,760 steps, for
+        500k) and are evaluated every 41; RLlib samples 4,000 steps an iteration to 501,760 and is evaluated every
+        21 (84k steps, as 41 x 2048). The same 10 deterministic episodes each time."""
+        rounds = math.ceil(self.steps / PEER_ITERATION)
+        budget = (
+            ["--steps", str(rounds * PEER_ITERATION), "--eval-every", str(RLLIB_EVAL_EVERY)]
+            if self.mode == "rllib"
+            else ["--rounds", str(rounds), "--eval-every", str(EVAL_EVERY)]
+        )
+        source = ["--source", str(peers_venv.cleanrl_source())] if self.mode == "cleanrl" else []
+        return [
+            str(venv_python(peers_venv.venv_path())),
+            "-m",
+            f"experiments.peers.{self.mode}_ppo",
+            *source,
+            "--env",
+            self.env,
+            "--seed",
+            str(self.seed),
+            *budget,
+            "--eval-episodes",
+            str(EVAL_EPISODES),
+            "--out",
+            str(out),
+            *self.args,
+        ]
+
 
 def plan_cells(name: str, *, seeds: Iterable[int] = SEEDS, steps: int = STEPS) -> list[Cell]:
     """The cells of a plan, seed-major, so a campaign cut short still holds every mode on its first seeds.
 
     `modes`: stellaris, sync and async on Hopper, Walker2d and HalfCheetah, and softsync and SSP on Hopper.
     `atari`: stellaris, sync and async on SpaceInvaders, 3 seeds, at `ATARI_STEPS` (what fits this machine).
+    `scale`: the scale model of stellaris, sync and async on Hopper at N = 1, 2, 4, 8 and 16 learners, 3 seeds (5
+    at N = 1 and 4).
+    `peers`: CleanRL's, Stable-Baselines3's and RLlib's PPO on the three MuJoCo envs, 5 seeds on Hopper and 3 on
+    the others.
     `smoke`: a short Hopper stellaris/sync pair (what the report's fixture and a first try use)."""
     seeds = tuple(seeds)
     if name == "modes":
@@ -135,9 +227,25 @@ def plan_cells(name: str, *, seeds: Iterable[int] = SEEDS, steps: int = STEPS) -
         return cells
     if name == "atari":
         return [Cell(ATARI, mode, seed, min(steps, ATARI_STEPS)) for seed in seeds[:3] for mode in MODES]
+    if name == "peers":
+        return [
+            Cell(env, mode, seed, steps, preset="defaults")
+            for seed in seeds
+            for env in MUJOCO
+            if seed in PEER_SEEDS[env]
+            for mode in PEERS
+        ]
+    if name == "scale":
+        return [
+            Cell("Hopper-v5", mode, seed, steps, learners=n)
+            for seed in seeds
+            for n in SCALE_LEARNERS
+            if seed in SCALE_SEEDS.get(n, SEEDS[:3])
+            for mode in MODES
+        ]
     if name == "smoke":
         return [Cell("Hopper-v5", mode, seed, steps) for seed in seeds for mode in ("stellaris", "sync")]
-    raise typer.BadParameter(f"unknown plan {name!r}: choose modes, atari or smoke", param_hint="PLAN")
+    raise typer.BadParameter(f"unknown plan {name!r}: choose modes, atari, peers, scale or smoke", param_hint="PLAN")
 
 
 def cell_rows(run: Path) -> list[dict[str, Any]]:
@@ -161,6 +269,51 @@ def cell_rows(run: Path) -> list[dict[str, Any]]:
                 "gradients_applied": int(r.get("gradients_applied") or 0),
             }
         )
+    return rows
+
+
+def plan_rows(run: Path, learners: int) -> list[dict[str, Any]]:
+    """A modelled run's rows (`stellaris plan`'s learners-N.csv) as the campaign keeps a cell's: its clock and cost
+    are the model's."""
+    rows = []
+    with (run / f"learners-{learners}.csv").open(newline="") as f:
+        for r in csv.DictReader(f):
+            rows.append(
+                {
+                    "round": int(r["round_id"]),
+                    "env_steps": int(r["env_steps"]),
+                    "wall_s": _num(float(r["wall_clock_s"]), 3),
+                    "train_return": _num(float(r["train_reward_mean"] or "nan")),
+                    "episodes": int(r["episodes"]),
+                    "eval_return": _num(float(r["eval_reward_mean"] or "nan")),
+                    "eval_episodes": int(r["eval_episodes"] or 0),
+                    "cost": _num(float(r["cost"]), 6),
+                    "staleness_mean": _num(float(r["staleness_mean"] or "nan"), 3),
+                    "gradients_applied": int(r["gradients_applied"] or 0),
+                }
+            )
+    return rows
+
+
+def peer_rows(run: Path) -> list[dict[str, Any]]:
+    """A finished peer's rows (experiments/peers/protocol.py), costed as a serverful run holding one learner slot and
+    one actor core for its training clock (experiments/rllib_suite.py: what the project's own cells pay per
+    resource-second)."""
+    rows = []
+    with (run / PROGRESS_FILE).open(newline="") as f:
+        for r in csv.DictReader(f):
+            wall = float(r["wall_s"])
+            learner, actor = serverful_cost_usd(wall, cores=1, learners=1)
+            rows.append(
+                {
+                    **{k: r[k] for k in ("round", "env_steps", "wall_s", "train_return", "episodes")},
+                    "eval_return": r["eval_return"],
+                    "eval_episodes": r["eval_episodes"],
+                    "cost": round(learner + actor, 6),
+                    "staleness_mean": "",
+                    "gradients_applied": "",
+                }
+            )
     return rows
 
 
@@ -190,7 +343,17 @@ def machine() -> str:
 
 
 def write_csv(path: Path, columns: list[str], rows: list[dict[str, Any]], *, append: bool = False) -> None:
+    """Write `rows`, or append them; a file written with other columns is rewritten with these first (an index from
+    before a column was added gets it, blank), so that no row lands under another's header."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    if append and path.exists():
+        with path.open(newline="") as f:
+            reader = csv.DictReader(f)
+            earlier, header = list(reader), reader.fieldnames
+        if header != columns:
+            if header and set(header) - set(columns):
+                raise ValueError(f"{path} has columns {sorted(set(header) - set(columns))} that {columns} lacks")
+            write_csv(path, columns, [{c: r.get(c, "") for c in columns} for r in earlier])
     new = not path.exists() or not append
     with path.open("a" if append else "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=columns)
@@ -211,6 +374,10 @@ def finished(results: Path) -> set[str]:
 def run_cell(cell: Cell, results: Path, runs: Path) -> tuple[str, float]:
     """Run (or resume) one cell; on success write its CSV and its index row. Returns (status, seconds)."""
     out = runs / cell.id
+    if cell.starts_over and out.exists():
+        shutil.rmtree(
+            out
+        )  # no checkpoint to resume: an interrupted one starts over, and its earlier try does not count
     cmd = (
         [sys.executable, "-m", "stellaris.cli", "train", "--resume", str(out)]
         if (out / "state.json").exists()
@@ -231,12 +398,14 @@ def run_cell(cell: Cell, results: Path, runs: Path) -> tuple[str, float]:
     seconds = time.monotonic() - t0
     spent = runs / f"{cell.id}.attempts"  # earlier attempts' seconds, one line each: the cell's wall-clock sums them
     earlier = [float(x) for x in spent.read_text().split()] if spent.exists() else []
-    if code in STOPPED:
+    if code in STOPPED and not cell.starts_over:
         spent.write_text("".join(f"{x}\n" for x in [*earlier, round(seconds, 1)]))
         return f"interrupted at a checkpoint (exit {code}); run the campaign again to resume it", seconds
+    if code in STOPPED:
+        return f"stopped (exit {code}); run the campaign again to start it over", seconds
     if code != 0:
         return f"failed (exit {code}; see {runs / f'{cell.id}.log'})", seconds
-    rows = cell_rows(out)
+    rows = peer_rows(out) if cell.peer else plan_rows(out, cell.learners) if cell.learners else cell_rows(out)
     write_csv(results / f"{cell.id}.csv", CELL_COLUMNS, rows)
     write_csv(
         results / "cells.csv",
@@ -250,6 +419,7 @@ def run_cell(cell: Cell, results: Path, runs: Path) -> tuple[str, float]:
                 "steps": cell.steps,
                 "preset": cell.preset,
                 "algo": cell.algo,
+                "learners": cell.learners or "",
                 "run_s": round(seconds + sum(earlier), 1),
                 "attempts": len(earlier) + 1,
                 "rounds": len(rows),
@@ -269,27 +439,64 @@ def _git_commit(results: Path, cell: Cell) -> None:
     subprocess.run(["git", "commit", "-q", "-m", f"campaign: {cell.id}", "--", *paths], check=True)
 
 
-@app.command()
-def run(
-    plan: str = typer.Argument(..., help="modes, atari or smoke"),
-    seeds: str = typer.Option(",".join(map(str, SEEDS)), help="comma-separated seeds"),
-    steps: int = typer.Option(STEPS, min=2048, help="env steps per run"),
-    results: Path = typer.Option(None, help="where the CSVs land (default results/campaign/PLAN)"),
-    runs: Path = typer.Option(RUNS, help="where the run directories go (not committed)"),
-    limit: int = typer.Option(0, min=0, help="run at most this many cells now (0: all)"),
-    commit: bool = typer.Option(False, help="git-commit each cell's CSV as it lands"),
-    dry_run: bool = typer.Option(False, "--dry-run", help="list the cells that would run, and run none"),
-) -> None:
-    """Run the plan's unfinished cells, one at a time; finished ones are skipped."""
+def _ready_peers(cells: list[Cell]) -> None:
+    """The peers' venv (made if missing) and, for CleanRL's cells, its clone; refuses naming what is missing."""
+    try:
+        peers_venv.ensure_venv(echo=console.print)
+    except RLlibEnvError as exc:
+        raise typer.BadParameter(str(exc), param_hint="peers") from exc
+    source = peers_venv.cleanrl_source()
+    if any(c.mode == "cleanrl" for c in cells) and not (source / "cleanrl" / "ppo_continuous_action.py").is_file():
+        raise typer.BadParameter(
+            f"CleanRL's cells need a clone of https://github.com/vwxyzjn/cleanrl at {source} (commit "
+            f"{peers_venv.CLEANRL_COMMIT} ran the published cells), or ${peers_venv.CLEANRL_ENV_VAR} pointing at one",
+            param_hint="peers",
+        )
+
+
+def _selected(plan: str, seeds: str, steps: int, env: str, calibrate: Path | None) -> list[Cell]:
+    """The plan's cells for these seeds and steps, of one env when given, with the scale cells calibrated."""
     try:
         seed_list = [int(s) for s in seeds.split(",") if s.strip()]
     except ValueError:
         raise typer.BadParameter(f"seeds must be integers separated by commas, got {seeds!r}") from None
     cells = plan_cells(plan, seeds=seed_list, steps=steps)
+    if env and env not in {c.env for c in cells}:
+        raise typer.BadParameter(
+            f"{env!r} is not in the plan {plan!r}: choose one of {', '.join(sorted({c.env for c in cells}))}",
+            param_hint="--env",
+        )
+    cells = [c for c in cells if not env or c.env == env]
+    if calibrate is None:
+        return cells
+    if not (calibrate / "info.csv").is_file():
+        raise typer.BadParameter(f"{calibrate} has no info.csv: give a real run's directory", param_hint="--calibrate")
+    return [replace(c, args=(*c.args, "--calibrate", str(calibrate))) if c.learners else c for c in cells]
+
+
+@app.command()
+def run(
+    plan: str = typer.Argument(..., help="modes, atari, peers, scale or smoke"),
+    seeds: str = typer.Option(",".join(map(str, SEEDS)), help="comma-separated seeds"),
+    steps: int = typer.Option(STEPS, min=2048, help="env steps per run"),
+    results: Path = typer.Option(None, help="where the CSVs land (default results/campaign/PLAN)"),
+    runs: Path = typer.Option(RUNS, help="where the run directories go (not committed)"),
+    env: str = typer.Option("", help="only this env's cells, e.g. Hopper-v5 (default: every env of the plan)"),
+    calibrate: Path | None = typer.Option(
+        None, help="scale: the real one-learner run whose overheads the model takes (stellaris plan --calibrate)"
+    ),
+    limit: int = typer.Option(0, min=0, help="run at most this many cells now (0: all)"),
+    commit: bool = typer.Option(False, help="git-commit each cell's CSV as it lands"),
+    dry_run: bool = typer.Option(False, "--dry-run", help="list the cells that would run, and run none"),
+) -> None:
+    """Run the plan's unfinished cells, one at a time; finished ones are skipped."""
+    cells = _selected(plan, seeds, steps, env, calibrate)
     results = results or RESULTS / plan
     done = finished(results)
     todo = [c for c in cells if c.id not in done]
     console.print(f"{plan}: {len(cells)} cells, {len(cells) - len(todo)} finished, {len(todo)} to run")
+    if not dry_run and any(c.peer for c in todo):
+        _ready_peers(todo)
     if dry_run:
         for cell in todo[: limit or None]:
             console.print(f"would run {cell.id}: {' '.join(cell.command(runs / cell.id)[3:])}")
@@ -305,7 +512,9 @@ def run(
 
 
 @app.command()
-def status(plan: str = typer.Argument(..., help="modes, atari or smoke"), results: Path = typer.Option(None)) -> None:
+def status(
+    plan: str = typer.Argument(..., help="modes, atari, peers, scale or smoke"), results: Path = typer.Option(None)
+) -> None:
     """Which cells of the plan have landed."""
     cells = plan_cells(plan)
     done = finished(results or RESULTS / plan)

@@ -3,7 +3,10 @@ at N = 1, the only N this 2-core machine runs for real.
 
 For each seed: one real `stellaris train` (its own Redis and gateway, one learner), then `stellaris plan --compare`
 on its run directory, which models the same job round by round. The per-round comparisons land in
-`results/scale-model/validation/<mode>-s<seed>.csv` (already landed seeds are skipped); the summary compares, over
+`results/scale-model/validation/<mode>-s<seed>.csv` (already landed seeds are skipped). With `--calibrate-seed S`
+the model takes its task and apply overheads from a real run of seed S, held out (`stellaris plan --calibrate`), and
+the comparisons land in `results/scale-model/validation-calibrated/`; finished real runs are reused. The summary
+compares, over
 seeds, the IQM and 95 % interval of the training return in the last rounds, the mean staleness and the seconds per
 round, real against modelled (experiments/stats.py).
 """
@@ -30,34 +33,31 @@ RUNS = Path("runs/plan-validation")
 LAST = 10  # the rounds whose training return is compared (the run's last 10)
 
 
-def run_seed(env: str, mode: str, seed: int, rounds: int, results: Path, runs: Path) -> Path:
-    """One real run and its model; returns the comparison's CSV."""
+def _real_run(env: str, mode: str, seed: int, rounds: int, run: Path) -> None:
+    """A real one-learner `stellaris train` of `rounds` rounds into `run`, unless one finished there already."""
+    info = run / "info.csv"
+    if info.exists() and len(_rows(info)) >= rounds:
+        return
+    subprocess.run(["rm", "-rf", str(run)], check=True)
+    train = [sys.executable, "-m", "stellaris.cli", "train", "--env", env, "--mode", mode, "--seed", str(seed)]
+    subprocess.run([*train, "--rounds", str(rounds), "--out", str(run)], check=True, capture_output=True)
+
+
+def run_seed(
+    env: str, mode: str, seed: int, rounds: int, results: Path, runs: Path, calibrate: Path | None = None
+) -> Path:
+    """One real run (kept and reused once finished) and its model, with the overheads read off `calibrate` (a real
+    run of its own) when given; returns the comparison's CSV."""
     out = results / f"{mode}-s{seed}.csv"
     if out.exists():
         return out
-    run, plan_out = runs / f"{mode}-s{seed}", runs / f"{mode}-s{seed}-plan"
-    for path in (run, plan_out):
-        subprocess.run(["rm", "-rf", str(path)], check=True)
+    run, plan_out = runs / f"{mode}-s{seed}", runs / f"{mode}-s{seed}-plan{'-calibrated' if calibrate else ''}"
     t0 = time.monotonic()
-    train = [
-        sys.executable,
-        "-m",
-        "stellaris.cli",
-        "train",
-        "--env",
-        env,
-        "--mode",
-        mode,
-        "--seed",
-        str(seed),
-        "--rounds",
-        str(rounds),
-        "--out",
-        str(run),
-    ]
-    subprocess.run(train, check=True, capture_output=True)
+    _real_run(env, mode, seed, rounds, run)
     t1 = time.monotonic()
+    subprocess.run(["rm", "-rf", str(plan_out)], check=True)
     plan = [sys.executable, "-m", "stellaris.cli", "plan", "--compare", str(run), "--out", str(plan_out)]
+    plan += ["--calibrate", str(calibrate)] if calibrate is not None else []
     subprocess.run(plan, check=True, capture_output=True)
     console.print(f"{mode} seed {seed}: real run {t1 - t0:.0f} s, model {time.monotonic() - t1:.0f} s")
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -94,12 +94,27 @@ def main(
     mode: str = typer.Option("stellaris", help="the rule"),
     seeds: str = typer.Option("1,2,3,4,5", help="comma-separated seeds"),
     rounds: int = typer.Option(40, min=LAST + 1, help="rounds per run"),
-    results: Path = typer.Option(RESULTS),
+    calibrate_seed: int = typer.Option(
+        0,
+        help="model with the overheads read off a real run of this seed (held out: not one of --seeds); 0: none",
+    ),
+    results: Path = typer.Option(None, help=f"where the comparisons land (default {RESULTS}, -calibrated with one)"),
     runs: Path = typer.Option(RUNS),
 ) -> None:
     """Run the seeds not yet compared, then print real against modelled over seeds."""
-    paths = [run_seed(env, mode, int(s), rounds, results, runs) for s in seeds.split(",") if s.strip()]
-    table = Table(title=f"scale model at N = 1 against real runs: {env}, {mode}, {len(paths)} seeds, {rounds} rounds")
+    seed_list = [int(s) for s in seeds.split(",") if s.strip()]
+    if calibrate_seed in seed_list:
+        raise typer.BadParameter(f"{calibrate_seed} is one of --seeds: hold the calibration run out")
+    calibrate = None
+    if calibrate_seed:
+        calibrate = runs / f"{mode}-s{calibrate_seed}"
+        _real_run(env, mode, calibrate_seed, rounds, calibrate)
+    results = results or (RESULTS.with_name(RESULTS.name + "-calibrated") if calibrate else RESULTS)
+    paths = [run_seed(env, mode, s, rounds, results, runs, calibrate) for s in seed_list]
+    how = f", overheads from seed {calibrate_seed}'s run" if calibrate else ""
+    table = Table(
+        title=f"scale model at N = 1 against real runs: {env}, {mode}, {len(paths)} seeds, {rounds} rounds{how}"
+    )
     for col in ("quantity", "real: IQM [95 % CI]", "model: IQM [95 % CI]", "model inside real's CI"):
         table.add_column(col)
     for name, real, model in summary(paths):

@@ -39,7 +39,9 @@ TARGET_ROUNDS = 5  # a target is reached when the episode-weighted mean of the l
 GRID_POINTS = 26  # the curves' common grid, per env
 BAND_REPS = 1000  # bootstrap replications of a curve's band and a profile (the tables use stats.REPS)
 MIN_SEEDS = 5  # a goal is met or missed on at least this many seeds a side
-MODE_ORDER = ("stellaris", "sync", "async", "softsync", "ssp", "cleanrl", "sb3", "rllib")
+PEERS = ("cleanrl", "sb3", "rllib")  # other libraries' PPO (experiments/peers/)
+MODE_ORDER = ("stellaris", "sync", "async", "softsync", "ssp", *PEERS)
+RESULTS = (Path("results/campaign/modes"), Path("results/campaign/peers"))
 
 
 @dataclass(frozen=True)
@@ -56,20 +58,25 @@ def _float(v: str) -> float:
     return float(v) if v not in ("", None) else math.nan
 
 
-def load(results: Path) -> list[Run]:
-    """Every landed cell of a campaign directory."""
-    index = results / "cells.csv"
-    if not index.exists():
-        raise typer.BadParameter(f"{index} does not exist: run `python -m experiments.campaign run` first")
+def load(results: Path | Sequence[Path]) -> list[Run]:
+    """Every landed cell of one campaign directory or several (the modes' and the peers'); a directory without an
+    index is skipped, unless none has one."""
+    dirs = [results] if isinstance(results, Path) else list(results)
+    indexed = [d for d in dirs if (d / "cells.csv").exists()]
+    if not indexed:
+        raise typer.BadParameter(
+            f"no cells.csv in {', '.join(map(str, dirs))}: run `python -m experiments.campaign run` first"
+        )
     runs = []
-    with index.open(newline="") as f:
-        for row in csv.DictReader(f):
-            path = results / f"{row['cell']}.csv"
-            if not path.exists():
-                continue
-            with path.open(newline="") as g:
-                rows = [{k: _float(v) for k, v in r.items()} for r in csv.DictReader(g)]
-            runs.append(Run(row["cell"], row["env"], row["mode"], int(row["seed"]), float(row["run_s"]), rows))
+    for d in indexed:
+        with (d / "cells.csv").open(newline="") as f:
+            for row in csv.DictReader(f):
+                path = d / f"{row['cell']}.csv"
+                if not path.exists():
+                    continue
+                with path.open(newline="") as g:
+                    rows = [{k: _float(v) for k, v in r.items()} for r in csv.DictReader(g)]
+                runs.append(Run(row["cell"], row["env"], row["mode"], int(row["seed"]), float(row["run_s"]), rows))
     return runs
 
 
@@ -285,6 +292,7 @@ def goals(by_env: dict[str, dict[str, list[Run]]], reps: int = stats.REPS) -> li
                     f"- {env}, wall-clock to {t:,.0f}: not reached by half the runs of one side "
                     f"(Stellaris {_reached(ts)}, sync {_reached(tb)})."
                 )
+        lines += _peer_goals(env, modes)
         x = [eval_at(r, CHECKPOINTS[-1]) for r in st]
         y = [eval_at(r, CHECKPOINTS[-1]) for r in sy]
         if all(map(math.isfinite, x + y)):
@@ -294,6 +302,29 @@ def goals(by_env: dict[str, dict[str, list[Run]]], reps: int = stats.REPS) -> li
                 f"[{p.low:.2f}, {p.high:.2f}]."
             )
     return lines or ["- Too few runs have landed to speak to any goal yet."]
+
+
+def _peer_goals(env: str, modes: dict[str, list[Run]]) -> list[str]:
+    """Hopper's goal against the peers: its first target reached sooner than each peer's, in median wall-clock."""
+    st, lines = modes["stellaris"], []
+    target = TARGETS.get(env, (math.nan,))[0]
+    if env != "Hopper-v5":
+        return lines
+    for peer in PEERS:
+        if not modes.get(peer):
+            continue
+        ts, tp = [time_to(r, target) for r in st], [time_to(r, target) for r in modes[peer]]
+        ms, mp = float(np.median(ts)), float(np.median(tp))
+        verdict = _decided("met" if ms < mp else "**missed**", st, modes[peer])
+        lines.append(
+            f"- {env}, wall-clock to {target:,.0f} against {peer}: Stellaris {_seconds(ms)}, {peer} {_seconds(mp)} "
+            f"(medians; reached by {_reached(ts)} and {_reached(tp)}): ahead: {verdict}."
+        )
+    return lines
+
+
+def _seconds(t: float) -> str:
+    return f"{t:,.0f} s" if math.isfinite(t) else "not reached"
 
 
 def _decided(verdict: str, *sides: list[Run]) -> str:
@@ -306,22 +337,25 @@ def _reached(times: list[float]) -> str:
     return f"{sum(map(math.isfinite, times))}/{len(times)}"
 
 
-def build(results: Path, page: Path, *, title_date: str | None = None, reps: int = stats.REPS) -> Path:
-    """Write the page and its figures; returns the page. `reps`: bootstrap replications of the tables' intervals."""
-    runs = load(results)
+def build(results: Path | Sequence[Path], page: Path, *, title_date: str | None = None, reps: int = stats.REPS) -> Path:
+    """Write the page and its figures from one campaign directory or several; returns the page. `reps`: bootstrap
+    replications of the tables' intervals."""
+    dirs = [results] if isinstance(results, Path) else [d for d in results if (d / "cells.csv").exists()]
+    runs = load(dirs)
     by_env = _by(runs)
     img_dir = page.parent / "img" / page.stem
     img_dir.mkdir(parents=True, exist_ok=True)
-    machines = sorted({m for m in _column(results, "machine")})
-    commits = sorted({m for m in _column(results, "commit")})
-    finished = sorted(_column(results, "finished"))
+    machines = sorted({m for m in _column(dirs, "machine")})
+    commits = sorted({m for m in _column(dirs, "commit")})
+    finished = sorted(_column(dirs, "finished"))
     days = sorted({f.split()[0] for f in finished})
     title_date = title_date or (days[0] if len(days) == 1 else f"{days[0]} to {days[-1]}" if days else None)
     lines = [
         "# Evaluation: Stellaris against the modes" + (f" ({title_date})" if title_date else ""),
         "",
         "Generated by `python -m experiments.report` from the CSVs in "
-        f"`{results.as_posix()}/` (one per run, `python -m experiments.campaign run`); do not edit by hand.",
+        f"{', '.join(f'`{d.as_posix()}/`' for d in dirs)} (one per run, `python -m experiments.campaign run`); "
+        "do not edit by hand.",
         "",
         f"- Runs: {len(runs)}, landed {finished[0] if finished else '–'} to {finished[-1] if finished else '–'} "
         f"(UTC), at commits {', '.join(commits) or '–'}.",
@@ -330,14 +364,26 @@ def build(results: Path, page: Path, *, title_date: str | None = None, reps: int
         "evaluation (mean action, 10 episodes, on the run's evaluation seed: its seed + 1,000,003, never a training "
         "env) every 41 rounds of 2,048 steps and at the end: the rows read at 250k and 500k are those at 252k and "
         "502k steps.",
+        *(
+            [
+                "- Peers (`cleanrl`, `sb3`, `rllib`): CleanRL's `ppo_continuous_action.py`, Stable-Baselines3's PPO "
+                "and RLlib's (new API stack), each with its own default hyperparameters, run from their released "
+                "code to the same 501,760 env steps, evaluated by the same protocol about every 84k steps, and "
+                "costed as a serverful run holding one learner slot and one actor core "
+                "([Experiments](../experiments.md#the-evaluation-campaign)).",
+            ]
+            if any(r.mode in PEERS for r in runs)
+            else []
+        ),
         "- A cell stopped and resumed (`attempts` above 1 in `cells.csv`) counts every attempt in its run wall-clock; "
         "each restart pays the platform's start again.",
         "- Statistics: interquartile mean (IQM) over seeds with a stratified-bootstrap 95 % interval "
         f"({reps} replications, rliable); time to a return: the training clock when the episode-weighted mean "
         f"of the last {TARGET_ROUNDS} rounds first reaches it, median over seeds (with how many reached it). The "
-        "training clock sums the rounds' durations; the platform's start (a few seconds) is outside it and is in "
-        "'run wall-clock'. Cost: the cost model's ([Experiments](../experiments.md#suites)), cumulative to the "
-        "checkpoint.",
+        "training clock sums the rounds' durations (a peer's: seconds since its training loop began); startup and "
+        "evaluations are outside it and in 'run wall-clock' "
+        "([Experiments](../experiments.md#the-evaluation-campaign)). Cost: the cost model's "
+        "([Experiments](../experiments.md#suites)), cumulative to the checkpoint.",
         "",
         "## The goals",
         "",
@@ -364,13 +410,16 @@ def build(results: Path, page: Path, *, title_date: str | None = None, reps: int
     return page
 
 
-def _column(results: Path, name: str) -> list[str]:
-    with (results / "cells.csv").open(newline="") as f:
-        return [row[name] for row in csv.DictReader(f) if row.get(name)]
+def _column(dirs: Sequence[Path], name: str) -> list[str]:
+    values = []
+    for d in dirs:
+        with (d / "cells.csv").open(newline="") as f:
+            values += [row[name] for row in csv.DictReader(f) if row.get(name)]
+    return values
 
 
 def main(
-    results: Path = typer.Option(Path("results/campaign/modes"), help="the campaign's CSV directory"),
+    results: list[Path] = typer.Option(list(RESULTS), help="the campaign's CSV directories (repeat the option)"),
     page: Path = typer.Option(PAGE, help="the page to write (figures go beside it, under img/)"),
 ) -> None:
     """Rebuild the results page from the committed CSVs."""

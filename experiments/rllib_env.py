@@ -96,26 +96,32 @@ def ensure_venv(
     base_python: str = sys.executable,
     requirements: Sequence[str] = REQUIREMENTS,
     timeout_s: float = INSTALL_TIMEOUT_S,
+    check: str = CHECK,
+    what: str = "RLlib",
+    why: str = "RLlib pins gymnasium 1.2.2; the project runs 1.4.0",
+    pointer: str = f"--rllib-venv / ${VENV_ENV_VAR}",
 ) -> Path:
-    """The RLlib venv's interpreter, making the venv first if it is missing or incomplete (a minute or two from the
-    local wheel mirrors). Raises RLlibEnvError naming what failed; a failed install is retried on the next call."""
+    """The venv's interpreter, making the venv first if it is missing or incomplete (a minute or two from the local
+    wheel mirrors). RLlib's unless told otherwise: `what` names the venv, `check` is the Python that proves the
+    install and `pointer` the option or variable that points elsewhere (experiments/peers/venv.py makes the peers'
+    venv this way). Raises RLlibEnvError naming what failed; a failed install is retried on the next call."""
     if is_ready(path, requirements):
         return venv_python(path)
     t0 = time.monotonic()
-    echo(f"making the RLlib virtual environment {path} (RLlib pins gymnasium 1.2.2; the project runs 1.4.0)")
+    echo(f"making the {what} virtual environment {path} ({why})")
     try:
         if not venv_python(path).exists():
             _run([base_python, "-m", "venv", str(path)], echo, timeout_s)
         python = str(venv_python(path))
         _run([python, "-m", "pip", "install", "--progress-bar", "off", *requirements], echo, timeout_s)
-        _run([python, "-c", CHECK], echo, timeout_s)
+        _run([python, "-c", check], echo, timeout_s)
     except (OSError, RLlibEnvError) as exc:
         raise RLlibEnvError(
-            f"could not make the RLlib virtual environment {path}: {exc}\n"
+            f"could not make the {what} virtual environment {path}: {exc}\n"
             f"Fix the cause and run again (the install resumes), or remove {path} to start over, or point "
-            f"--rllib-venv / ${VENV_ENV_VAR} at a venv with {' '.join(requirements)}."
+            f"{pointer} at a venv with {' '.join(requirements)}."
         ) from exc
     seconds = time.monotonic() - t0
     (path / MARKER).write_text(json.dumps({"requirements": list(requirements), "install_s": round(seconds, 1)}))
-    echo(f"RLlib virtual environment ready in {seconds:.0f} s: {path}")
+    echo(f"{what} virtual environment ready in {seconds:.0f} s: {path}")
     return venv_python(path)

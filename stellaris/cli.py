@@ -257,6 +257,11 @@ def plan(
     compare: Path | None = typer.Option(
         None, "--compare", help="a real run directory: model its job, N and rounds, and compare them round by round"
     ),
+    calibrate: Path | None = typer.Option(
+        None,
+        "--calibrate",
+        help="a real one-learner run directory: take the task and apply overheads it measured (flags given win)",
+    ),
     out: Path = typer.Option(Path("plan"), "--out", help="directory for the CSVs"),
 ) -> None:
     """Model how d, v, ρ and N would behave on a cluster of N learners before paying for it: every gradient computed
@@ -301,6 +306,7 @@ def plan(
         task_s=task_s,
         collect_s=collect_s,
         compare=compare,
+        calibrate=calibrate,
         out=out,
     )
 

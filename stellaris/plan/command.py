@@ -22,11 +22,12 @@ from rich.table import Table
 
 from stellaris.config import ConfigError, TrainConfig, load_config
 from stellaris.plan.job import PlanJob, plan_job
-from stellaris.plan.latency import LatencyModel
+from stellaris.plan.latency import LatencyModel, Overheads, calibrated_overheads
 from stellaris.plan.report import (
     RoundRow,
     Summary,
     compare_rows,
+    number,
     read_info,
     rows_file,
     summarize,
@@ -54,6 +55,7 @@ class PlanRequest:
     task_s: float | None = None
     collect_s: float | None = None
     compare: Path | None = None
+    calibrate: Path | None = None
     out: Path = Path("plan")
 
 
@@ -63,6 +65,7 @@ class Planned:
 
     jobs: list[PlanJob]
     info: list[dict[str, str]] | None = None
+    overheads: Overheads | None = None  # measured by --calibrate
 
 
 def learner_counts(values: Sequence[str]) -> list[int]:
@@ -102,23 +105,36 @@ def _check_numbers(request: PlanRequest) -> None:
             raise ConfigError(f"{flag}: give 0 or more, got {count}")
 
 
-def _run_source(run_dir: Path) -> tuple[Path, list[dict[str, str]]]:
-    """A real run's config.yaml and info.csv rows; ConfigError naming what is missing."""
+def _run_source(run_dir: Path, flag: str = "--compare") -> tuple[Path, list[dict[str, str]]]:
+    """A real run's config.yaml and info.csv rows; ConfigError naming the flag and what is missing."""
     if not run_dir.is_dir():
-        raise ConfigError(f"--compare: {run_dir} is not a directory (give a run directory, e.g. runs/CartPole-v1-...)")
+        raise ConfigError(f"{flag}: {run_dir} is not a directory (give a run directory, e.g. runs/CartPole-v1-...)")
     config = run_dir / "config.yaml"
     if not config.is_file():
-        raise ConfigError(f"--compare: {run_dir} has no config.yaml: not a run directory")
+        raise ConfigError(f"{flag}: {run_dir} has no config.yaml: not a run directory")
     try:
         return config, read_info(run_dir / "info.csv")
     except ValueError as exc:
-        raise ConfigError(f"--compare: {exc}") from None
+        raise ConfigError(f"{flag}: {exc}") from None
+
+
+def _calibrated(request: PlanRequest) -> tuple[LatencyModel, Overheads | None]:
+    """The latency knobs given, over the overheads --calibrate measured (the flags given win), over the defaults."""
+    if request.calibrate is None:
+        return latency_model(request.latency), None
+    _, rows = _run_source(request.calibrate, "--calibrate")
+    try:
+        measured = calibrated_overheads([{k: number(v) for k, v in r.items()} for r in rows])
+    except ValueError as exc:
+        raise ConfigError(f"--calibrate: {request.calibrate}: {exc}") from None
+    knobs = {"task_overhead_s": measured.task_overhead_s, "apply_overhead_s": measured.apply_overhead_s}
+    return latency_model({**knobs, **request.latency}), measured
 
 
 def plan(request: PlanRequest) -> Planned:
     """Every input checked, and the job of each N made, before anything runs; ConfigError names the first problem."""
     _check_numbers(request)
-    latency = latency_model(request.latency)
+    latency, overheads = _calibrated(request)
     sets = parsed_sets(request.sets)
     source, info, rounds = None, None, None
     given_length = request.train.get("rounds") is not None or request.train.get("total_steps") is not None
@@ -148,7 +164,7 @@ def plan(request: PlanRequest) -> Planned:
         )
         for n in counts
     ]
-    return Planned(jobs, info)
+    return Planned(jobs, info, overheads)
 
 
 def _number(value: float, spec: str) -> str:
@@ -208,6 +224,13 @@ def run(planned: Planned, out: Path, console: Console) -> int:
     from stellaris.plan.simulate import simulate  # torch and the functions: only once the inputs have passed
 
     out.mkdir(parents=True, exist_ok=True)
+    if planned.overheads is not None:
+        o, model = planned.overheads, planned.jobs[0].latency
+        console.print(
+            f"calibrated over {o.rounds} rounds: a task's overhead {o.task_overhead_s * 1e3:.3f} ms, an apply's "
+            f"{o.apply_overhead_s * 1e3:.3f} ms (modelling with {model.task_overhead_s * 1e3:.3f} and "
+            f"{model.apply_overhead_s * 1e3:.3f} ms)"
+        )
     began = time.perf_counter()
     summaries: list[Summary] = []
     all_rows: list[list[RoundRow]] = []

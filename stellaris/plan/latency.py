@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import random
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -146,3 +147,33 @@ class ClusterLatency:
 
     def task_seconds(self, learner: int, measured_s: float) -> float:
         return task_seconds(self.model, measured_s, self.slowdowns[learner], self.task_rng)
+
+
+@dataclass(frozen=True)
+class Overheads:
+    """The latency model's two overheads as one real run measured them (`calibrated_overheads`)."""
+
+    task_overhead_s: float
+    apply_overhead_s: float
+    rounds: int  # the rounds they were measured over
+
+
+def calibrated_overheads(info: Sequence[dict[str, float]]) -> Overheads:
+    """The overheads a one-learner run's info.csv rows measured, medians over its rounds after the first (round 1
+    pays the cold start): a task's, the round's learning phase (its duration after the collection) beyond the
+    learner's compute, shared by the gradients it applied; an apply's, the parameter function's seconds beyond its
+    compute, shared by its aggregations. Negative shares (clock noise) count as 0. ValueError when the run had more
+    than one learner (its learning phase overlaps tasks) or no round after the first applied anything."""
+    several = sorted({int(r["learners"]) for r in info if math.isfinite(r.get("learners", 1.0))} - {1})
+    if several:
+        raise ValueError(f"calibrate from a one-learner run: this one ran {several[0]} learners")
+    tasks, applies = [], []
+    for r in info[1:]:
+        if r["gradients_applied"] > 0:
+            learning = r["duration"] - r["actor_time"] - r["learner_compute_time"]
+            tasks.append(max(0.0, learning) / r["gradients_applied"])
+        if r["aggregations"] > 0:
+            applies.append(max(0.0, r["parameter_time"] - r["parameter_compute_time"]) / r["aggregations"])
+    if not tasks or not applies:
+        raise ValueError(f"no round after the first applied a gradient ({len(info)} rounds): nothing to calibrate")
+    return Overheads(statistics.median(tasks), statistics.median(applies), len(tasks))

@@ -138,7 +138,8 @@ def read_info(path: Path) -> list[dict[str, str]]:
     return rows
 
 
-def _number(text: str | None) -> float:
+def number(text: str | None) -> float:
+    """An info.csv cell as a float (NaN when blank or not a number)."""
     try:
         return float(text) if text not in (None, "") else math.nan
     except ValueError:
@@ -150,12 +151,12 @@ def compare_rows(info: Sequence[dict[str, str]], rows: Sequence[RoundRow]) -> li
     model = {r.round_id: asdict(r) for r in rows}
     out: list[dict[str, float | int]] = []
     for real in info:
-        round_id = int(_number(real.get("round_id")))
+        round_id = int(number(real.get("round_id")))
         if round_id not in model:
             continue
         row: dict[str, float | int] = {"round_id": round_id}
         for real_name, model_name in COMPARED:
-            row[f"real_{real_name}"] = _number(real.get(real_name))
+            row[f"real_{real_name}"] = number(real.get(real_name))
             row[f"model_{real_name}"] = float(model[round_id][model_name])
         out.append(row)
     return out

@@ -87,12 +87,12 @@ def test_a_real_cell_lands_its_csv_once(tmp_path: Path) -> None:
     assert float(index[0]["run_s"]) > 0 and "cores" in index[0]["machine"]
 
 
-def _fixture(results: Path) -> None:
-    """Hopper, stellaris and sync, 3 seeds each: returns rising linearly with steps (stellaris a little faster in
-    wall-clock), evaluations every 41 rounds and at the end."""
+def _fixture(results: Path, modes: tuple[tuple[str, float], ...] = (("stellaris", 1.0), ("sync", 2.0))) -> None:
+    """Hopper, each mode at its seconds a round (stellaris and sync unless told), 3 seeds each: returns rising
+    linearly with steps, evaluations every 41 rounds and at the end."""
     rng = np.random.default_rng(0)
     index = []
-    for mode, secs_per_round in (("stellaris", 1.0), ("sync", 2.0)):
+    for mode, secs_per_round in modes:
         for seed in (1, 2, 3):
             cell = f"hopper-v5-ppo-{mode}-s{seed}"
             rows = []
@@ -161,3 +161,76 @@ def test_the_page_is_rebuilt_from_the_csvs(tmp_path: Path) -> None:
     first = text
     report.build(results, page, reps=200)
     assert page.read_text() == first  # seeded: the same CSVs give the same page
+
+
+def test_the_peers_join_the_page_from_their_own_directory(tmp_path: Path) -> None:
+    """The modes' and the peers' directories make one page; Hopper's peer goal compares the median wall-clock to
+    1,500: CleanRL at 3 s a round is behind Stellaris's 1 s, SB3 at 0.5 s is ahead of it."""
+    modes, peers, page = tmp_path / "modes", tmp_path / "peers", tmp_path / "docs" / "evaluation.md"
+    page.parent.mkdir()
+    _fixture(modes)
+    _fixture(peers, (("cleanrl", 3.0), ("sb3", 0.5)))
+    report.build([modes, peers, tmp_path / "not-yet"], page, reps=200)
+    text = page.read_text()
+    assert "| cleanrl | 1, 2, 3 |" in text and "| sb3 | 1, 2, 3 |" in text
+    cleanrl = next(line for line in text.splitlines() if "against cleanrl" in line)
+    sb3 = next(line for line in text.splitlines() if "against sb3" in line)
+    assert "(3 of 5 seeds landed; so far: met)" in cleanrl and "so far: **missed**" in sb3
+    assert "Peers (`cleanrl`, `sb3`, `rllib`)" in text
+    with pytest.raises(Exception, match=r"no cells\.csv in"):
+        report.load([tmp_path / "not-yet"])
+
+
+def test_a_campaign_can_run_one_env_first(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    runner = CliRunner()
+    hopper = runner.invoke(
+        campaign.app, ["run", "modes", "--env", "Hopper-v5", "--dry-run", "--results", str(tmp_path)]
+    )
+    assert hopper.exit_code == 0 and "modes: 25 cells, 0 finished, 25 to run" in hopper.output
+    assert "walker2d" not in hopper.output
+    typo = runner.invoke(campaign.app, ["run", "modes", "--env", "Hoper", "--dry-run", "--results", str(tmp_path)])
+    assert typo.exit_code == 2 and "'Hoper' is not in the plan 'modes'" in " ".join(typo.output.split())
+
+
+def test_the_scale_plan_models_each_n_with_its_seeds() -> None:
+    cells = campaign.plan_cells("scale")
+    # N = 1 and 4: 5 seeds; N = 2, 8 and 16: 3; each for stellaris, sync and async
+    assert len(cells) == 3 * (5 + 5 + 3 * 3) == len({c.id for c in cells})
+    ids = {c.id for c in cells}
+    assert "hopper-v5-ppo-stellaris-n4-s5" in ids and "hopper-v5-ppo-sync-n8-s4" not in ids
+    cmd = cells[0].command(Path("o"))
+    assert cmd[3] == "plan" and cmd[cmd.index("--learners") + 1] == "1" and cells[0].starts_over
+
+
+def test_an_index_from_before_a_column_gets_it_blank(tmp_path: Path) -> None:
+    index = tmp_path / "cells.csv"
+    old = [c for c in campaign.INDEX_COLUMNS if c != "learners"]
+    campaign.write_csv(index, old, [{c: "x" for c in old}])
+    campaign.write_csv(index, campaign.INDEX_COLUMNS, [{c: "y" for c in campaign.INDEX_COLUMNS}], append=True)
+    with index.open(newline="") as f:
+        reader = csv.DictReader(f)
+        rows = list(reader)
+    assert reader.fieldnames == campaign.INDEX_COLUMNS
+    assert rows[0]["learners"] == "" and rows[0]["cell"] == "x" and rows[1]["learners"] == "y"
+    campaign.write_csv(index, ["extra"], [])  # a file of some other table: refused, not rewritten
+    with pytest.raises(ValueError, match=r"columns \['extra'\]"):
+        campaign.write_csv(index, campaign.INDEX_COLUMNS, [], append=True)
+    assert index.read_text() == "extra\n"
+
+
+def test_a_real_scale_cell_lands_the_models_rows(tmp_path: Path) -> None:
+    """Two modelled rounds of Hopper at N = 1 through `stellaris plan`: the model's clock and cost land as a cell's."""
+    results, runs = tmp_path / "results", tmp_path / "runs"
+    cmd = [sys.executable, "-m", "experiments.campaign", "run", "scale", "--seeds", "2", "--steps", "4096"]
+    cmd += ["--results", str(results), "--runs", str(runs), "--limit", "1"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    with (results / "hopper-v5-ppo-stellaris-n1-s2.csv").open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [int(r["round"]) for r in rows] == [1, 2] and int(rows[-1]["env_steps"]) == 4096
+    assert float(rows[-1]["wall_s"]) > float(rows[0]["wall_s"]) > 0 and float(rows[-1]["cost"]) > 0
+    assert int(rows[-1]["eval_episodes"]) == 10 and float(rows[-1]["staleness_mean"]) >= 0
+    with (results / "cells.csv").open(newline="") as f:
+        assert [(r["cell"], r["learners"]) for r in csv.DictReader(f)] == [("hopper-v5-ppo-stellaris-n1-s2", "1")]

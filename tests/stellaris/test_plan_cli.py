@@ -40,6 +40,7 @@ def _plan(*args: str) -> tuple[int, str]:
         (["--rounds", "1", "--eval-episodes", "-1"], "--eval-episodes: give 0 or more"),
         ([], "give --rounds or --total-steps"),
         (["--compare", "no/such/run"], "--compare: no/such/run is not a directory"),
+        (["--rounds", "1", "--calibrate", "no/such/run"], "--calibrate: no/such/run is not a directory"),
     ],
 )
 def test_a_bad_input_is_one_line_naming_it(args: list[str], named: str, tmp_path: Path) -> None:
@@ -144,3 +145,35 @@ def test_compare_needs_a_run_directory(tmp_path: Path) -> None:
     (tmp_path / "config.yaml").write_text(yaml.safe_dump({"config": {"env": "CartPole-v1"}}))
     code, output = _plan("--compare", str(tmp_path), "--out", str(tmp_path / "out"))
     assert code == 2 and "info.csv" in output, output
+
+
+def test_calibrate_takes_a_real_runs_overheads_and_flags_win(tmp_path: Path) -> None:
+    """Two rounds after round 1 measured 1 and 3 ms a task and 2 and 4 ms an apply: the medians are 2 and 3 ms; the
+    apply's flag given wins over what was measured."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text(yaml.safe_dump({"config": {"env": "CartPole-v1", "learners": 1}}))
+    columns = ["round_id", "learners", "duration", "actor_time", "learner_compute_time", "gradients_applied"]
+    columns += ["parameter_time", "parameter_compute_time", "aggregations"]
+    with (run / "info.csv").open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(columns)
+        writer.writerows(
+            [
+                [1, 1, 5.0, 1.0, 0.1, 8, 3.0, 0.1, 8],
+                [2, 1, 1.0, 0.5, 0.492, 8, 0.5, 0.484, 8],
+                [3, 1, 1.0, 0.5, 0.476, 8, 0.5, 0.468, 8],
+            ]
+        )
+    out = tmp_path / "plan"
+    args = ["--env", "CartPole-v1", "--rounds", "1", "--learners", "1", *SMALL, "--eval-episodes", "0"]
+    code, output = _plan(*args, "--calibrate", str(run), "--apply-overhead-s", "0.005", "--out", str(out))
+    assert code == 0, output
+    assert "calibrated over 2 rounds: a task's overhead 2.000 ms, an apply's 3.000 ms" in output
+    assert "(modelling with 2.000 and 5.000 ms)" in output
+    several = tmp_path / "several"
+    several.mkdir()
+    (several / "config.yaml").write_text((run / "config.yaml").read_text())
+    (several / "info.csv").write_text((run / "info.csv").read_text().replace("\n2,1,", "\n2,4,"))
+    code, output = _plan(*args, "--calibrate", str(several), "--out", str(tmp_path / "no"))
+    assert code == 2 and "--calibrate:" in output and "this one ran 4 learners" in output, output

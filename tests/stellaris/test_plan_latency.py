@@ -12,7 +12,14 @@ import pytest
 from gateway.models import ACTOR_PRICING, LEARNER_PRICING
 from stellaris.plan.cost import round_cost
 from stellaris.plan.events import Landing, Published, Start, run_round
-from stellaris.plan.latency import ClusterLatency, LatencyModel, ready_times, starts_cold, task_seconds
+from stellaris.plan.latency import (
+    ClusterLatency,
+    LatencyModel,
+    calibrated_overheads,
+    ready_times,
+    starts_cold,
+    task_seconds,
+)
 from stellaris.plan.report import RoundRow, compare_rows, summarize
 
 
@@ -315,3 +322,39 @@ def test_the_comparison_pairs_rounds_both_have() -> None:
     row = compared[0]
     assert (row["round_id"], row["real_train_reward_mean"], row["model_train_reward_mean"]) == (1, 4.5, 5.0)
     assert (row["real_staleness_mean"], row["model_staleness_mean"], row["real_duration"]) == (1.0, 2.0, 12.5)
+
+
+def _info(
+    duration: float, actor: float, compute: float, applied: float, param: float, param_compute: float, aggs: float
+) -> dict[str, float]:
+    return {
+        "learners": 1.0,
+        "duration": duration,
+        "actor_time": actor,
+        "learner_compute_time": compute,
+        "gradients_applied": applied,
+        "parameter_time": param,
+        "parameter_compute_time": param_compute,
+        "aggregations": aggs,
+    }
+
+
+def test_overheads_calibrated_from_a_one_learner_run_by_hand() -> None:
+    rows = [
+        _info(9.0, 1.0, 0.1, 10, 8.0, 0.1, 10),  # round 1: the cold start, left out
+        _info(1.5, 0.8, 0.38, 320, 0.66, 0.1, 280),  # (1.5-0.8-0.38)/320 = 1 ms; (0.66-0.1)/280 = 2 ms
+        _info(1.7, 0.8, 0.26, 320, 0.9, 0.1, 200),  # (1.7-0.8-0.26)/320 = 2 ms; 0.8/200 = 4 ms
+        _info(1.0, 0.8, 0.30, 100, 0.5, 0.2, 100),  # the phase shorter than the compute: 0 ms; 0.3/100 = 3 ms
+    ]
+    measured = calibrated_overheads(rows)
+    assert measured.rounds == 3
+    assert measured.task_overhead_s == pytest.approx(0.001)  # the median of 1, 2 and 0 ms
+    assert measured.apply_overhead_s == pytest.approx(0.003)  # the median of 2, 4 and 3 ms
+
+
+def test_calibration_refuses_what_it_cannot_divide() -> None:
+    several = [{**_info(1.5, 0.8, 0.38, 320, 0.66, 0.1, 280), "learners": 4.0}] * 2
+    with pytest.raises(ValueError, match="one-learner run: this one ran 4 learners"):
+        calibrated_overheads(several)
+    with pytest.raises(ValueError, match="no round after the first applied a gradient"):
+        calibrated_overheads([_info(9.0, 1.0, 0.1, 10, 8.0, 0.1, 10), _info(1.0, 1.0, 0.0, 0, 0.5, 0.0, 0)])
