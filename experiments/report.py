@@ -22,12 +22,13 @@ import matplotlib
 import numpy as np
 import typer
 
-from experiments import stats
+from experiments import campaign, stats
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 PAGE = Path("docs/results/evaluation.md")
+TITLE = "Evaluation: Stellaris against the modes"
 CHECKPOINTS = (250_000, 500_000)
 WINDOW = 50_000  # the training return at a checkpoint: episodes of the rounds in the 50k steps before it
 TARGETS: dict[str, tuple[float, float]] = {  # wall-clock to these training returns (Hopper's from the issue)
@@ -39,6 +40,7 @@ TARGET_ROUNDS = 5  # a target is reached when the episode-weighted mean of the l
 GRID_POINTS = 26  # the curves' common grid, per env
 BAND_REPS = 1000  # bootstrap replications of a curve's band and a profile (the tables use stats.REPS)
 MIN_SEEDS = 5  # a goal is met or missed on at least this many seeds a side
+SCALE_GOAL_LEARNERS = 4  # the scale model's goals hold at N >= 4
 PEERS = ("cleanrl", "sb3", "rllib")  # other libraries' PPO (experiments/peers/)
 MODE_ORDER = ("stellaris", "sync", "async", "softsync", "ssp", *PEERS)
 RESULTS = (Path("results/campaign/modes"), Path("results/campaign/peers"))
@@ -52,6 +54,16 @@ class Run:
     seed: int
     run_s: float
     rows: list[dict[str, float]]
+    learners: int = 0  # a scale-model run's N (0: a real run)
+
+    @property
+    def group(self) -> str:
+        """What the page groups it under: its env, and N for a modelled run."""
+        return f"{self.env}, N = {self.learners}" if self.learners else self.env
+
+
+def base_env(group: str) -> str:
+    return group.split(",")[0]
 
 
 def _float(v: str) -> float:
@@ -76,7 +88,8 @@ def load(results: Path | Sequence[Path]) -> list[Run]:
                     continue
                 with path.open(newline="") as g:
                     rows = [{k: _float(v) for k, v in r.items()} for r in csv.DictReader(g)]
-                runs.append(Run(row["cell"], row["env"], row["mode"], int(row["seed"]), float(row["run_s"]), rows))
+                n = int(row.get("learners") or 0)
+                runs.append(Run(row["cell"], row["env"], row["mode"], int(row["seed"]), float(row["run_s"]), rows, n))
     return runs
 
 
@@ -117,8 +130,8 @@ def cost_at(run: Run, steps: float) -> float:
 def _by(runs: Sequence[Run]) -> dict[str, dict[str, list[Run]]]:
     """env -> mode -> runs, modes in the page's order."""
     out: dict[str, dict[str, list[Run]]] = defaultdict(lambda: defaultdict(list))
-    for run in sorted(runs, key=lambda r: (r.env, _rank(r.mode), r.seed)):
-        out[run.env][run.mode].append(run)
+    for run in sorted(runs, key=lambda r: (r.env, r.learners, _rank(r.mode), r.seed)):
+        out[run.group][run.mode].append(run)
     return out
 
 
@@ -234,9 +247,44 @@ def _figure_profiles(by_env: dict[str, dict[str, list[Run]]], path: Path) -> Non
     plt.close(fig)
 
 
+def _figure_sweep(by_env: dict[str, dict[str, list[Run]]], path: Path) -> bool:
+    """The scale model's N sweep: median wall-clock to the first target and median cost to the last checkpoint,
+    against N, a line per mode. False (and no figure) when no run is modelled."""
+    points: dict[str, list[tuple[int, float, float]]] = defaultdict(list)
+    for group, modes in by_env.items():
+        for mode, rs in modes.items():
+            if not rs[0].learners:
+                continue
+            target = TARGETS.get(base_env(group), (math.nan,))[0]
+            t = float(np.median([time_to(r, target) for r in rs]))
+            c = float(np.median([cost_at(r, CHECKPOINTS[-1]) for r in rs]))
+            points[mode].append((rs[0].learners, t if math.isfinite(t) else math.nan, c))
+    if not points:
+        return False
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    envs = sorted({base_env(g) for g in by_env})
+    target = TARGETS.get(envs[0], (math.nan,))[0]
+    for mode in sorted(points, key=_rank):
+        ns, ts, cs = zip(*sorted(points[mode]), strict=True)
+        axes[0].plot(ns, ts, marker="o", label=mode)
+        axes[1].plot(ns, cs, marker="o", label=mode)
+    for ax, label in ((axes[0], f"modelled wall-clock to {target:,.0f} (s, median)"), (axes[1], "cost (USD, median)")):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("learners N")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+    axes[1].set_ylabel(f"modelled cost to {CHECKPOINTS[-1] // 1000}k env steps (USD, median)")
+    axes[0].legend(fontsize=8)
+    fig.suptitle(f"{', '.join(envs)}: the scale model's N sweep")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
 def _env_section(env: str, modes: dict[str, list[Run]], img: str, reps: int) -> list[str]:
     lines = [f"## {env}", "", f"![{env}: training return against env steps and wall-clock]({img})", ""]
-    targets = TARGETS.get(env, ())
+    targets = TARGETS.get(base_env(env), ())
     head = [
         "mode",
         "seeds",
@@ -276,7 +324,7 @@ def goals(by_env: dict[str, dict[str, list[Run]]], reps: int = stats.REPS) -> li
                 f"[{a.low:,.0f}, {a.high:,.0f}] against sync's {b.point:,.0f} [{b.low:,.0f}, {b.high:,.0f}]: "
                 f"{_decided(verdict, st, sy)}."
             )
-        for t in TARGETS.get(env, ()):
+        for t in TARGETS.get(base_env(env), ()):
             ts = [time_to(r, t) for r in st]
             tb = [time_to(r, t) for r in sy]
             ms, mb = float(np.median(ts)), float(np.median(tb))
@@ -292,7 +340,7 @@ def goals(by_env: dict[str, dict[str, list[Run]]], reps: int = stats.REPS) -> li
                     f"- {env}, wall-clock to {t:,.0f}: not reached by half the runs of one side "
                     f"(Stellaris {_reached(ts)}, sync {_reached(tb)})."
                 )
-        lines += _peer_goals(env, modes)
+        lines += _peer_goals(env, modes) + _scale_goals(env, modes, reps)
         x = [eval_at(r, CHECKPOINTS[-1]) for r in st]
         y = [eval_at(r, CHECKPOINTS[-1]) for r in sy]
         if all(map(math.isfinite, x + y)):
@@ -307,8 +355,8 @@ def goals(by_env: dict[str, dict[str, list[Run]]], reps: int = stats.REPS) -> li
 def _peer_goals(env: str, modes: dict[str, list[Run]]) -> list[str]:
     """Hopper's goal against the peers: its first target reached sooner than each peer's, in median wall-clock."""
     st, lines = modes["stellaris"], []
-    target = TARGETS.get(env, (math.nan,))[0]
-    if env != "Hopper-v5":
+    target = TARGETS.get(base_env(env), (math.nan,))[0]
+    if env != "Hopper-v5":  # real runs only: a scale-model group has no peers
         return lines
     for peer in PEERS:
         if not modes.get(peer):
@@ -323,21 +371,61 @@ def _peer_goals(env: str, modes: dict[str, list[Run]]) -> list[str]:
     return lines
 
 
+def _scale_goals(group: str, modes: dict[str, list[Run]], reps: int) -> list[str]:
+    """The scale model's goal at N >= 4 (the target sooner is the goals' wall-clock line): a cost to 500k of at most
+    0.7x sync's (medians), and an evaluation at 500k no worse than async's beyond the interval."""
+    st, sy, asy = modes["stellaris"], modes.get("sync"), modes.get("async")
+    if st[0].learners < SCALE_GOAL_LEARNERS:
+        return []
+    lines = []
+    end = CHECKPOINTS[-1]
+    if sy:
+        cs, cy = float(np.median([cost_at(r, end) for r in st])), float(np.median([cost_at(r, end) for r in sy]))
+        if math.isfinite(cs) and math.isfinite(cy) and cy > 0:
+            verdict = _decided("met" if cs <= 0.7 * cy else "**missed**", st, sy)
+            lines.append(
+                f"- {group}: cost to {end // 1000}k, Stellaris ${cs:.4f} against sync's ${cy:.4f} (medians): "
+                f"{cs / cy:.2f}x, goal at most 0.7x: {verdict}."
+            )
+    if asy:
+        a, b = _interval([eval_at(r, end) for r in st], reps), _interval([eval_at(r, end) for r in asy], reps)
+        if a is not None and b is not None:
+            verdict = "**missed** (worse beyond the interval)" if b.above(a) else "met (no worse beyond the interval)"
+            lines.append(
+                f"- {group}, equal env steps ({end // 1000}k): Stellaris's evaluation IQM {a.point:,.0f} "
+                f"[{a.low:,.0f}, {a.high:,.0f}] against async's {b.point:,.0f} [{b.low:,.0f}, {b.high:,.0f}]: "
+                f"{_decided(verdict, st, asy)}."
+            )
+    return lines
+
+
 def _seconds(t: float) -> str:
     return f"{t:,.0f} s" if math.isfinite(t) else "not reached"
 
 
 def _decided(verdict: str, *sides: list[Run]) -> str:
-    """The verdict, once every side has MIN_SEEDS runs; until then, what it would be, marked undecided."""
-    fewest = min(len(side) for side in sides)
-    return verdict if fewest >= MIN_SEEDS else f"undecided ({fewest} of {MIN_SEEDS} seeds landed; so far: {verdict})"
+    """The verdict, once every side has the seeds its plan holds (MIN_SEEDS; a scale-model N, its plan's); until then,
+    what it would be, marked undecided."""
+    fewest, need = min(len(side) for side in sides), max(_seeds_needed(side[0]) for side in sides)
+    return verdict if fewest >= need else f"undecided ({fewest} of {need} seeds landed; so far: {verdict})"
+
+
+def _seeds_needed(run: Run) -> int:
+    return len(campaign.SCALE_SEEDS.get(run.learners, campaign.SEEDS[:3])) if run.learners else MIN_SEEDS
 
 
 def _reached(times: list[float]) -> str:
     return f"{sum(map(math.isfinite, times))}/{len(times)}"
 
 
-def build(results: Path | Sequence[Path], page: Path, *, title_date: str | None = None, reps: int = stats.REPS) -> Path:
+def build(
+    results: Path | Sequence[Path],
+    page: Path,
+    *,
+    title: str = TITLE,
+    title_date: str | None = None,
+    reps: int = stats.REPS,
+) -> Path:
     """Write the page and its figures from one campaign directory or several; returns the page. `reps`: bootstrap
     replications of the tables' intervals."""
     dirs = [results] if isinstance(results, Path) else [d for d in results if (d / "cells.csv").exists()]
@@ -351,7 +439,7 @@ def build(results: Path | Sequence[Path], page: Path, *, title_date: str | None 
     days = sorted({f.split()[0] for f in finished})
     title_date = title_date or (days[0] if len(days) == 1 else f"{days[0]} to {days[-1]}" if days else None)
     lines = [
-        "# Evaluation: Stellaris against the modes" + (f" ({title_date})" if title_date else ""),
+        f"# {title}" + (f" ({title_date})" if title_date else ""),
         "",
         "Generated by `python -m experiments.report` from the CSVs in "
         f"{', '.join(f'`{d.as_posix()}/`' for d in dirs)} (one per run, `python -m experiments.campaign run`); "
@@ -394,6 +482,8 @@ def build(results: Path | Sequence[Path], page: Path, *, title_date: str | None 
         name = env.split("/")[-1].lower()
         _figure_curves(env, modes, img_dir / f"{name}.png")
         lines += _env_section(env, modes, f"img/{page.stem}/{name}.png", reps)
+    if _figure_sweep(by_env, img_dir / "sweep.png"):
+        lines += ["## The N sweep", "", f"![The scale model's N sweep](img/{page.stem}/sweep.png)", ""]
     if by_env:
         _figure_costs(by_env, img_dir / "costs.png", reps)
         _figure_profiles(by_env, img_dir / "profiles.png")
@@ -421,9 +511,10 @@ def _column(dirs: Sequence[Path], name: str) -> list[str]:
 def main(
     results: list[Path] = typer.Option(list(RESULTS), help="the campaign's CSV directories (repeat the option)"),
     page: Path = typer.Option(PAGE, help="the page to write (figures go beside it, under img/)"),
+    title: str = typer.Option(TITLE, help="the page's title"),
 ) -> None:
     """Rebuild the results page from the committed CSVs."""
-    print(build(results, page))
+    print(build(results, page, title=title))
 
 
 if __name__ == "__main__":

@@ -249,6 +249,9 @@ def plan(
     apply_overhead_s: float | None = typer.Option(None, help=_described("apply_overhead_s")),
     prewarm: bool | None = typer.Option(None, "--prewarm/--no-prewarm", help=_described("prewarm")),
     task_s: float | None = typer.Option(None, help="model every task as this many seconds (default: as measured)"),
+    apply_s: float | None = typer.Option(
+        None, help="model every apply (update and publish) as this many seconds (default: as measured)"
+    ),
     collect_s: float | None = typer.Option(
         None, help="model every batch's collection as this many seconds (default: as measured)"
     ),
@@ -305,6 +308,7 @@ def plan(
         eval_every=eval_every,
         task_s=task_s,
         collect_s=collect_s,
+        apply_s=apply_s,
         compare=compare,
         calibrate=calibrate,
         out=out,

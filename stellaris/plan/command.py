@@ -54,6 +54,7 @@ class PlanRequest:
     eval_every: int = 0
     task_s: float | None = None
     collect_s: float | None = None
+    apply_s: float | None = None
     compare: Path | None = None
     calibrate: Path | None = None
     out: Path = Path("plan")
@@ -97,7 +98,11 @@ def latency_model(given: dict[str, float | bool]) -> LatencyModel:
 
 
 def _check_numbers(request: PlanRequest) -> None:
-    for flag, value in (("--task-s", request.task_s), ("--collect-s", request.collect_s)):
+    for flag, value in (
+        ("--task-s", request.task_s),
+        ("--collect-s", request.collect_s),
+        ("--apply-s", request.apply_s),
+    ):
         if value is not None and not (math.isfinite(value) and value > 0):
             raise ConfigError(f"{flag}: give a positive number of seconds, got {value!r}")
     for flag, count in (("--eval-episodes", request.eval_episodes), ("--eval-every", request.eval_every)):
@@ -119,7 +124,8 @@ def _run_source(run_dir: Path, flag: str = "--compare") -> tuple[Path, list[dict
 
 
 def _calibrated(request: PlanRequest) -> tuple[LatencyModel, Overheads | None]:
-    """The latency knobs given, over the overheads --calibrate measured (the flags given win), over the defaults."""
+    """The latency knobs given, over the task overhead --calibrate measured (a flag given wins), over the defaults;
+    and what --calibrate measured (its apply seconds become the jobs' unless --apply-s is given)."""
     if request.calibrate is None:
         return latency_model(request.latency), None
     _, rows = _run_source(request.calibrate, "--calibrate")
@@ -127,14 +133,14 @@ def _calibrated(request: PlanRequest) -> tuple[LatencyModel, Overheads | None]:
         measured = calibrated_overheads([{k: number(v) for k, v in r.items()} for r in rows])
     except ValueError as exc:
         raise ConfigError(f"--calibrate: {request.calibrate}: {exc}") from None
-    knobs = {"task_overhead_s": measured.task_overhead_s, "apply_overhead_s": measured.apply_overhead_s}
-    return latency_model({**knobs, **request.latency}), measured
+    return latency_model({"task_overhead_s": measured.task_overhead_s, **request.latency}), measured
 
 
 def plan(request: PlanRequest) -> Planned:
     """Every input checked, and the job of each N made, before anything runs; ConfigError names the first problem."""
     _check_numbers(request)
     latency, overheads = _calibrated(request)
+    measured_apply_s = overheads.apply_s if overheads is not None else None
     sets = parsed_sets(request.sets)
     source, info, rounds = None, None, None
     given_length = request.train.get("rounds") is not None or request.train.get("total_steps") is not None
@@ -161,6 +167,7 @@ def plan(request: PlanRequest) -> Planned:
             eval_every=request.eval_every,
             task_s=request.task_s,
             collect_s=request.collect_s,
+            apply_s=request.apply_s if request.apply_s is not None else measured_apply_s,
         )
         for n in counts
     ]
@@ -225,11 +232,12 @@ def run(planned: Planned, out: Path, console: Console) -> int:
 
     out.mkdir(parents=True, exist_ok=True)
     if planned.overheads is not None:
-        o, model = planned.overheads, planned.jobs[0].latency
+        o, job = planned.overheads, planned.jobs[0]
+        apply_ms = "measured" if job.apply_s is None else f"{job.apply_s * 1e3:.3f} ms"
         console.print(
-            f"calibrated over {o.rounds} rounds: a task's overhead {o.task_overhead_s * 1e3:.3f} ms, an apply's "
-            f"{o.apply_overhead_s * 1e3:.3f} ms (modelling with {model.task_overhead_s * 1e3:.3f} and "
-            f"{model.apply_overhead_s * 1e3:.3f} ms)"
+            f"calibrated over {o.rounds} rounds: a task's overhead {o.task_overhead_s * 1e3:.3f} ms, an apply "
+            f"{o.apply_s * 1e3:.3f} ms in all (modelling with {job.latency.task_overhead_s * 1e3:.3f} ms and "
+            f"{apply_ms})"
         )
     began = time.perf_counter()
     summaries: list[Summary] = []

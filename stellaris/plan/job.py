@@ -35,6 +35,7 @@ class PlanJob:
     eval_max_episode_steps: int = EVAL_MAX_EPISODE_STEPS
     task_s: float | None = None
     collect_s: float | None = None
+    apply_s: float | None = None
 
     @property
     def env_steps_per_round(self) -> int:
@@ -83,6 +84,7 @@ def plan_job(
     eval_every: int = 0,
     task_s: float | None = None,
     collect_s: float | None = None,
+    apply_s: float | None = None,
 ) -> PlanJob:
     """The modelled run of `cfg` on its `learners` learners (N: the job spec is N's, e.g. the floor schedule's least
     β), for `rounds` rounds when given (the first rounds of the planned run: its plan, which β's and the learning
@@ -106,4 +108,5 @@ def plan_job(
         eval_max_episode_steps=cfg.eval_max_episode_steps,
         task_s=task_s,
         collect_s=collect_s,
+        apply_s=apply_s,
     )

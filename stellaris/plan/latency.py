@@ -151,19 +151,23 @@ class ClusterLatency:
 
 @dataclass(frozen=True)
 class Overheads:
-    """The latency model's two overheads as one real run measured them (`calibrated_overheads`)."""
+    """What one real run measured for the model (`calibrated_overheads`): a task's overhead beyond its compute, and
+    an apply's seconds in all (update, publish and ack)."""
 
     task_overhead_s: float
-    apply_overhead_s: float
+    apply_s: float
     rounds: int  # the rounds they were measured over
 
 
 def calibrated_overheads(info: Sequence[dict[str, float]]) -> Overheads:
-    """The overheads a one-learner run's info.csv rows measured, medians over its rounds after the first (round 1
-    pays the cold start): a task's, the round's learning phase (its duration after the collection) beyond the
-    learner's compute, shared by the gradients it applied; an apply's, the parameter function's seconds beyond its
-    compute, shared by its aggregations. Negative shares (clock noise) count as 0. ValueError when the run had more
-    than one learner (its learning phase overlaps tasks) or no round after the first applied anything."""
+    """What a one-learner run's info.csv rows measured, medians over its rounds after the first (round 1 pays the
+    cold start). A task's overhead: the round's learning phase (its duration after the collection) beyond the
+    learner's compute, shared by the gradients it applied. An apply's seconds in all: the parameter function's compute
+    plus its busy time beyond it, shared by its aggregations; its busy time is the round's `cache_time` (both
+    functions' handler time neither computing nor waiting) less the learner's part of it (its time beyond compute and
+    waiting), since the parameter function's own wait for gradients is not a column. Negative shares (clock noise)
+    count as 0. ValueError when the run had more than one learner (its learning phase overlaps tasks) or no round
+    after the first applied anything."""
     several = sorted({int(r["learners"]) for r in info if math.isfinite(r.get("learners", 1.0))} - {1})
     if several:
         raise ValueError(f"calibrate from a one-learner run: this one ran {several[0]} learners")
@@ -173,7 +177,9 @@ def calibrated_overheads(info: Sequence[dict[str, float]]) -> Overheads:
             learning = r["duration"] - r["actor_time"] - r["learner_compute_time"]
             tasks.append(max(0.0, learning) / r["gradients_applied"])
         if r["aggregations"] > 0:
-            applies.append(max(0.0, r["parameter_time"] - r["parameter_compute_time"]) / r["aggregations"])
+            learner_busy = max(0.0, r["learner_time"] - r["learner_compute_time"] - r["learner_wait_time"])
+            parameter_busy = max(0.0, r["cache_time"] - learner_busy)
+            applies.append((r["parameter_compute_time"] + parameter_busy) / r["aggregations"])
     if not tasks or not applies:
         raise ValueError(f"no round after the first applied a gradient ({len(info)} rounds): nothing to calibrate")
     return Overheads(statistics.median(tasks), statistics.median(applies), len(tasks))

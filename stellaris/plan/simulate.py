@@ -198,7 +198,8 @@ class Round:
         self.aggregations += 1
         self.flushes += record.decision is Decision.FLUSH
         self.apply_s += watch.seconds
-        return watch.seconds + sim.latency.model.apply_overhead_s
+        applied_s = watch.seconds if sim.job.apply_s is None else sim.job.apply_s
+        return applied_s + sim.latency.model.apply_overhead_s
 
 
 @dataclass(frozen=True)

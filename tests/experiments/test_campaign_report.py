@@ -87,14 +87,16 @@ def test_a_real_cell_lands_its_csv_once(tmp_path: Path) -> None:
     assert float(index[0]["run_s"]) > 0 and "cores" in index[0]["machine"]
 
 
-def _fixture(results: Path, modes: tuple[tuple[str, float], ...] = (("stellaris", 1.0), ("sync", 2.0))) -> None:
+def _fixture(
+    results: Path, modes: tuple[tuple[str, float], ...] = (("stellaris", 1.0), ("sync", 2.0)), learners: int = 0
+) -> None:
     """Hopper, each mode at its seconds a round (stellaris and sync unless told), 3 seeds each: returns rising
-    linearly with steps, evaluations every 41 rounds and at the end."""
+    linearly with steps, evaluations every 41 rounds and at the end; modelled at `learners` when given."""
     rng = np.random.default_rng(0)
     index = []
     for mode, secs_per_round in modes:
         for seed in (1, 2, 3):
-            cell = f"hopper-v5-ppo-{mode}-s{seed}"
+            cell = f"hopper-v5-ppo-{mode}{f'-n{learners}' if learners else ''}-s{seed}"
             rows = []
             for k in range(1, 246):
                 ret = 3000 * k / 245 + rng.normal(0, 50)
@@ -123,6 +125,7 @@ def _fixture(results: Path, modes: tuple[tuple[str, float], ...] = (("stellaris"
                     "steps": 500000,
                     "preset": "fast",
                     "algo": "ppo",
+                    "learners": learners or "",
                     "run_s": 245 * secs_per_round + 5,
                     "attempts": 1,
                     "rounds": 245,
@@ -234,3 +237,22 @@ def test_a_real_scale_cell_lands_the_models_rows(tmp_path: Path) -> None:
     assert int(rows[-1]["eval_episodes"]) == 10 and float(rows[-1]["staleness_mean"]) >= 0
     with (results / "cells.csv").open(newline="") as f:
         assert [(r["cell"], r["learners"]) for r in csv.DictReader(f)] == [("hopper-v5-ppo-stellaris-n1-s2", "1")]
+
+
+def test_the_scale_page_groups_by_n_and_speaks_to_its_goals(tmp_path: Path) -> None:
+    """Modelled runs at N = 2 and 4: a section per N, the sweep figure, and at N = 4 the cost and async goals (3 of
+    the plan's 5 seeds there, so undecided; N = 2 is not held to them)."""
+    results, page = tmp_path / "scale", tmp_path / "docs" / "scale.md"
+    page.parent.mkdir()
+    _fixture(results, (("stellaris", 1.0), ("sync", 2.0), ("async", 1.0)), learners=2)
+    _fixture(results / "n4", (("stellaris", 0.5), ("sync", 2.0), ("async", 0.5)), learners=4)
+    report.build([results, results / "n4"], page, title="Scale model", reps=200)
+    text = page.read_text()
+    assert text.startswith("# Scale model") and "## Hopper-v5, N = 2" in text and "## Hopper-v5, N = 4" in text
+    cost = next(line for line in text.splitlines() if "N = 4: cost to 500k" in line)
+    assert "0.25x, goal at most 0.7x: undecided (3 of 5 seeds landed; so far: met)" in cost  # 0.5 s a round vs 2 s
+    assert "N = 4, equal env steps (500k): Stellaris's evaluation IQM" in text and "against async's" in text
+    assert "N = 2: cost" not in text
+    n2 = next(line for line in text.splitlines() if "N = 2, wall-clock to 1,500" in line)
+    assert "undecided (3 of 3" not in n2 and "goal 1.5x: met" in n2  # N = 2's plan holds 3 seeds: decided
+    assert (page.parent / "img" / "scale" / "sweep.png").stat().st_size > 10_000

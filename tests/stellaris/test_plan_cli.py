@@ -37,6 +37,7 @@ def _plan(*args: str) -> tuple[int, str]:
         (["--rounds", "1", "--env", "NoSuchEnv-v0"], "unknown Gymnasium env id 'NoSuchEnv-v0'"),
         (["--rounds", "1", "--set", "lr=-1"], "overrides.lr: Input should be greater than 0"),
         (["--rounds", "1", "--task-s", "0"], "--task-s: give a positive number of seconds"),
+        (["--rounds", "1", "--apply-s", "-1"], "--apply-s: give a positive number of seconds"),
         (["--rounds", "1", "--eval-episodes", "-1"], "--eval-episodes: give 0 or more"),
         ([], "give --rounds or --total-steps"),
         (["--compare", "no/such/run"], "--compare: no/such/run is not a directory"),
@@ -148,29 +149,33 @@ def test_compare_needs_a_run_directory(tmp_path: Path) -> None:
 
 
 def test_calibrate_takes_a_real_runs_overheads_and_flags_win(tmp_path: Path) -> None:
-    """Two rounds after round 1 measured 1 and 3 ms a task and 2 and 4 ms an apply: the medians are 2 and 3 ms; the
-    apply's flag given wins over what was measured."""
+    """Two rounds after round 1 measured 1 and 3 ms of overhead a task and 2 and 4 ms an apply in all: the medians
+    are 2 and 3 ms; --apply-s given wins over what was measured."""
     run = tmp_path / "run"
     run.mkdir()
     (run / "config.yaml").write_text(yaml.safe_dump({"config": {"env": "CartPole-v1", "learners": 1}}))
     columns = ["round_id", "learners", "duration", "actor_time", "learner_compute_time", "gradients_applied"]
-    columns += ["parameter_time", "parameter_compute_time", "aggregations"]
+    columns += ["learner_time", "learner_wait_time", "cache_time", "parameter_compute_time", "aggregations"]
     with (run / "info.csv").open("w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(columns)
         writer.writerows(
             [
-                [1, 1, 5.0, 1.0, 0.1, 8, 3.0, 0.1, 8],
-                [2, 1, 1.0, 0.5, 0.492, 8, 0.5, 0.484, 8],
-                [3, 1, 1.0, 0.5, 0.476, 8, 0.5, 0.468, 8],
+                [1, 1, 5.0, 1.0, 0.1, 8, 3.0, 0.0, 1.0, 0.1, 8],
+                # (1 - 0.5 - 0.492) / 8 = 1 ms; the learner busy 0.008 of 0.024: the parameter's 0.016 / 8 = 2 ms
+                [2, 1, 1.0, 0.5, 0.492, 8, 0.5, 0.0, 0.024, 0.0, 8],
+                # (1 - 0.5 - 0.476) / 8 = 3 ms; the learner busy 0.024 of 0.056: 0.032 / 8 = 4 ms
+                [3, 1, 1.0, 0.5, 0.476, 8, 0.5, 0.0, 0.056, 0.0, 8],
             ]
         )
     out = tmp_path / "plan"
     args = ["--env", "CartPole-v1", "--rounds", "1", "--learners", "1", *SMALL, "--eval-episodes", "0"]
-    code, output = _plan(*args, "--calibrate", str(run), "--apply-overhead-s", "0.005", "--out", str(out))
+    code, output = _plan(*args, "--calibrate", str(run), "--out", str(out))
     assert code == 0, output
-    assert "calibrated over 2 rounds: a task's overhead 2.000 ms, an apply's 3.000 ms" in output
-    assert "(modelling with 2.000 and 5.000 ms)" in output
+    assert "calibrated over 2 rounds: a task's overhead 2.000 ms, an apply 3.000 ms in all" in output
+    assert "(modelling with 2.000 ms and 3.000 ms)" in output
+    code, output = _plan(*args, "--calibrate", str(run), "--apply-s", "0.005", "--out", str(tmp_path / "given"))
+    assert code == 0 and "(modelling with 2.000 ms and 5.000 ms)" in output, output
     several = tmp_path / "several"
     several.mkdir()
     (several / "config.yaml").write_text((run / "config.yaml").read_text())

@@ -325,7 +325,15 @@ def test_the_comparison_pairs_rounds_both_have() -> None:
 
 
 def _info(
-    duration: float, actor: float, compute: float, applied: float, param: float, param_compute: float, aggs: float
+    duration: float,
+    actor: float,
+    compute: float,
+    applied: float,
+    learner: float,
+    learner_wait: float,
+    cache: float,
+    param_compute: float,
+    aggs: float,
 ) -> dict[str, float]:
     return {
         "learners": 1.0,
@@ -333,7 +341,9 @@ def _info(
         "actor_time": actor,
         "learner_compute_time": compute,
         "gradients_applied": applied,
-        "parameter_time": param,
+        "learner_time": learner,
+        "learner_wait_time": learner_wait,
+        "cache_time": cache,
         "parameter_compute_time": param_compute,
         "aggregations": aggs,
     }
@@ -341,20 +351,25 @@ def _info(
 
 def test_overheads_calibrated_from_a_one_learner_run_by_hand() -> None:
     rows = [
-        _info(9.0, 1.0, 0.1, 10, 8.0, 0.1, 10),  # round 1: the cold start, left out
-        _info(1.5, 0.8, 0.38, 320, 0.66, 0.1, 280),  # (1.5-0.8-0.38)/320 = 1 ms; (0.66-0.1)/280 = 2 ms
-        _info(1.7, 0.8, 0.26, 320, 0.9, 0.1, 200),  # (1.7-0.8-0.26)/320 = 2 ms; 0.8/200 = 4 ms
-        _info(1.0, 0.8, 0.30, 100, 0.5, 0.2, 100),  # the phase shorter than the compute: 0 ms; 0.3/100 = 3 ms
+        _info(9.0, 1.0, 0.1, 10, 8.0, 0.0, 5.0, 0.1, 10),  # round 1: the cold start, left out
+        # a task: (1.5 - 0.8 - 0.38) / 320 = 1 ms; the learner's busy time 0.6 - 0.38 = 0.22 of the 0.56 cache time,
+        # so the parameter function's 0.34, plus its 0.1 of compute, over 220 applies: 2 ms
+        _info(1.5, 0.8, 0.38, 320, 0.6, 0.0, 0.56, 0.1, 220),
+        # (1.7 - 0.8 - 0.26) / 320 = 2 ms; the learner waited 0.1: busy 0.14, the parameter 0.5 + 0.1 over 150: 4 ms
+        _info(1.7, 0.8, 0.26, 320, 0.5, 0.1, 0.64, 0.1, 150),
+        # a phase shorter than the compute: 0 ms; a cache time below the learner's busy time: compute alone, 3 ms
+        _info(1.0, 0.8, 0.30, 100, 0.4, 0.0, 0.05, 0.3, 100),
     ]
     measured = calibrated_overheads(rows)
     assert measured.rounds == 3
     assert measured.task_overhead_s == pytest.approx(0.001)  # the median of 1, 2 and 0 ms
-    assert measured.apply_overhead_s == pytest.approx(0.003)  # the median of 2, 4 and 3 ms
+    assert measured.apply_s == pytest.approx(0.003)  # the median of 2, 4 and 3 ms
 
 
 def test_calibration_refuses_what_it_cannot_divide() -> None:
-    several = [{**_info(1.5, 0.8, 0.38, 320, 0.66, 0.1, 280), "learners": 4.0}] * 2
+    one = _info(1.5, 0.8, 0.38, 320, 0.6, 0.0, 0.56, 0.1, 220)
     with pytest.raises(ValueError, match="one-learner run: this one ran 4 learners"):
-        calibrated_overheads(several)
+        calibrated_overheads([{**one, "learners": 4.0}] * 2)
+    idle = _info(1.0, 1.0, 0.0, 0, 0.0, 0.0, 0.0, 0.0, 0)
     with pytest.raises(ValueError, match="no round after the first applied a gradient"):
-        calibrated_overheads([_info(9.0, 1.0, 0.1, 10, 8.0, 0.1, 10), _info(1.0, 1.0, 0.0, 0, 0.5, 0.0, 0)])
+        calibrated_overheads([one, idle])
