@@ -398,7 +398,7 @@ def run_cell(cell: Cell, results: Path, runs: Path) -> tuple[str, float]:
     seconds = time.monotonic() - t0
     spent = runs / f"{cell.id}.attempts"  # earlier attempts' seconds, one line each: the cell's wall-clock sums them
     earlier = [float(x) for x in spent.read_text().split()] if spent.exists() else []
-    if code in STOPPED and not cell.starts_over:
+    if code in STOPPED and not cell.starts_over and (out / "state.json").exists():  # else it starts over, uncounted
         spent.write_text("".join(f"{x}\n" for x in [*earlier, round(seconds, 1)]))
         return f"interrupted at a checkpoint (exit {code}); run the campaign again to resume it", seconds
     if code in STOPPED:
