@@ -119,41 +119,17 @@ class Cell:
         if self.peer:
             return self.peer_command(out)
         if self.learners:
-            return self.plan_command(out)
-        return [
-            sys.executable,
-            "-m",
-            "stellaris.cli",
-            "train",
-            "--env",
-            self.env,
-            "--algo",
-            self.algo,
-            "--preset",
-            self.preset,
-            "--mode",
-            self.mode,
-            "--seed",
-            str(self.seed),
-            "--total-steps",
-            str(self.steps),
-            "--eval-every",
-            str(EVAL_EVERY),
-            "--eval-episodes",
-            str(EVAL_EPISODES),
-            "--out",
-            str(out),
-            *self.args,
-        ]
+            return self._stellaris("plan", out, "--learners", str(self.learners))
+        return self._stellaris("train", out)
 
-    def plan_command(self, out: Path) -> list[str]:
-        """`stellaris plan` of the same job at `learners` learners (docs/scale-model.md), evaluated as the real cells
-        are; the latency knobs come in `args` (the campaign's --calibrate)."""
+    def _stellaris(self, command: str, out: Path, *extra: str) -> list[str]:
+        """`stellaris train`, or `stellaris plan` of the same job at `learners` learners (docs/scale-model.md, its
+        latency knobs in `args`: the campaign's --calibrate), evaluated alike."""
         return [
             sys.executable,
             "-m",
             "stellaris.cli",
-            "plan",
+            command,
             "--env",
             self.env,
             "--algo",
@@ -164,8 +140,7 @@ class Cell:
             self.mode,
             "--seed",
             str(self.seed),
-            "--learners",
-            str(self.learners),
+            *extra,
             "--total-steps",
             str(self.steps),
             "--eval-every",
