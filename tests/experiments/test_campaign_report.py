@@ -169,7 +169,7 @@ def test_the_page_is_rebuilt_from_the_csvs(tmp_path: Path) -> None:
 def test_the_peers_join_the_page_from_their_own_directory(tmp_path: Path) -> None:
     """The modes' and the peers' directories make one page; Hopper's peer goal compares the median wall-clock to
     1,500: CleanRL at 3 s a round is behind Stellaris's 1 s, SB3 at 0.5 s is ahead of it."""
-    modes, peers, page = tmp_path / "modes", tmp_path / "peers", tmp_path / "docs" / "evaluation.md"
+    modes, peers, page = tmp_path / "smoke", tmp_path / "peers", tmp_path / "docs" / "evaluation.md"
     page.parent.mkdir()
     _fixture(modes)
     _fixture(peers, (("cleanrl", 3.0), ("sb3", 0.5)))
@@ -180,6 +180,9 @@ def test_the_peers_join_the_page_from_their_own_directory(tmp_path: Path) -> Non
     sb3 = next(line for line in text.splitlines() if "against sb3" in line)
     assert "(3 of 5 seeds landed; so far: met)" in cleanrl and "so far: **missed**" in sb3
     assert "Peers (`cleanrl`, `sb3`, `rllib`)" in text
+    # a directory named after a plan reports its progress: the fixture's 6 runs are 6 of the smoke plan's 10 cells
+    assert "- Plan `smoke`: 6 of 10 cells landed, 0.6 h of runs." in text  # 3 x 250 s and 3 x 495 s
+    assert "- Plan `peers`: 6 of 33 cells landed, 0.7 h of runs." in text
     with pytest.raises(Exception, match=r"no cells\.csv in"):
         report.load([tmp_path / "not-yet"])
 
