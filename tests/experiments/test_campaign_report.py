@@ -259,3 +259,16 @@ def test_the_scale_page_groups_by_n_and_speaks_to_its_goals(tmp_path: Path) -> N
     n2 = next(line for line in text.splitlines() if "N = 2, wall-clock to 1,500" in line)
     assert "undecided (3 of 3" not in n2 and "goal 1.5x: met" in n2  # N = 2's plan holds 3 seeds: decided
     assert (page.parent / "img" / "scale" / "sweep.png").stat().st_size > 10_000
+
+
+def test_the_queue_lists_its_steps_in_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nothing landed yet, no calibration run: every step says what it would run; the scale step is skipped, naming
+    the run it lacks, and the queue goes on to the next."""
+    from typer.testing import CliRunner
+
+    monkeypatch.chdir(tmp_path)
+    out = CliRunner().invoke(campaign.app, ["queue", "--dry-run"], env={"COLUMNS": "300"}).output
+    steps = [line for line in out.splitlines() if " cells, " in line or "skipped" in line]
+    assert [s.split(":")[0] for s in steps] == ["modes", "peers", "scale (every env)", "modes", "peers", "atari"]
+    assert steps[0] == "modes: 25 cells, 0 finished, 25 to run" and steps[1] == "peers: 15 cells, 0 finished, 15 to run"
+    assert "stellaris-s11 has no info.csv" in steps[2] and steps[3] == "modes: 55 cells, 0 finished, 55 to run"
