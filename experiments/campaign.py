@@ -49,6 +49,16 @@ RLLIB_EVAL_EVERY = 21  # RLlib's iterations of 4,000 steps between evaluations: 
 SEEDS = (1, 2, 3, 4, 5)
 SCALE_LEARNERS = (1, 2, 4, 8, 16)
 SCALE_SEEDS = {1: SEEDS, 4: SEEDS}  # the other N: the first 3 seeds
+QUEUE = (  # (plan, env): what decides a goal first; "" is every env of the plan
+    ("modes", "Hopper-v5"),
+    ("peers", "Hopper-v5"),
+    ("scale", ""),
+    ("modes", ""),
+    ("peers", ""),
+    ("atari", ""),
+)
+CALIBRATION_SEED = 11  # the held-out real run that calibrates the scale model (not one of SEEDS)
+VALIDATION = Path("results/scale-model/validation-calibrated")
 PEER_SEEDS = {"Hopper-v5": SEEDS, "Walker2d-v5": SEEDS[:3], "HalfCheetah-v5": SEEDS[:3]}
 ATARI, ATARI_STEPS = "ALE/SpaceInvaders-v5", 200_000
 STEPS = 500_000
@@ -119,41 +129,17 @@ class Cell:
         if self.peer:
             return self.peer_command(out)
         if self.learners:
-            return self.plan_command(out)
-        return [
-            sys.executable,
-            "-m",
-            "stellaris.cli",
-            "train",
-            "--env",
-            self.env,
-            "--algo",
-            self.algo,
-            "--preset",
-            self.preset,
-            "--mode",
-            self.mode,
-            "--seed",
-            str(self.seed),
-            "--total-steps",
-            str(self.steps),
-            "--eval-every",
-            str(EVAL_EVERY),
-            "--eval-episodes",
-            str(EVAL_EPISODES),
-            "--out",
-            str(out),
-            *self.args,
-        ]
+            return self._stellaris("plan", out, "--learners", str(self.learners))
+        return self._stellaris("train", out)
 
-    def plan_command(self, out: Path) -> list[str]:
-        """`stellaris plan` of the same job at `learners` learners (docs/scale-model.md), evaluated as the real cells
-        are; the latency knobs come in `args` (the campaign's --calibrate)."""
+    def _stellaris(self, command: str, out: Path, *extra: str) -> list[str]:
+        """`stellaris train`, or `stellaris plan` of the same job at `learners` learners (docs/scale-model.md, its
+        latency knobs in `args`: the campaign's --calibrate), evaluated alike."""
         return [
             sys.executable,
             "-m",
             "stellaris.cli",
-            "plan",
+            command,
             "--env",
             self.env,
             "--algo",
@@ -164,8 +150,7 @@ class Cell:
             self.mode,
             "--seed",
             str(self.seed),
-            "--learners",
-            str(self.learners),
+            *extra,
             "--total-steps",
             str(self.steps),
             "--eval-every",
@@ -491,7 +476,12 @@ def run(
 ) -> None:
     """Run the plan's unfinished cells, one at a time; finished ones are skipped."""
     cells = _selected(plan, seeds, steps, env, calibrate)
-    results = results or RESULTS / plan
+    _run_cells(plan, cells, results or RESULTS / plan, runs, limit=limit, commit=commit, dry_run=dry_run)
+
+
+def _run_cells(
+    plan: str, cells: list[Cell], results: Path, runs: Path, *, limit: int = 0, commit: bool, dry_run: bool = False
+) -> None:
     done = finished(results)
     todo = [c for c in cells if c.id not in done]
     console.print(f"{plan}: {len(cells)} cells, {len(cells) - len(todo)} finished, {len(todo)} to run")
@@ -509,6 +499,35 @@ def run(
             raise typer.Exit(1)
         if commit:
             _git_commit(results, cell)
+
+
+@app.command()
+def queue(
+    commit: bool = typer.Option(True, help="git-commit each cell's CSV, and the validation's, as they land"),
+    dry_run: bool = typer.Option(False, "--dry-run", help="list the steps and what each would run, and run none"),
+) -> None:
+    """The whole campaign in the order that decides a goal first (docs/experiments.md): the scale model's validation
+    calibrated by a held-out run, Hopper's modes, Hopper's peers, the scale sweep (calibrated by that run), the rest of
+    the modes and the peers, Atari. A step stopped by a failed cell is left for the next time, and the queue goes on;
+    run it again to take up what is left."""
+    calibration = Path("runs/plan-validation") / f"stellaris-s{CALIBRATION_SEED}"
+    validation = [sys.executable, "-m", "experiments.plan_validation", "--calibrate-seed", str(CALIBRATION_SEED)]
+    console.print(f"validation: {' '.join(validation[1:])}")
+    if not dry_run:
+        subprocess.run(validation, check=False)
+        if commit and VALIDATION.exists():
+            subprocess.run(["git", "add", str(VALIDATION)], check=True)
+            message = "scale model: the validation at N = 1, calibrated by a held-out run"
+            subprocess.run(["git", "commit", "-q", "-m", message, "--", str(VALIDATION)], check=False)
+    for plan, env in QUEUE:
+        step = f"{plan} {env or '(every env)'}"
+        try:
+            cells = _selected(plan, ",".join(map(str, SEEDS)), STEPS, env, calibration if plan == "scale" else None)
+            _run_cells(plan, cells, RESULTS / plan, RUNS, commit=commit, dry_run=dry_run)
+        except typer.BadParameter as exc:  # the scale step without its calibration run, the peers without CleanRL
+            console.print(f"{step}: skipped: {exc}; the queue goes on")
+        except typer.Exit:
+            console.print(f"{step}: stopped at a failed cell; the queue goes on")
 
 
 @app.command()

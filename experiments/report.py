@@ -473,6 +473,7 @@ def build(
         "([Experiments](../experiments.md#the-evaluation-campaign)). Cost: the cost model's "
         "([Experiments](../experiments.md#suites)), cumulative to the checkpoint.",
         "",
+        *_progress(dirs, runs),
         "## The goals",
         "",
         *goals(by_env, reps),
@@ -498,6 +499,22 @@ def build(
         ]
     page.write_text("\n".join(lines))
     return page
+
+
+def _progress(dirs: Sequence[Path], runs: Sequence[Run]) -> list[str]:
+    """How far each campaign plan has come: its cells landed of its cells, and the hours they took from launch to
+    exit (a directory named after a plan is that plan's results)."""
+    lines = []
+    for d in dirs:
+        try:
+            planned = campaign.plan_cells(d.name)
+        except typer.BadParameter:
+            continue  # not a plan's directory (a fixture, a hand-made one)
+        ids = {c.id for c in planned}
+        landed = [r for r in runs if r.cell in ids]
+        hours = sum(r.run_s for r in landed) / 3600
+        lines.append(f"- Plan `{d.name}`: {len(landed)} of {len(planned)} cells landed, {hours:.1f} h of runs.")
+    return [*lines, ""] if lines else []
 
 
 def _column(dirs: Sequence[Path], name: str) -> list[str]:

@@ -33,7 +33,7 @@ import numpy as np
 import torch
 import torch.utils.tensorboard
 
-from experiments.peers.protocol import Recorder
+from experiments.peers.protocol import Recorder, arguments, parsed
 
 SCRIPT = Path("cleanrl") / "ppo_continuous_action.py"
 NUM_STEPS = 2048  # the script's default rollout length: one iteration
@@ -90,14 +90,14 @@ def _mean_action(script: dict[str, Any]) -> Any:
     return act
 
 
-def _writer(recorder_args: dict[str, Any]) -> type:
+def _writer(cli: argparse.Namespace) -> type:
     """CleanRL's SummaryWriter, feeding the protocol's recorder as the script logs."""
     base = torch.utils.tensorboard.SummaryWriter
 
     class ProtocolWriter(base):  # type: ignore[misc, valid-type]
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
-            self.recorder = Recorder(**recorder_args)
+            self.recorder = Recorder.of(cli, cli.rounds)
 
         def add_scalar(self, tag: str, value: Any, global_step: Any = None, *args: Any, **kwargs: Any) -> None:
             super().add_scalar(tag, value, global_step, *args, **kwargs)
@@ -114,33 +114,17 @@ def _writer(recorder_args: dict[str, Any]) -> type:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = arguments(__doc__.split("\n\n")[0], budget="rounds", unit=f"iterations of {NUM_STEPS} env steps")
     parser.add_argument("--source", type=Path, required=True, help="a CleanRL clone (or the script itself)")
-    parser.add_argument("--env", required=True, help="a Gymnasium env id with a Box action space, e.g. Hopper-v5")
-    parser.add_argument("--seed", type=int, required=True)
-    parser.add_argument("--rounds", type=int, required=True, help=f"iterations of {NUM_STEPS} env steps")
-    parser.add_argument("--eval-every", type=int, default=41)
-    parser.add_argument("--eval-episodes", type=int, default=10)
-    parser.add_argument("--out", type=Path, required=True)
-    args = parser.parse_args()
+    args = parsed(parser, "rounds")
     script = (args.source if args.source.is_file() else args.source / SCRIPT).resolve()
     if not script.is_file():
         parser.error(f"--source {args.source}: no {SCRIPT} there; clone https://github.com/vwxyzjn/cleanrl first")
-    if args.rounds < 1:
-        parser.error(f"--rounds must be at least 1, got {args.rounds}")
-    out = args.out.resolve()
+    out = args.out = args.out.resolve()
     print(f"CleanRL script {script} sha256 {hashlib.sha256(script.read_bytes()).hexdigest()[:16]}", flush=True)
-    recorder_args = {
-        "out": out,
-        "env_id": args.env,
-        "seed": args.seed,
-        "total_rounds": args.rounds,
-        "eval_every": args.eval_every,
-        "eval_episodes": args.eval_episodes,
-    }
     gym.vector.SyncVectorEnv = SameStepSyncVectorEnv  # type: ignore[misc]
     gym.wrappers.TransformObservation = TransformObservation  # type: ignore[misc]
-    torch.utils.tensorboard.SummaryWriter = _writer(recorder_args)  # type: ignore[misc]
+    torch.utils.tensorboard.SummaryWriter = _writer(args)  # type: ignore[misc]
     out.mkdir(parents=True, exist_ok=True)
     os.chdir(out)  # the script writes its TensorBoard files under ./runs
     sys.argv = [

@@ -11,6 +11,7 @@ Runs inside the peers' venv: only the standard library, NumPy and Gymnasium are 
 
 from __future__ import annotations
 
+import argparse
 import csv
 import math
 import time
@@ -28,6 +29,26 @@ EVAL_MAX_EPISODE_STEPS = 10_000  # the project's cap on one evaluation episode (
 PROGRESS_EVERY = 10  # a progress line on stdout every this many iterations
 
 Act = Callable[[np.ndarray], np.ndarray]  # an observation -> the policy's deterministic action
+
+
+def arguments(description: str, *, budget: str, unit: str, eval_every: int = 41) -> argparse.ArgumentParser:
+    """The command line every peer takes: the env, the seed, its budget (`--rounds` or `--steps`, in `unit`), the
+    evaluations and the output directory; a peer adds its own."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--env", required=True, help="a Gymnasium env id, e.g. Hopper-v5")
+    parser.add_argument("--seed", type=int, required=True)
+    parser.add_argument(f"--{budget}", type=int, required=True, help=unit)
+    parser.add_argument("--eval-every", type=int, default=eval_every, help="iterations between evaluations")
+    parser.add_argument("--eval-episodes", type=int, default=10)
+    parser.add_argument("--out", type=Path, required=True)
+    return parser
+
+
+def parsed(parser: argparse.ArgumentParser, budget: str) -> argparse.Namespace:
+    args = parser.parse_args()
+    if getattr(args, budget) < 1:
+        parser.error(f"--{budget} must be at least 1, got {getattr(args, budget)}")
+    return args
 
 
 def evaluate(
@@ -63,6 +84,18 @@ def evaluate(
 class Recorder:
     """Writes `out/progress.csv` as the run goes: `episode` for each episode that ends, `round_end` after each
     iteration's update (the iterations are numbered from 1; the last is `total_rounds`)."""
+
+    @classmethod
+    def of(cls, args: argparse.Namespace, total_rounds: int) -> Recorder:
+        """The recorder a peer's parsed command line (`arguments`) asks for."""
+        return cls(
+            args.out,
+            env_id=args.env,
+            seed=args.seed,
+            total_rounds=total_rounds,
+            eval_every=args.eval_every,
+            eval_episodes=args.eval_episodes,
+        )
 
     def __init__(
         self,

@@ -14,13 +14,11 @@ runners do.
 
 from __future__ import annotations
 
-import argparse
 import math
 import os
 import shutil
 import signal
 import tempfile
-from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
@@ -30,7 +28,7 @@ import torch
 from ray.rllib.algorithms.ppo import PPOConfig
 from ray.rllib.core.columns import Columns
 
-from experiments.peers.protocol import Recorder
+from experiments.peers.protocol import Recorder, arguments, parsed
 from experiments.rllib_ppo import EPISODES_KEY, RETURN_SUM_KEY, on_episode_end
 
 BATCH = 4000  # PPOConfig's default train_batch_size_per_learner: one iteration
@@ -65,16 +63,7 @@ def _interrupt(signum: int, frame: object) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--env", required=True, help="a Gymnasium env id with a Box action space, e.g. Hopper-v5")
-    parser.add_argument("--seed", type=int, required=True)
-    parser.add_argument("--steps", type=int, required=True, help="env steps to sample")
-    parser.add_argument("--eval-every", type=int, default=21, help="iterations between evaluations")
-    parser.add_argument("--eval-episodes", type=int, default=10)
-    parser.add_argument("--out", type=Path, required=True)
-    args = parser.parse_args()
-    if args.steps < 1:
-        parser.error(f"--steps must be at least 1, got {args.steps}")
+    args = parsed(arguments(__doc__.split("\n\n")[0], budget="steps", unit="env steps", eval_every=21), "steps")
     signal.signal(signal.SIGTERM, _interrupt)  # stopped by the campaign: ray.shutdown() still runs
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     config = PPOConfig().environment(args.env).callbacks(on_episode_end=on_episode_end).debugging(seed=args.seed)
@@ -91,14 +80,7 @@ def main() -> None:
         space = gym.make(args.env).action_space
         act = _unsquashed(_mean_action(algo), space.low, space.high)
         iterations = math.ceil(args.steps / config.train_batch_size_per_learner)
-        recorder = Recorder(
-            args.out,
-            env_id=args.env,
-            seed=args.seed,
-            total_rounds=iterations,
-            eval_every=args.eval_every,
-            eval_episodes=args.eval_episodes,
-        )
+        recorder = Recorder.of(args, iterations)
         try:
             for _ in range(iterations):
                 runners = algo.train().get("env_runners", {})

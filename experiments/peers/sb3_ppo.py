@@ -11,15 +11,12 @@ iterations; `DIR/progress.csv` gets the protocol's rows (experiments/peers/proto
 
 from __future__ import annotations
 
-import argparse
-from pathlib import Path
-
 import gymnasium as gym
 import numpy as np
 from stable_baselines3 import PPO
 from stable_baselines3.common.callbacks import BaseCallback
 
-from experiments.peers.protocol import Recorder
+from experiments.peers.protocol import Recorder, arguments, parsed
 
 N_STEPS = 2048  # SB3's default rollout length: one iteration
 
@@ -52,25 +49,9 @@ class Protocol(BaseCallback):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--env", required=True, help="a Gymnasium env id, e.g. Hopper-v5")
-    parser.add_argument("--seed", type=int, required=True)
-    parser.add_argument("--rounds", type=int, required=True, help=f"iterations of {N_STEPS} env steps")
-    parser.add_argument("--eval-every", type=int, default=41)
-    parser.add_argument("--eval-episodes", type=int, default=10)
-    parser.add_argument("--out", type=Path, required=True)
-    args = parser.parse_args()
-    if args.rounds < 1:
-        parser.error(f"--rounds must be at least 1, got {args.rounds}")
+    args = parsed(arguments(__doc__.split("\n\n")[0], budget="rounds", unit=f"iterations of {N_STEPS} steps"), "rounds")
     model = PPO("MlpPolicy", gym.make(args.env), seed=args.seed, device="cpu")
-    recorder = Recorder(
-        args.out,
-        env_id=args.env,
-        seed=args.seed,
-        total_rounds=args.rounds,
-        eval_every=args.eval_every,
-        eval_episodes=args.eval_episodes,
-    )
+    recorder = Recorder.of(args, args.rounds)
     try:
         model.learn(total_timesteps=args.rounds * N_STEPS, callback=Protocol(recorder))
     finally:

@@ -169,7 +169,7 @@ def test_the_page_is_rebuilt_from_the_csvs(tmp_path: Path) -> None:
 def test_the_peers_join_the_page_from_their_own_directory(tmp_path: Path) -> None:
     """The modes' and the peers' directories make one page; Hopper's peer goal compares the median wall-clock to
     1,500: CleanRL at 3 s a round is behind Stellaris's 1 s, SB3 at 0.5 s is ahead of it."""
-    modes, peers, page = tmp_path / "modes", tmp_path / "peers", tmp_path / "docs" / "evaluation.md"
+    modes, peers, page = tmp_path / "smoke", tmp_path / "peers", tmp_path / "docs" / "evaluation.md"
     page.parent.mkdir()
     _fixture(modes)
     _fixture(peers, (("cleanrl", 3.0), ("sb3", 0.5)))
@@ -180,6 +180,9 @@ def test_the_peers_join_the_page_from_their_own_directory(tmp_path: Path) -> Non
     sb3 = next(line for line in text.splitlines() if "against sb3" in line)
     assert "(3 of 5 seeds landed; so far: met)" in cleanrl and "so far: **missed**" in sb3
     assert "Peers (`cleanrl`, `sb3`, `rllib`)" in text
+    # a directory named after a plan reports its progress: the fixture's 6 runs are 6 of the smoke plan's 10 cells
+    assert "- Plan `smoke`: 6 of 10 cells landed, 0.6 h of runs." in text  # 3 x 250 s and 3 x 495 s
+    assert "- Plan `peers`: 6 of 33 cells landed, 0.7 h of runs." in text
     with pytest.raises(Exception, match=r"no cells\.csv in"):
         report.load([tmp_path / "not-yet"])
 
@@ -256,3 +259,16 @@ def test_the_scale_page_groups_by_n_and_speaks_to_its_goals(tmp_path: Path) -> N
     n2 = next(line for line in text.splitlines() if "N = 2, wall-clock to 1,500" in line)
     assert "undecided (3 of 3" not in n2 and "goal 1.5x: met" in n2  # N = 2's plan holds 3 seeds: decided
     assert (page.parent / "img" / "scale" / "sweep.png").stat().st_size > 10_000
+
+
+def test_the_queue_lists_its_steps_in_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nothing landed yet, no calibration run: every step says what it would run; the scale step is skipped, naming
+    the run it lacks, and the queue goes on to the next."""
+    from typer.testing import CliRunner
+
+    monkeypatch.chdir(tmp_path)
+    out = CliRunner().invoke(campaign.app, ["queue", "--dry-run"], env={"COLUMNS": "300"}).output
+    steps = [line for line in out.splitlines() if " cells, " in line or "skipped" in line]
+    assert [s.split(":")[0] for s in steps] == ["modes", "peers", "scale (every env)", "modes", "peers", "atari"]
+    assert steps[0] == "modes: 25 cells, 0 finished, 25 to run" and steps[1] == "peers: 15 cells, 0 finished, 15 to run"
+    assert "stellaris-s11 has no info.csv" in steps[2] and steps[3] == "modes: 55 cells, 0 finished, 55 to run"
