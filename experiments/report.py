@@ -463,6 +463,15 @@ def build(
             if any(r.mode in PEERS for r in runs)
             else []
         ),
+        *(
+            [
+                "- Modelled runs (N learners): `stellaris plan --learners N` with the overheads a held-out real run "
+                "measured (`--calibrate`); their rewards come from real gradients on real episodes, their "
+                "wall-clock and cost from the latency and cost models ([Scale model](../scale-model.md)).",
+            ]
+            if any(r.learners for r in runs)
+            else []
+        ),
         "- A cell stopped and resumed (`attempts` above 1 in `cells.csv`) counts every attempt in its run wall-clock; "
         "each restart pays the platform's start again.",
         "- Statistics: interquartile mean (IQM) over seeds with a stratified-bootstrap 95 % interval "

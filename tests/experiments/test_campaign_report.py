@@ -252,6 +252,7 @@ def test_the_scale_page_groups_by_n_and_speaks_to_its_goals(tmp_path: Path) -> N
     report.build([results, results / "n4"], page, title="Scale model", reps=200)
     text = page.read_text()
     assert text.startswith("# Scale model") and "## Hopper-v5, N = 2" in text and "## Hopper-v5, N = 4" in text
+    assert "- Modelled runs (N learners): `stellaris plan --learners N`" in text
     cost = next(line for line in text.splitlines() if "N = 4: cost to 500k" in line)
     assert "0.25x, goal at most 0.7x: undecided (3 of 5 seeds landed; so far: met)" in cost  # 0.5 s a round vs 2 s
     assert "N = 4, equal env steps (500k): Stellaris's evaluation IQM" in text and "against async's" in text
