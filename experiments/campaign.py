@@ -240,44 +240,30 @@ def cell_rows(run: Path) -> list[dict[str, Any]]:
     rows, wall = [], 0.0
     for r in read_info(run):
         wall += r["duration"]
-        rows.append(
-            {
-                "round": int(r["round_id"]),
-                "env_steps": int(r["env_steps"]),
-                "wall_s": round(wall, 3),
-                "train_return": _num(r["train_reward_mean"]),
-                "episodes": int(r["episodes"]),
-                "eval_return": _num(r.get("eval_reward_mean", math.nan)),
-                "eval_episodes": int(r.get("eval_episodes") or 0),
-                "cost": _num(r["cost"], 6),
-                "staleness_mean": _num(r.get("staleness_mean", math.nan), 3),
-                "gradients_applied": int(r.get("gradients_applied") or 0),
-            }
-        )
+        rows.append(_kept(r, wall))
     return rows
 
 
 def plan_rows(run: Path, learners: int) -> list[dict[str, Any]]:
-    """A modelled run's rows (`stellaris plan`'s learners-N.csv) as the campaign keeps a cell's: its clock and cost
-    are the model's."""
-    rows = []
-    with (run / f"learners-{learners}.csv").open(newline="") as f:
-        for r in csv.DictReader(f):
-            rows.append(
-                {
-                    "round": int(r["round_id"]),
-                    "env_steps": int(r["env_steps"]),
-                    "wall_s": _num(float(r["wall_clock_s"]), 3),
-                    "train_return": _num(float(r["train_reward_mean"] or "nan")),
-                    "episodes": int(r["episodes"]),
-                    "eval_return": _num(float(r["eval_reward_mean"] or "nan")),
-                    "eval_episodes": int(r["eval_episodes"] or 0),
-                    "cost": _num(float(r["cost"]), 6),
-                    "staleness_mean": _num(float(r["staleness_mean"] or "nan"), 3),
-                    "gradients_applied": int(r["gradients_applied"] or 0),
-                }
-            )
-    return rows
+    """A modelled run's rows (`stellaris plan`'s learners-N.csv, info.csv's columns) as the campaign keeps a cell's:
+    its clock and cost are the model's."""
+    return [_kept(r, r["wall_clock_s"]) for r in read_info(run, f"learners-{learners}.csv")]
+
+
+def _kept(r: dict[str, float], wall_s: float) -> dict[str, Any]:
+    """One round of info.csv's columns (as floats) as a row of the campaign's, at training clock `wall_s`."""
+    return {
+        "round": int(r["round_id"]),
+        "env_steps": int(r["env_steps"]),
+        "wall_s": round(wall_s, 3),
+        "train_return": _num(r["train_reward_mean"]),
+        "episodes": int(r["episodes"]),
+        "eval_return": _num(r.get("eval_reward_mean", math.nan)),
+        "eval_episodes": int(r.get("eval_episodes") or 0),
+        "cost": _num(r["cost"], 6),
+        "staleness_mean": _num(r.get("staleness_mean", math.nan), 3),
+        "gradients_applied": int(r.get("gradients_applied") or 0),
+    }
 
 
 def peer_rows(run: Path) -> list[dict[str, Any]]:
@@ -360,9 +346,8 @@ def run_cell(cell: Cell, results: Path, runs: Path) -> tuple[str, float]:
     """Run (or resume) one cell; on success write its CSV and its index row. Returns (status, seconds)."""
     out = runs / cell.id
     if cell.starts_over and out.exists():
-        shutil.rmtree(
-            out
-        )  # no checkpoint to resume: an interrupted one starts over, and its earlier try does not count
+        # no checkpoint to resume: an interrupted one starts over, and its earlier try does not count
+        shutil.rmtree(out)
     cmd = (
         [sys.executable, "-m", "stellaris.cli", "train", "--resume", str(out)]
         if (out / "state.json").exists()
@@ -431,7 +416,7 @@ def _ready_peers(cells: list[Cell]) -> None:
     except RLlibEnvError as exc:
         raise typer.BadParameter(str(exc), param_hint="peers") from exc
     source = peers_venv.cleanrl_source()
-    if any(c.mode == "cleanrl" for c in cells) and not (source / "cleanrl" / "ppo_continuous_action.py").is_file():
+    if any(c.mode == "cleanrl" for c in cells) and not (source / peers_venv.CLEANRL_SCRIPT).is_file():
         raise typer.BadParameter(
             f"CleanRL's cells need a clone of https://github.com/vwxyzjn/cleanrl at {source} (commit "
             f"{peers_venv.CLEANRL_COMMIT} ran the published cells), or ${peers_venv.CLEANRL_ENV_VAR} pointing at one",

@@ -354,10 +354,9 @@ def goals(by_env: dict[str, dict[str, list[Run]]], reps: int = stats.REPS) -> li
 
 def _peer_goals(env: str, modes: dict[str, list[Run]]) -> list[str]:
     """Hopper's goal against the peers: its first target reached sooner than each peer's, in median wall-clock."""
-    st, lines = modes["stellaris"], []
-    target = TARGETS.get(base_env(env), (math.nan,))[0]
     if env != "Hopper-v5":  # real runs only: a scale-model group has no peers
-        return lines
+        return []
+    st, lines, target = modes["stellaris"], [], TARGETS[env][0]
     for peer in PEERS:
         if not modes.get(peer):
             continue

@@ -26,9 +26,9 @@ WINDOW_STEPS = 50_000  # rewards at half the run and at its end: the rounds with
 TARGET_ROUNDS = 10  # time to a target reward: when the episode-weighted mean of the last this-many rounds reaches it
 
 
-def read_info(path: Path) -> list[dict[str, float]]:
-    """info.csv as floats (NaN for blanks)."""
-    with (path / "info.csv").open(newline="") as f:
+def read_info(path: Path, name: str = "info.csv") -> list[dict[str, float]]:
+    """A run directory's info.csv (or another CSV of its, `name`) as floats (NaN for blanks)."""
+    with (path / name).open(newline="") as f:
         return [{k: float(v) if v not in ("", None) else math.nan for k, v in row.items()} for row in csv.DictReader(f)]
 
 

@@ -34,8 +34,8 @@ import torch
 import torch.utils.tensorboard
 
 from experiments.peers.protocol import Recorder, arguments, parsed
+from experiments.peers.venv import CLEANRL_SCRIPT as SCRIPT
 
-SCRIPT = Path("cleanrl") / "ppo_continuous_action.py"
 NUM_STEPS = 2048  # the script's default rollout length: one iteration
 OBS_CLIP = 10.0  # the script clips normalised observations to this
 

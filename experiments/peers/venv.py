@@ -34,6 +34,7 @@ CHECK = (
 )
 CLEANRL_ENV_VAR = "STELLARIS_CLEANRL_SOURCE"
 DEFAULT_CLEANRL = REPO_ROOT / ".peers" / "cleanrl"  # a clone of https://github.com/vwxyzjn/cleanrl
+CLEANRL_SCRIPT = Path("cleanrl") / "ppo_continuous_action.py"  # in the clone
 CLEANRL_COMMIT = "fe8d8a03"  # the commit the campaign's CleanRL cells ran
 
 
