@@ -19,8 +19,10 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -57,7 +59,8 @@ QUEUE = (  # (plan, env): what decides a goal first; "" is every env of the plan
     ("peers", ""),
     ("atari", ""),
 )
-CALIBRATION_SEED = 11  # the held-out real run that calibrates the scale model (not one of SEEDS)
+CALIBRATION_SEEDS = (11, 12, 13)  # the held-out real runs that calibrate the scale model (none of SEEDS)
+MODELLED_JOBS = 2  # calibrated modelled cells side by side: one a core
 VALIDATION = Path("results/scale-model/validation-calibrated")
 PEER_SEEDS = {"Hopper-v5": SEEDS, "Walker2d-v5": SEEDS[:3], "HalfCheetah-v5": SEEDS[:3]}
 ATARI, ATARI_STEPS = "ALE/SpaceInvaders-v5", 200_000
@@ -342,6 +345,9 @@ def finished(results: Path) -> set[str]:
         return {row["cell"] for row in csv.DictReader(f) if (results / f"{row['cell']}.csv").exists()}
 
 
+_RECORDING = threading.Lock()  # modelled cells may finish side by side: one writes to the index at a time
+
+
 def run_cell(cell: Cell, results: Path, runs: Path) -> tuple[str, float]:
     """Run (or resume) one cell; on success write its CSV and its index row. Returns (status, seconds)."""
     out = runs / cell.id
@@ -376,6 +382,13 @@ def run_cell(cell: Cell, results: Path, runs: Path) -> tuple[str, float]:
     if code != 0:
         return f"failed (exit {code}; see {runs / f'{cell.id}.log'})", seconds
     rows = peer_rows(out) if cell.peer else plan_rows(out, cell.learners) if cell.learners else cell_rows(out)
+    with _RECORDING:
+        _record(cell, results, rows, seconds + sum(earlier), len(earlier) + 1)
+    return "done", seconds
+
+
+def _record(cell: Cell, results: Path, rows: list[dict[str, Any]], seconds: float, attempts: int) -> None:
+    """A finished cell's CSV, and its row in the index."""
     write_csv(results / f"{cell.id}.csv", CELL_COLUMNS, rows)
     write_csv(
         results / "cells.csv",
@@ -390,8 +403,8 @@ def run_cell(cell: Cell, results: Path, runs: Path) -> tuple[str, float]:
                 "preset": cell.preset,
                 "algo": cell.algo,
                 "learners": cell.learners or "",
-                "run_s": round(seconds + sum(earlier), 1),
-                "attempts": len(earlier) + 1,
+                "run_s": round(seconds, 1),
+                "attempts": attempts,
                 "rounds": len(rows),
                 "commit": _commit(),
                 "machine": machine(),
@@ -400,7 +413,6 @@ def run_cell(cell: Cell, results: Path, runs: Path) -> tuple[str, float]:
         ],
         append=True,
     )
-    return "done", seconds
 
 
 def _git_commit(results: Path, cell: Cell) -> None:
@@ -424,7 +436,7 @@ def _ready_peers(cells: list[Cell]) -> None:
         )
 
 
-def _selected(plan: str, seeds: str, steps: int, env: str, calibrate: Path | None) -> list[Cell]:
+def _selected(plan: str, seeds: str, steps: int, env: str, calibrate: Sequence[Path] = ()) -> list[Cell]:
     """The plan's cells for these seeds and steps, of one env when given, with the scale cells calibrated."""
     try:
         seed_list = [int(s) for s in seeds.split(",") if s.strip()]
@@ -437,11 +449,13 @@ def _selected(plan: str, seeds: str, steps: int, env: str, calibrate: Path | Non
             param_hint="--env",
         )
     cells = [c for c in cells if not env or c.env == env]
-    if calibrate is None:
-        return cells
-    if not (calibrate / "info.csv").is_file():
-        raise typer.BadParameter(f"{calibrate} has no info.csv: give a real run's directory", param_hint="--calibrate")
-    return [replace(c, args=(*c.args, "--calibrate", str(calibrate))) if c.learners else c for c in cells]
+    for run_dir in calibrate:
+        if not (run_dir / "info.csv").is_file():
+            raise typer.BadParameter(
+                f"{run_dir} has no info.csv: give a real run's directory", param_hint="--calibrate"
+            )
+    flags = tuple(arg for run_dir in calibrate for arg in ("--calibrate", str(run_dir)))
+    return [replace(c, args=(*c.args, *flags)) if c.learners and flags else c for c in cells]
 
 
 @app.command()
@@ -452,21 +466,38 @@ def run(
     results: Path = typer.Option(None, help="where the CSVs land (default results/campaign/PLAN)"),
     runs: Path = typer.Option(RUNS, help="where the run directories go (not committed)"),
     env: str = typer.Option("", help="only this env's cells, e.g. Hopper-v5 (default: every env of the plan)"),
-    calibrate: Path | None = typer.Option(
-        None, help="scale: the real one-learner run whose overheads the model takes (stellaris plan --calibrate)"
+    calibrate: list[Path] = typer.Option(
+        [], help="scale: a real one-learner run whose timings the model takes (stellaris plan --calibrate; repeat)"
     ),
     limit: int = typer.Option(0, min=0, help="run at most this many cells now (0: all)"),
     commit: bool = typer.Option(False, help="git-commit each cell's CSV as it lands"),
     dry_run: bool = typer.Option(False, "--dry-run", help="list the cells that would run, and run none"),
+    jobs: int = typer.Option(
+        1, min=1, max=64, help="calibrated modelled cells side by side (every other cell runs alone)"
+    ),
 ) -> None:
-    """Run the plan's unfinished cells, one at a time; finished ones are skipped."""
+    """Run the plan's unfinished cells, one at a time (calibrated modelled ones `--jobs` at a time); finished ones
+    are skipped."""
     cells = _selected(plan, seeds, steps, env, calibrate)
-    _run_cells(plan, cells, results or RESULTS / plan, runs, limit=limit, commit=commit, dry_run=dry_run)
+    _run_cells(plan, cells, results or RESULTS / plan, runs, limit=limit, commit=commit, dry_run=dry_run, jobs=jobs)
 
 
 def _run_cells(
-    plan: str, cells: list[Cell], results: Path, runs: Path, *, limit: int = 0, commit: bool, dry_run: bool = False
+    plan: str,
+    cells: list[Cell],
+    results: Path,
+    runs: Path,
+    *,
+    limit: int = 0,
+    commit: bool,
+    dry_run: bool = False,
+    jobs: int = 1,
 ) -> None:
+    alone = [c.id for c in cells if not calibrated(c)]
+    if jobs > 1 and alone:
+        raise typer.BadParameter(
+            f"{alone[0]} is not a calibrated modelled cell: only those run side by side", param_hint="--jobs"
+        )
     done = finished(results)
     todo = [c for c in cells if c.id not in done]
     console.print(f"{plan}: {len(cells)} cells, {len(cells) - len(todo)} finished, {len(todo)} to run")
@@ -476,7 +507,11 @@ def _run_cells(
         for cell in todo[: limit or None]:
             console.print(f"would run {cell.id}: {' '.join(cell.command(runs / cell.id)[3:])}")
         return
-    for i, cell in enumerate(todo[: limit or None], 1):
+    todo = todo[: limit or None]
+    if jobs > 1:
+        _run_side_by_side(todo, results, runs, jobs=jobs, commit=commit)
+        return
+    for i, cell in enumerate(todo, 1):
         console.print(f"[{i}/{len(todo)}] {cell.id} ...", end=" ")
         status, seconds = run_cell(cell, results, runs)
         console.print(f"{status} in {seconds:.0f} s")
@@ -486,29 +521,53 @@ def _run_cells(
             _git_commit(results, cell)
 
 
+def calibrated(cell: Cell) -> bool:
+    """A modelled cell whose every timing comes from calibration runs: its modelled clock does not depend on what
+    else the machine runs, so such cells may run side by side (docs/scale-model.md#calibration)."""
+    return cell.learners > 0 and "--calibrate" in cell.args
+
+
+def _run_side_by_side(todo: list[Cell], results: Path, runs: Path, *, jobs: int, commit: bool) -> None:
+    """Calibrated modelled cells, `jobs` at a time, each committed as it lands (a measured run's wall-clock is what
+    it is for: it runs alone)."""
+    failed = False
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        running = {pool.submit(run_cell, cell, results, runs): cell for cell in todo}
+        for i, future in enumerate(as_completed(running), 1):
+            cell, (status, seconds) = running[future], future.result()
+            console.print(f"[{i}/{len(todo)}] {cell.id} {status} in {seconds:.0f} s")
+            failed |= status != "done"
+            if commit and status == "done":
+                _git_commit(results, cell)
+    if failed:
+        raise typer.Exit(1)
+
+
 @app.command()
 def queue(
     commit: bool = typer.Option(True, help="git-commit each cell's CSV, and the validation's, as they land"),
     dry_run: bool = typer.Option(False, "--dry-run", help="list the steps and what each would run, and run none"),
 ) -> None:
     """The whole campaign in the order that decides a goal first (docs/experiments.md): the scale model's validation
-    calibrated by a held-out run, Hopper's modes, Hopper's peers, the scale sweep (calibrated by that run), the rest of
+    calibrated by held-out runs, Hopper's modes, Hopper's peers, the scale sweep (calibrated by those runs), the rest of
     the modes and the peers, Atari. A step stopped by a failed cell is left for the next time, and the queue goes on;
     run it again to take up what is left."""
-    calibration = Path("runs/plan-validation") / f"stellaris-s{CALIBRATION_SEED}"
-    validation = [sys.executable, "-m", "experiments.plan_validation", "--calibrate-seed", str(CALIBRATION_SEED)]
+    calibration = [Path("runs/plan-validation") / f"stellaris-s{seed}" for seed in CALIBRATION_SEEDS]
+    held_out = ",".join(map(str, CALIBRATION_SEEDS))
+    validation = [sys.executable, "-m", "experiments.plan_validation", "--calibrate-seeds", held_out]
     console.print(f"validation: {' '.join(validation[1:])}")
     if not dry_run:
         subprocess.run(validation, check=False)
         if commit and VALIDATION.exists():
             subprocess.run(["git", "add", str(VALIDATION)], check=True)
-            message = "scale model: the validation at N = 1, calibrated by a held-out run"
+            message = "scale model: the validation at N = 1, calibrated by held-out runs"
             subprocess.run(["git", "commit", "-q", "-m", message, "--", str(VALIDATION)], check=False)
     for plan, env in QUEUE:
         step = f"{plan} {env or '(every env)'}"
         try:
-            cells = _selected(plan, ",".join(map(str, SEEDS)), STEPS, env, calibration if plan == "scale" else None)
-            _run_cells(plan, cells, RESULTS / plan, RUNS, commit=commit, dry_run=dry_run)
+            cells = _selected(plan, ",".join(map(str, SEEDS)), STEPS, env, calibration if plan == "scale" else ())
+            jobs = MODELLED_JOBS if plan == "scale" else 1
+            _run_cells(plan, cells, RESULTS / plan, RUNS, commit=commit, dry_run=dry_run, jobs=jobs)
         except typer.BadParameter as exc:  # the scale step without its calibration run, the peers without CleanRL
             console.print(f"{step}: skipped: {exc}; the queue goes on")
         except typer.Exit:

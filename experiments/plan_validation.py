@@ -3,12 +3,11 @@ at N = 1, the only N this 2-core machine runs for real.
 
 For each seed: one real `stellaris train` (its own Redis and gateway, one learner), then `stellaris plan --compare`
 on its run directory, which models the same job round by round. The per-round comparisons land in
-`results/scale-model/validation/<mode>-s<seed>.csv` (already landed seeds are skipped). With `--calibrate-seed S`
-the model takes its task and apply overheads from a real run of seed S, held out (`stellaris plan --calibrate`), and
-the comparisons land in `results/scale-model/validation-calibrated/`; finished real runs are reused. The summary
-compares, over
-seeds, the IQM and 95 % interval of the training return in the last rounds, the mean staleness and the seconds per
-round, real against modelled (experiments/stats.py).
+`results/scale-model/validation/<mode>-s<seed>.csv` (already landed seeds are skipped). With `--calibrate-seeds`
+the model takes its timings from real runs of those seeds, held out (`stellaris plan --calibrate`), and the
+comparisons land in `results/scale-model/validation-calibrated/`; finished real runs are reused. The summary
+compares, over seeds, the IQM and 95 % interval of the training return in the last rounds, the mean staleness and
+the seconds per round, real against modelled (experiments/stats.py).
 """
 
 from __future__ import annotations
@@ -18,6 +17,7 @@ import math
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -44,10 +44,10 @@ def _real_run(env: str, mode: str, seed: int, rounds: int, run: Path) -> None:
 
 
 def run_seed(
-    env: str, mode: str, seed: int, rounds: int, results: Path, runs: Path, calibrate: Path | None = None
+    env: str, mode: str, seed: int, rounds: int, results: Path, runs: Path, calibrate: Sequence[Path] = ()
 ) -> Path:
-    """One real run (kept and reused once finished) and its model, with the overheads read off `calibrate` (a real
-    run of its own) when given; returns the comparison's CSV."""
+    """One real run (kept and reused once finished) and its model, with the timings read off `calibrate` (real runs
+    of their own) when given; returns the comparison's CSV."""
     out = results / f"{mode}-s{seed}.csv"
     if out.exists():
         return out
@@ -57,7 +57,7 @@ def run_seed(
     t1 = time.monotonic()
     subprocess.run(["rm", "-rf", str(plan_out)], check=True)
     plan = [sys.executable, "-m", "stellaris.cli", "plan", "--compare", str(run), "--out", str(plan_out)]
-    plan += ["--calibrate", str(calibrate)] if calibrate is not None else []
+    plan += [arg for run_dir in calibrate for arg in ("--calibrate", str(run_dir))]
     subprocess.run(plan, check=True, capture_output=True)
     console.print(f"{mode} seed {seed}: real run {t1 - t0:.0f} s, model {time.monotonic() - t1:.0f} s")
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -94,24 +94,24 @@ def main(
     mode: str = typer.Option("stellaris", help="the rule"),
     seeds: str = typer.Option("1,2,3,4,5", help="comma-separated seeds"),
     rounds: int = typer.Option(40, min=LAST + 1, help="rounds per run"),
-    calibrate_seed: int = typer.Option(
-        0,
-        help="model with the overheads read off a real run of this seed (held out: not one of --seeds); 0: none",
+    calibrate_seeds: str = typer.Option(
+        "",
+        help="model with the timings read off real runs of these seeds, comma-separated (held out: not --seeds)",
     ),
     results: Path = typer.Option(None, help=f"where the comparisons land (default {RESULTS}, -calibrated with one)"),
     runs: Path = typer.Option(RUNS),
 ) -> None:
     """Run the seeds not yet compared, then print real against modelled over seeds."""
     seed_list = [int(s) for s in seeds.split(",") if s.strip()]
-    if calibrate_seed in seed_list:
-        raise typer.BadParameter(f"{calibrate_seed} is one of --seeds: hold the calibration run out")
-    calibrate = None
-    if calibrate_seed:
-        calibrate = runs / f"{mode}-s{calibrate_seed}"
-        _real_run(env, mode, calibrate_seed, rounds, calibrate)
+    held_out = [int(s) for s in calibrate_seeds.split(",") if s.strip()]
+    if shared := sorted(set(held_out) & set(seed_list)):
+        raise typer.BadParameter(f"{shared} also in --seeds: hold them out", param_hint="--calibrate-seeds")
+    calibrate = [runs / f"{mode}-s{seed}" for seed in held_out]
+    for seed, run_dir in zip(held_out, calibrate, strict=True):
+        _real_run(env, mode, seed, rounds, run_dir)
     results = results or (RESULTS.with_name(RESULTS.name + "-calibrated") if calibrate else RESULTS)
     paths = [run_seed(env, mode, s, rounds, results, runs, calibrate) for s in seed_list]
-    how = f", overheads from seed {calibrate_seed}'s run" if calibrate else ""
+    how = f", timings from seeds {', '.join(map(str, held_out))}" if calibrate else ""
     table = Table(
         title=f"scale model at N = 1 against real runs: {env}, {mode}, {len(paths)} seeds, {rounds} rounds{how}"
     )

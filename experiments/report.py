@@ -464,7 +464,7 @@ def build(
         ),
         *(
             [
-                "- Modelled runs (N learners): `stellaris plan --learners N` with the overheads a held-out real run "
+                "- Modelled runs (N learners): `stellaris plan --learners N` with the timings held-out real runs "
                 "measured (`--calibrate`); their rewards come from real gradients on real episodes, their "
                 "wall-clock and cost from the latency and cost models ([Scale model](../scale-model.md)).",
             ]

@@ -260,10 +260,11 @@ def plan(
     compare: Path | None = typer.Option(
         None, "--compare", help="a real run directory: model its job, N and rounds, and compare them round by round"
     ),
-    calibrate: Path | None = typer.Option(
-        None,
+    calibrate: list[Path] = typer.Option(
+        [],
         "--calibrate",
-        help="a real one-learner run directory: take the task and apply overheads it measured (flags given win)",
+        help="a real one-learner run directory of the same job (repeat to pool several): take the task's compute and "
+        "overhead, the apply, the collection and the tasks' jitter it measured (flags given win)",
     ),
     out: Path = typer.Option(Path("plan"), "--out", help="directory for the CSVs"),
 ) -> None:

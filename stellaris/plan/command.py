@@ -8,6 +8,7 @@ The job is `stellaris train`'s: the same `TrainConfig` (flags over the defaults,
 
 from __future__ import annotations
 
+import csv
 import math
 import time
 from collections.abc import Sequence
@@ -20,9 +21,10 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from contract.jobspec import JobSpec, resolve
 from stellaris.config import ConfigError, TrainConfig, load_config
 from stellaris.plan.job import PlanJob, plan_job
-from stellaris.plan.latency import LatencyModel, Overheads, calibrated_overheads
+from stellaris.plan.latency import LatencyModel, Overheads, arrival_gaps_ms, calibrated_overheads
 from stellaris.plan.report import (
     RoundRow,
     Summary,
@@ -39,6 +41,7 @@ from stellaris.train_options import parsed_sets
 
 DEFAULT_LEARNERS = "1,2,4,8,16"
 MAX_LEARNER_COUNTS = 32  # distinct N in one plan: each is a whole modelled run
+MAX_CALIBRATION_RUNS = 16  # real runs one --calibrate pools: each is read whole
 
 
 @dataclass(frozen=True)
@@ -56,7 +59,7 @@ class PlanRequest:
     collect_s: float | None = None
     apply_s: float | None = None
     compare: Path | None = None
-    calibrate: Path | None = None
+    calibrate: list[Path] = field(default_factory=list)
     out: Path = Path("plan")
 
 
@@ -123,24 +126,67 @@ def _run_source(run_dir: Path, flag: str = "--compare") -> tuple[Path, list[dict
         raise ConfigError(f"{flag}: {exc}") from None
 
 
-def _calibrated(request: PlanRequest) -> tuple[LatencyModel, Overheads | None]:
-    """The latency knobs given, over the task overhead --calibrate measured (a flag given wins), over the defaults;
-    and what --calibrate measured (its apply seconds become the jobs' unless --apply-s is given)."""
-    if request.calibrate is None:
-        return latency_model(request.latency), None
-    _, rows = _run_source(request.calibrate, "--calibrate")
+# What decides a task's compute and a batch's collection: a calibration run must match the planned job in each.
+COMPUTE_FIELDS = (
+    ("env", lambda spec: spec.env_id),
+    ("num_envs", lambda spec: spec.num_envs),
+    ("actor_steps", lambda spec: spec.actor_steps),
+    ("algo", lambda spec: spec.algo.algo),
+    ("network", lambda spec: spec.algo.network),
+    ("num_minibatches", lambda spec: spec.algo.num_minibatches),
+)
+
+
+def _gradient_arrivals(run_dir: Path) -> list[tuple[int, str]]:
+    """A run's (round, gradient id) pairs from its gradients.csv; none when it has no such file."""
+    path = run_dir / "gradients.csv"
+    if not path.is_file():
+        return []
+    with path.open(newline="") as f:
+        return [(int(r["round"]), r["gradient_id"]) for r in csv.DictReader(f) if r.get("gradient_id")]
+
+
+def _calibration_matches(run_dir: Path, config: Path, planned: JobSpec) -> None:
+    """ConfigError naming the first field in which the calibration run's job differs from the planned one in what
+    its compute depends on (a Hopper run does not calibrate a CartPole plan)."""
     try:
-        measured = calibrated_overheads([{k: number(v) for k, v in r.items()} for r in rows])
+        spec = resolve(load_config(config, {}, section="config").job_request("calibration"))
+    except (ConfigError, ValidationError) as exc:
+        raise ConfigError(f"--calibrate: {run_dir}: its config.yaml does not load: {exc}") from None
+    for name, field_of in COMPUTE_FIELDS:
+        if field_of(spec) != field_of(planned):
+            raise ConfigError(
+                f"--calibrate: {run_dir} ran {name} {field_of(spec)!r}, the plan {field_of(planned)!r}: calibrate "
+                "from a run of the same job"
+            )
+
+
+def _calibrated(request: PlanRequest, planned: JobSpec | None) -> tuple[LatencyModel, Overheads | None]:
+    """The latency knobs given, over what --calibrate measured (a flag given wins), over the defaults; and what
+    --calibrate measured (its compute, collection and apply seconds become the jobs' unless given)."""
+    if not request.calibrate or planned is None:
+        return latency_model(request.latency), None
+    if len(request.calibrate) > MAX_CALIBRATION_RUNS:
+        raise ConfigError(f"--calibrate: {len(request.calibrate)} runs; at most {MAX_CALIBRATION_RUNS}")
+    runs, arrivals = [], []
+    for run_dir in request.calibrate:
+        config, rows = _run_source(run_dir, "--calibrate")
+        _calibration_matches(run_dir, config, planned)
+        runs.append([{k: number(v) for k, v in r.items()} for r in rows])
+        arrivals += arrival_gaps_ms(_gradient_arrivals(run_dir))
+    try:
+        measured = calibrated_overheads(runs, arrivals)
     except ValueError as exc:
-        raise ConfigError(f"--calibrate: {request.calibrate}: {exc}") from None
-    return latency_model({"task_overhead_s": measured.task_overhead_s, **request.latency}), measured
+        raise ConfigError(f"--calibrate: {', '.join(map(str, request.calibrate))}: {exc}") from None
+    knobs: dict[str, float | bool] = {"task_overhead_s": measured.task_overhead_s}
+    if measured.jitter_sigma is not None:
+        knobs["jitter_sigma"] = measured.jitter_sigma
+    return latency_model({**knobs, **request.latency}), measured
 
 
 def plan(request: PlanRequest) -> Planned:
     """Every input checked, and the job of each N made, before anything runs; ConfigError names the first problem."""
     _check_numbers(request)
-    latency, overheads = _calibrated(request)
-    measured_apply_s = overheads.apply_s if overheads is not None else None
     sets = parsed_sets(request.sets)
     source, info, rounds = None, None, None
     given_length = request.train.get("rounds") is not None or request.train.get("total_steps") is not None
@@ -158,6 +204,12 @@ def plan(request: PlanRequest) -> Planned:
     counts = learner_counts(request.learners) if request.learners else None
     if counts is None:
         counts = [config(None).learners] if source is not None else learner_counts([DEFAULT_LEARNERS])
+    planned = resolve(config(1).job_request("plan")) if request.calibrate else None
+    latency, overheads = _calibrated(request, planned)
+
+    def measured(given: float | None, name: str) -> float | None:
+        return given if given is not None or overheads is None else float(getattr(overheads, name))
+
     jobs = [
         plan_job(
             config(n),
@@ -165,9 +217,9 @@ def plan(request: PlanRequest) -> Planned:
             rounds=rounds,
             eval_episodes=request.eval_episodes,
             eval_every=request.eval_every,
-            task_s=request.task_s,
-            collect_s=request.collect_s,
-            apply_s=request.apply_s if request.apply_s is not None else measured_apply_s,
+            task_s=measured(request.task_s, "compute_s"),
+            collect_s=measured(request.collect_s, "collect_s"),
+            apply_s=measured(request.apply_s, "apply_s"),
         )
         for n in counts
     ]
@@ -225,6 +277,23 @@ def _title(job: PlanJob) -> str:
     )
 
 
+def _calibration_line(o: Overheads, job: PlanJob) -> str:
+    """What --calibrate measured, and what the model runs with (a flag given wins)."""
+
+    def ms(seconds: float | None) -> str:
+        return "measured" if seconds is None else f"{seconds * 1e3:.3f} ms"
+
+    jitter = "not measured (no gradients.csv)" if o.jitter_sigma is None else f"{o.jitter_sigma:.3f}"
+    latency = job.latency
+    return (
+        f"calibrated over {o.rounds} rounds: a task's compute {ms(o.compute_s)} and overhead "
+        f"{ms(o.task_overhead_s)}, an apply {ms(o.apply_s)} in all, a batch's collection {o.collect_s:.3f} s, the "
+        f"tasks' jitter σ {jitter} (modelling with {ms(job.task_s)} and {ms(latency.task_overhead_s)}, "
+        f"{ms(job.apply_s)}, {'measured' if job.collect_s is None else f'{job.collect_s:.3f} s'}, "
+        f"σ {latency.jitter_sigma:.3f})"
+    )
+
+
 def run(planned: Planned, out: Path, console: Console) -> int:
     """Run each N's modelled run with a progress bar, write its CSV as it finishes, then the summary (and the
     comparison); print the tables. Returns the exit code."""
@@ -232,13 +301,7 @@ def run(planned: Planned, out: Path, console: Console) -> int:
 
     out.mkdir(parents=True, exist_ok=True)
     if planned.overheads is not None:
-        o, job = planned.overheads, planned.jobs[0]
-        apply_ms = "measured" if job.apply_s is None else f"{job.apply_s * 1e3:.3f} ms"
-        console.print(
-            f"calibrated over {o.rounds} rounds: a task's overhead {o.task_overhead_s * 1e3:.3f} ms, an apply "
-            f"{o.apply_s * 1e3:.3f} ms in all (modelling with {job.latency.task_overhead_s * 1e3:.3f} ms and "
-            f"{apply_ms})"
-        )
+        console.print(_calibration_line(planned.overheads, planned.jobs[0]))
     began = time.perf_counter()
     summaries: list[Summary] = []
     all_rows: list[list[RoundRow]] = []

@@ -12,6 +12,7 @@ draws, and one knob's draws never shift another's.
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 import statistics
@@ -151,35 +152,86 @@ class ClusterLatency:
 
 @dataclass(frozen=True)
 class Overheads:
-    """What one real run measured for the model (`calibrated_overheads`): a task's overhead beyond its compute, and
-    an apply's seconds in all (update, publish and ack)."""
+    """What real one-learner runs measured for the model (`calibrated_overheads`), medians over their rounds after
+    the first: a task's compute and its overhead beyond it, an apply's seconds in all (update, publish and ack), a
+    batch's collection, and the tasks' jitter (None: the runs' gradient arrivals were not given)."""
 
     task_overhead_s: float
     apply_s: float
-    rounds: int  # the rounds they were measured over
+    compute_s: float
+    collect_s: float
+    rounds: int  # the rounds they were measured over, all runs together
+    jitter_sigma: float | None = None
 
 
-def calibrated_overheads(info: Sequence[dict[str, float]]) -> Overheads:
-    """What a one-learner run's info.csv rows measured, medians over its rounds after the first (round 1 pays the
-    cold start). A task's overhead: the round's learning phase (its duration after the collection) beyond the
-    learner's compute, shared by the gradients it applied. An apply's seconds in all: the parameter function's compute
-    plus its busy time beyond it, shared by its aggregations; its busy time is the round's `cache_time` (both
-    functions' handler time neither computing nor waiting) less the learner's part of it (its time beyond compute and
-    waiting), since the parameter function's own wait for gradients is not a column. Negative shares (clock noise)
-    count as 0. ValueError when the run had more than one learner (its learning phase overlaps tasks) or no round
-    after the first applied anything."""
+def calibrated_overheads(
+    runs: Sequence[Sequence[dict[str, float]]], arrival_gaps_ms: Sequence[float] = ()
+) -> Overheads:
+    """What one-learner runs' info.csv rows measured, medians over their rounds after the first (round 1 pays the
+    cold start), all runs pooled.
+
+    - A task's compute: the learner's compute over the gradients it applied. The model takes it in place of its own
+      measurement: the real learner computes beside the parameter function, Redis and the actors on the same cores,
+      and so more slowly than the model's gradients computed alone (docs/scale-model.md#calibration).
+    - A task's overhead: the round's learning phase (its duration after the collection) beyond the learner's
+      compute, shared by the gradients it applied.
+    - An apply's seconds in all: the parameter function's compute plus its busy time beyond it, shared by its
+      aggregations; its busy time is the round's `cache_time` (both functions' handler time neither computing nor
+      waiting) less the learner's part of it (its time beyond compute and waiting).
+    - A batch's collection: the round's `actor_time`.
+    - The tasks' jitter (`jitter_sigma`): from the gaps between consecutive gradients' arrivals within a round
+      (`arrival_jitter`), when given.
+
+    Negative shares (clock noise) count as 0. ValueError when a run had more than one learner (its learning phase
+    overlaps tasks) or no round after the first applied anything."""
+    info = [r for rows in runs for r in rows[1:]]
     several = sorted({int(r["learners"]) for r in info if math.isfinite(r.get("learners", 1.0))} - {1})
     if several:
         raise ValueError(f"calibrate from a one-learner run: this one ran {several[0]} learners")
-    tasks, applies = [], []
-    for r in info[1:]:
+    tasks, computes, applies = [], [], []
+    for r in info:
         if r["gradients_applied"] > 0:
             learning = r["duration"] - r["actor_time"] - r["learner_compute_time"]
             tasks.append(max(0.0, learning) / r["gradients_applied"])
+            computes.append(r["learner_compute_time"] / r["gradients_applied"])
         if r["aggregations"] > 0:
             learner_busy = max(0.0, r["learner_time"] - r["learner_compute_time"] - r["learner_wait_time"])
             parameter_busy = max(0.0, r["cache_time"] - learner_busy)
             applies.append((r["parameter_compute_time"] + parameter_busy) / r["aggregations"])
     if not tasks or not applies:
         raise ValueError(f"no round after the first applied a gradient ({len(info)} rounds): nothing to calibrate")
-    return Overheads(statistics.median(tasks), statistics.median(applies), len(tasks))
+    overhead, compute = statistics.median(tasks), statistics.median(computes)
+    jitter = arrival_jitter(arrival_gaps_ms, compute) if len(arrival_gaps_ms) >= 2 else None
+    collect = statistics.median(r["actor_time"] for r in info)
+    return Overheads(overhead, statistics.median(applies), compute, collect, len(tasks), jitter)
+
+
+MS_ROUNDING_VAR = 1 / 6  # ms²: a gap between two whole-millisecond stamps, each rounded down (2 x 1/12)
+
+
+def arrival_jitter(gaps_ms: Sequence[float], compute_s: float) -> float:
+    """The lognormal σ of `task_seconds`' stretch that gives a one-learner run's spread of arrivals: at N = 1 the
+    learner is the bottleneck and claims ahead, so consecutive gradients arrive one task (its compute plus its
+    overhead) apart, and their gaps' spread is the tasks'. The gaps are whole milliseconds (Redis stream ids): their
+    rounding's variance is taken out. The model's overhead is fixed and its stretch scales the compute alone, so the
+    spread is the compute's:
+    σ = √ln(1 + (sd / compute)²). 0 when the gaps spread no more than their rounding does."""
+    if compute_s <= 0:
+        raise ValueError(f"a task's compute must be positive to spread it, got {compute_s!r} s")
+    spread_ms2 = max(0.0, statistics.variance(gaps_ms) - MS_ROUNDING_VAR)
+    cv = math.sqrt(spread_ms2) / 1e3 / compute_s
+    return math.sqrt(math.log1p(cv * cv))
+
+
+def arrival_gaps_ms(gradients: Sequence[tuple[int, str]]) -> list[float]:
+    """The gaps, in ms, between consecutive gradients' arrivals in each round after the first, from (round, gradient
+    id) pairs: a gradient's id is its Redis stream id, `<ms>-<seq>`, stamped as it was stored."""
+    by_round: dict[int, list[int]] = {}
+    for round_k, gradient_id in gradients:
+        if round_k > 1:
+            by_round.setdefault(round_k, []).append(int(gradient_id.split("-", 1)[0]))
+    gaps: list[float] = []
+    for stamps in by_round.values():
+        stamps.sort()
+        gaps += [float(b - a) for a, b in itertools.pairwise(stamps)]
+    return gaps

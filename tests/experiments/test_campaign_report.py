@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 
 from experiments import campaign, report
 
@@ -273,3 +274,47 @@ def test_the_queue_lists_its_steps_in_order(tmp_path: Path, monkeypatch: pytest.
     assert [s.split(":")[0] for s in steps] == ["modes", "peers", "scale (every env)", "modes", "peers", "atari"]
     assert steps[0] == "modes: 25 cells, 0 finished, 25 to run" and steps[1] == "peers: 15 cells, 0 finished, 15 to run"
     assert "stellaris-s11 has no info.csv" in steps[2] and steps[3] == "modes: 55 cells, 0 finished, 55 to run"
+
+
+def _hopper_calibration(run: Path) -> Path:
+    """A one-learner Hopper run directory of the campaign's job (the fast preset): 2 ms a task's compute, 1 ms its
+    overhead, 2 ms an apply, 0.5 s a collection, in each round after the first."""
+    run.mkdir(parents=True)
+    config = {"env": "Hopper-v5", "preset": "fast", "learners": 1, "rounds": 3}
+    (run / "config.yaml").write_text(yaml.safe_dump({"config": config}))
+    columns = ["round_id", "learners", "duration", "actor_time", "learner_compute_time", "gradients_applied"]
+    columns += ["learner_time", "learner_wait_time", "cache_time", "parameter_compute_time", "aggregations"]
+    with (run / "info.csv").open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(columns)
+        # 320 tasks: compute 0.64 s, the phase 0.96 s (1 ms a task beyond); the learner busy 0 of the 0.64 s cache
+        # time, so the parameter function's 0.64 s over 320 applies: 2 ms
+        writer.writerows([[k, 1, 1.46, 0.5, 0.64, 320, 0.64, 0.0, 0.64, 0.0, 320] for k in (1, 2, 3)])
+    return run
+
+
+def test_calibrated_scale_cells_run_side_by_side_and_others_do_not(tmp_path: Path) -> None:
+    """Two calibrated modelled cells at once: both land, each with its own row in the index, and their modelled
+    clock is the calibration's (their rounds as long whatever else ran); cells that are not calibrated are refused
+    `--jobs`, naming one."""
+    results, runs = tmp_path / "results", tmp_path / "runs"
+    calibration = _hopper_calibration(tmp_path / "calibration")
+    base = [sys.executable, "-m", "experiments.campaign", "run", "scale", "--seeds", "2", "--steps", "4096"]
+    base += ["--results", str(results), "--runs", str(runs), "--limit", "2", "--jobs", "2"]
+    refused = subprocess.run(base, capture_output=True, text=True, timeout=300)
+    assert refused.returncode == 2 and "hopper-v5-ppo-stellaris-n1-s2 is not a calibrated" in refused.stderr
+    done = subprocess.run([*base, "--calibrate", str(calibration)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    with (results / "cells.csv").open(newline="") as f:
+        assert sorted(r["cell"] for r in csv.DictReader(f)) == [
+            "hopper-v5-ppo-stellaris-n1-s2",
+            "hopper-v5-ppo-sync-n1-s2",
+        ]
+    # round 2: a 0.5 s collection, then 320 tasks of 3 ms (2 ms of compute, 1 ms beyond; no jitter calibrated: no
+    # gradients.csv). Stellaris's learner claims ahead, so the 2 ms applies overlap its tasks; sync's waits for
+    # each step's apply: 5 ms a task
+    for mode, task_s in (("stellaris", 0.003), ("sync", 0.005)):
+        with (results / f"hopper-v5-ppo-{mode}-n1-s2.csv").open(newline="") as f:
+            rows = list(csv.DictReader(f))
+        second = float(rows[1]["wall_s"]) - float(rows[0]["wall_s"])
+        assert second == pytest.approx(0.5 + 320 * task_s, rel=0.01), (mode, second)

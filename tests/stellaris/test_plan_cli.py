@@ -148,12 +148,14 @@ def test_compare_needs_a_run_directory(tmp_path: Path) -> None:
     assert code == 2 and "info.csv" in output, output
 
 
-def test_calibrate_takes_a_real_runs_overheads_and_flags_win(tmp_path: Path) -> None:
-    """Two rounds after round 1 measured 1 and 3 ms of overhead a task and 2 and 4 ms an apply in all: the medians
-    are 2 and 3 ms; --apply-s given wins over what was measured."""
-    run = tmp_path / "run"
+def _calibration_run(run: Path, env: str = "CartPole-v1") -> Path:
+    """A one-learner run directory whose two rounds after round 1 measured 1 and 3 ms of overhead a task, 2 and 4 ms
+    an apply in all, 61.5 and 59.5 ms of compute a task and 0.5 s of collection; its gradients arrived 1, 3, 1 and 3
+    ms apart."""
     run.mkdir()
-    (run / "config.yaml").write_text(yaml.safe_dump({"config": {"env": "CartPole-v1", "learners": 1}}))
+    small = {"train_batch_size": 256, "num_minibatches": 4, "num_epochs": 2}  # SMALL's
+    config = {"env": env, "learners": 1, "rounds": 3, "overrides": small}
+    (run / "config.yaml").write_text(yaml.safe_dump({"config": config}))
     columns = ["round_id", "learners", "duration", "actor_time", "learner_compute_time", "gradients_applied"]
     columns += ["learner_time", "learner_wait_time", "cache_time", "parameter_compute_time", "aggregations"]
     with (run / "info.csv").open("w", newline="") as f:
@@ -168,17 +170,50 @@ def test_calibrate_takes_a_real_runs_overheads_and_flags_win(tmp_path: Path) -> 
                 [3, 1, 1.0, 0.5, 0.476, 8, 0.5, 0.0, 0.056, 0.0, 8],
             ]
         )
+    stamps = [(1, 90), (2, 100), (2, 101), (2, 104), (3, 200), (3, 201), (3, 204)]
+    with (run / "gradients.csv").open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["gradient_id", "task_id", "round", "base_version", "applied_version"])
+        writer.writerows([f"{ms}-0", f"{ms}-1", k, 0, 1] for k, ms in stamps)
+    return run
+
+
+def test_calibrate_takes_a_real_runs_timings_and_flags_win(tmp_path: Path) -> None:
+    """The medians: 2 ms of overhead, 3 ms an apply, 60.5 ms of compute, 0.5 s of collection; the gaps 1, 3, 1, 3
+    ms spread 7/6 ms² beyond their rounding: σ = √ln(1 + (7/6) / 60.5²) = 0.01785. A flag given wins."""
+    run = _calibration_run(tmp_path / "run")
     out = tmp_path / "plan"
     args = ["--env", "CartPole-v1", "--rounds", "1", "--learners", "1", *SMALL, "--eval-episodes", "0"]
     code, output = _plan(*args, "--calibrate", str(run), "--out", str(out))
     assert code == 0, output
-    assert "calibrated over 2 rounds: a task's overhead 2.000 ms, an apply 3.000 ms in all" in output
-    assert "(modelling with 2.000 ms and 3.000 ms)" in output
-    code, output = _plan(*args, "--calibrate", str(run), "--apply-s", "0.005", "--out", str(tmp_path / "given"))
-    assert code == 0 and "(modelling with 2.000 ms and 5.000 ms)" in output, output
+    said = " ".join(output.split())  # as one line, whatever the terminal's width
+    assert (
+        "calibrated over 2 rounds: a task's compute 60.500 ms and overhead 2.000 ms, an apply 3.000 ms in all, a "
+        "batch's collection 0.500 s, the tasks' jitter σ 0.018 (modelling with 60.500 ms and 2.000 ms, 3.000 ms, "
+        "0.500 s, σ 0.018)" in said
+    ), output
+    rows = _csv(out / "learners-1.csv")
+    assert float(rows[0]["actor_time"]) == pytest.approx(0.5)  # the calibrated collection, not this machine's
+    given = ["--apply-s", "0.005", "--task-s", "0.01", "--jitter-sigma", "0", "--collect-s", "1"]
+    code, output = _plan(*args, "--calibrate", str(run), *given, "--out", str(tmp_path / "given"))
+    assert code == 0, output
+    assert "(modelling with 10.000 ms and 2.000 ms, 5.000 ms, 1.000 s, σ 0.000)" in " ".join(output.split()), output
+    # two runs pool their rounds
+    code, output = _plan(*args, "--calibrate", str(run), "--calibrate", str(run), "--out", str(tmp_path / "two"))
+    assert code == 0 and "calibrated over 4 rounds" in output, output
+
+
+def test_calibrate_refuses_a_run_it_cannot_calibrate_from(tmp_path: Path) -> None:
+    run = _calibration_run(tmp_path / "run")
+    args = ["--env", "CartPole-v1", "--rounds", "1", "--learners", "1", *SMALL, "--eval-episodes", "0"]
     several = tmp_path / "several"
     several.mkdir()
     (several / "config.yaml").write_text((run / "config.yaml").read_text())
     (several / "info.csv").write_text((run / "info.csv").read_text().replace("\n2,1,", "\n2,4,"))
     code, output = _plan(*args, "--calibrate", str(several), "--out", str(tmp_path / "no"))
     assert code == 2 and "--calibrate:" in output and "this one ran 4 learners" in output, output
+    other = _calibration_run(tmp_path / "acrobot", env="Acrobot-v1")
+    code, output = _plan(*args, "--calibrate", str(run), "--calibrate", str(other), "--out", str(tmp_path / "no"))
+    assert code == 2, output
+    assert f"--calibrate: {other} ran env 'Acrobot-v1', the plan 'CartPole-v1'" in output, output
+    assert not (tmp_path / "no").exists()

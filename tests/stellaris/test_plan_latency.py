@@ -15,6 +15,8 @@ from stellaris.plan.events import Landing, Published, Start, run_round
 from stellaris.plan.latency import (
     ClusterLatency,
     LatencyModel,
+    arrival_gaps_ms,
+    arrival_jitter,
     calibrated_overheads,
     ready_times,
     starts_cold,
@@ -358,18 +360,49 @@ def test_overheads_calibrated_from_a_one_learner_run_by_hand() -> None:
         # (1.7 - 0.8 - 0.26) / 320 = 2 ms; the learner waited 0.1: busy 0.14, the parameter 0.5 + 0.1 over 150: 4 ms
         _info(1.7, 0.8, 0.26, 320, 0.5, 0.1, 0.64, 0.1, 150),
         # a phase shorter than the compute: 0 ms; a cache time below the learner's busy time: compute alone, 3 ms
-        _info(1.0, 0.8, 0.30, 100, 0.4, 0.0, 0.05, 0.3, 100),
+        _info(1.0, 0.6, 0.30, 100, 0.4, 0.0, 0.05, 0.3, 100),
     ]
-    measured = calibrated_overheads(rows)
+    measured = calibrated_overheads([rows])
     assert measured.rounds == 3
     assert measured.task_overhead_s == pytest.approx(0.001)  # the median of 1, 2 and 0 ms
     assert measured.apply_s == pytest.approx(0.003)  # the median of 2, 4 and 3 ms
+    assert measured.compute_s == pytest.approx(0.0011875)  # the median of 0.38/320, 0.26/320 and 0.30/100 s
+    assert measured.collect_s == pytest.approx(0.8)  # the median of 0.8, 0.8 and 0.6 s
+    assert measured.jitter_sigma is None  # no arrivals given
+    # pooled with a second run: its round 1 left out too; its one round joins the medians: a task (1.44 - 0.8)
+    # / 320 = 2 ms, an apply (0.48 - 0.04) / 220 = 2 ms
+    other = [rows[0], _info(1.44, 0.8, 0.0, 320, 0.04, 0.0, 0.48, 0.0, 220)]
+    pooled = calibrated_overheads([rows, other])
+    assert pooled.rounds == 4
+    assert pooled.task_overhead_s == pytest.approx(0.0015)  # the median of 1, 2, 0 and 2 ms
+    assert pooled.apply_s == pytest.approx(0.0025)  # the median of 2, 4, 3 and 2 ms
 
 
 def test_calibration_refuses_what_it_cannot_divide() -> None:
     one = _info(1.5, 0.8, 0.38, 320, 0.6, 0.0, 0.56, 0.1, 220)
     with pytest.raises(ValueError, match="one-learner run: this one ran 4 learners"):
-        calibrated_overheads([{**one, "learners": 4.0}] * 2)
+        calibrated_overheads([[{**one, "learners": 4.0}] * 2])
     idle = _info(1.0, 1.0, 0.0, 0, 0.0, 0.0, 0.0, 0.0, 0)
     with pytest.raises(ValueError, match="no round after the first applied a gradient"):
-        calibrated_overheads([one, idle])
+        calibrated_overheads([[one, idle]])
+
+
+def test_arrival_gaps_are_read_off_stream_ids_within_each_round_after_the_first() -> None:
+    gradients = [(1, "100-0"), (1, "150-0"), (2, "200-0"), (2, "203-0"), (2, "203-1"), (2, "201-0"), (3, "500-0")]
+    gradients += [(3, "504-0")]
+    # round 1 left out; round 2 sorted 200, 201, 203, 203: gaps 1, 2, 0; round 3: 4; no gap across rounds
+    assert arrival_gaps_ms(gradients) == [1.0, 2.0, 0.0, 4.0]
+
+
+def test_arrival_jitter_by_hand() -> None:
+    # gaps 1, 3, 1, 3 ms: sample variance 4/3 ms²; less the rounding's 1/6: 7/6 ms², sd 1.0801 ms; over a 2 ms
+    # compute cv = 0.54006, σ = √ln(1 + 0.29167) = 0.50590
+    assert arrival_jitter([1.0, 3.0, 1.0, 3.0], 0.002) == pytest.approx(math.sqrt(math.log(1 + 7 / 6 / 4)))
+    assert arrival_jitter([1.0, 3.0, 1.0, 3.0], 0.002) == pytest.approx(0.50590, abs=1e-5)
+    assert arrival_jitter([2.0, 2.0, 2.0], 0.002) == 0.0  # no spread beyond the rounding's
+    with pytest.raises(ValueError, match="compute must be positive"):
+        arrival_jitter([1.0, 2.0], 0.0)
+    # through the calibration: the gaps' σ over the runs' median compute
+    rows = [_info(1.0, 0.8, 0.1, 10, 0.2, 0.0, 0.1, 0.0, 10)] * 2  # compute 0.1 / 10 = 10 ms a task
+    measured = calibrated_overheads([rows], [1.0, 3.0, 1.0, 3.0])
+    assert measured.jitter_sigma == pytest.approx(math.sqrt(math.log(1 + 7 / 6 / 100)))
