@@ -51,6 +51,9 @@ RLLIB_EVAL_EVERY = 21  # RLlib's iterations of 4,000 steps between evaluations: 
 SEEDS = (1, 2, 3, 4, 5)
 SCALE_LEARNERS = (1, 2, 4, 8, 16)
 SCALE_SEEDS = {1: SEEDS, 4: SEEDS}  # the other N: the first 3 seeds
+# What each gradient after an aggregation's first adds to a calibrated apply: the model's own applies of Hopper's fast
+# preset took 0.40 ms for one gradient and 1.8 ms for 16 on this machine (docs/scale-model.md)
+SCALE_APPLY_PER_GRADIENT_S = 0.0001
 QUEUE = (  # (plan, env): what decides a goal first; "" is every env of the plan
     ("modes", "Hopper-v5"),
     ("peers", "Hopper-v5"),
@@ -225,7 +228,14 @@ def plan_cells(name: str, *, seeds: Iterable[int] = SEEDS, steps: int = STEPS) -
         ]
     if name == "scale":
         return [
-            Cell("Hopper-v5", mode, seed, steps, learners=n)
+            Cell(
+                "Hopper-v5",
+                mode,
+                seed,
+                steps,
+                args=("--apply-per-gradient-s", str(SCALE_APPLY_PER_GRADIENT_S)),
+                learners=n,
+            )
             for seed in seeds
             for n in SCALE_LEARNERS
             if seed in SCALE_SEEDS.get(n, SEEDS[:3])

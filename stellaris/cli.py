@@ -247,6 +247,7 @@ def plan(
     speed_spread: float | None = typer.Option(None, help=_described("speed_spread")),
     task_overhead_s: float | None = typer.Option(None, help=_described("task_overhead_s")),
     apply_overhead_s: float | None = typer.Option(None, help=_described("apply_overhead_s")),
+    apply_per_gradient_s: float | None = typer.Option(None, help=_described("apply_per_gradient_s")),
     prewarm: bool | None = typer.Option(None, "--prewarm/--no-prewarm", help=_described("prewarm")),
     task_s: float | None = typer.Option(None, help="model every task as this many seconds (default: as measured)"),
     apply_s: float | None = typer.Option(
@@ -298,6 +299,7 @@ def plan(
         "speed_spread": speed_spread,
         "task_overhead_s": task_overhead_s,
         "apply_overhead_s": apply_overhead_s,
+        "apply_per_gradient_s": apply_per_gradient_s,
         "prewarm": prewarm,
     }
     request = PlanRequest(

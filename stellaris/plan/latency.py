@@ -67,6 +67,13 @@ class LatencyModel(BaseModel):
         le=3600.0,
         description="seconds added to every apply besides its compute: the parameter function's publish",
     )
+    apply_per_gradient_s: float = Field(
+        default=0.0,
+        ge=0.0,
+        le=3600.0,
+        description="seconds each gradient after an aggregation's first adds to a fixed apply (--apply-s, or "
+        "calibrated): its decoding and accumulation, which a measured apply includes",
+    )
     prewarm: bool = Field(
         default=True, description="learner instances start as the round's collection starts, as the platform's do"
     )

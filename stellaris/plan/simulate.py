@@ -169,8 +169,8 @@ class Round:
 
     def decide(self, version: int, in_flight: tuple[int, ...]) -> float | None:
         """The parameter function's decision on the queue, and when it applies, the apply: the model updated and the
-        next version's weights stored. Returns the apply's modelled seconds: as measured, plus the latency model's
-        overhead (None: nothing applied)."""
+        next version's weights stored. Returns the apply's modelled seconds: as measured (or the job's fixed ones,
+        plus the latency model's cost of each gradient after the first), plus its overhead (None: nothing applied)."""
         sim, spec = self.sim, self.sim.job.spec
         if self.round_k > sim.state.round_k:  # the first decision of a round starts it, as the parameter function does
             sim.state = sim.algo.start_round(sim.state, spec.algo, new_round=self.round_k, version=version)
@@ -198,8 +198,10 @@ class Round:
         self.aggregations += 1
         self.flushes += record.decision is Decision.FLUSH
         self.apply_s += watch.seconds
-        applied_s = watch.seconds if sim.job.apply_s is None else sim.job.apply_s
-        return applied_s + sim.latency.model.apply_overhead_s
+        model = sim.latency.model
+        fixed = sim.job.apply_s
+        applied_s = watch.seconds if fixed is None else fixed + (record.count - 1) * model.apply_per_gradient_s
+        return applied_s + model.apply_overhead_s
 
 
 @dataclass(frozen=True)

@@ -209,6 +209,7 @@ def test_the_scale_plan_models_each_n_with_its_seeds() -> None:
     assert "hopper-v5-ppo-stellaris-n4-s5" in ids and "hopper-v5-ppo-sync-n8-s4" not in ids
     cmd = cells[0].command(Path("o"))
     assert cmd[3] == "plan" and cmd[cmd.index("--learners") + 1] == "1" and cells[0].starts_over
+    assert cmd[cmd.index("--apply-per-gradient-s") + 1] == "0.0001"
 
 
 def test_an_index_from_before_a_column_gets_it_blank(tmp_path: Path) -> None:

@@ -80,6 +80,18 @@ def test_fixed_task_seconds_replace_the_measured_ones() -> None:
     assert row.learner_compute_time < TASKS * 0.5  # the measured seconds are still reported, as measured
 
 
+def test_a_fixed_apply_pays_for_each_gradient_after_the_first() -> None:
+    """Two sync learners, tasks of 0.5 s, applies of 0.1 s: each of the round's 4 steps is its two tasks side by side,
+    then one apply of both gradients, 0.1 s plus 0.05 s for the second: 4 x 0.65 = 2.6 s of learning (2.4 s without
+    the per-gradient cost)."""
+    cfg = load_config(None, {"env": "CartPole-v1", "mode": "sync", "learners": 2, "rounds": 1}, sets=SMALL)
+    for per_gradient_s, learning_s in ((0.05, 2.6), (0.0, 2.4)):
+        latency = LatencyModel(cold_start_s=0.0, apply_per_gradient_s=per_gradient_s)
+        (row,) = simulate(plan_job(cfg, latency=latency, task_s=0.5, collect_s=2.0, apply_s=0.1))
+        assert (row.aggregations, row.gradients_applied) == (4, TASKS)
+        assert row.learn_time == pytest.approx(learning_s)
+
+
 def test_the_rounds_follow_the_plan() -> None:
     cfg = load_config(None, {"env": "CartPole-v1", "total_steps": 1000}, sets=SMALL)
     assert rounds_of(cfg, 256) == 4

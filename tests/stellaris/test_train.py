@@ -170,11 +170,14 @@ def test_serverless_actors_are_invoked_all_at_once_beyond_the_learner_count(tmp_
     proc = run_train(cmd)
     assert proc.returncode == 0, proc.stderr[-3000:]
     check_outputs(out, serverless=True)
-    calls = [
+    calls = sorted(
         (float(r["start"]), float(r["end"])) for r in rows(out / "invocations.csv") if r["function"].endswith("-actor")
-    ]
+    )
     assert len(calls) == 6  # one per actor per round
-    at_once = max(sum(1 for s, e in calls if s <= start < e) for start, _ in calls)
+    # Round 2's calls (round 1's end before they start): their instances are warm, so only the way they are invoked
+    # orders them. Round 1's start cold, and on a busy machine one cold start can outlast another actor's whole call.
+    second = calls[3:]
+    at_once = max(sum(1 for s, e in second if s <= start < e) for start, _ in second)
     assert at_once == 3, calls
 
 
