@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import typer
+import yaml
 from rich.console import Console
 
 from experiments.peers import venv as peers_venv
@@ -447,7 +448,8 @@ def _ready_peers(cells: list[Cell]) -> None:
 
 
 def _selected(plan: str, seeds: str, steps: int, env: str, calibrate: Sequence[Path] = ()) -> list[Cell]:
-    """The plan's cells for these seeds and steps, of one env when given, with the scale cells calibrated."""
+    """The plan's cells for these seeds and steps, of one env when given, with each scale cell calibrated by the runs
+    of its mode among `calibrate`."""
     try:
         seed_list = [int(s) for s in seeds.split(",") if s.strip()]
     except ValueError:
@@ -459,13 +461,30 @@ def _selected(plan: str, seeds: str, steps: int, env: str, calibrate: Sequence[P
             param_hint="--env",
         )
     cells = [c for c in cells if not env or c.env == env]
+    by_mode = _calibration_by_mode(calibrate)
+    if not by_mode:
+        return cells
+    missing = sorted({c.mode for c in cells if c.learners} - set(by_mode))
+    if missing:
+        raise typer.BadParameter(
+            f"no calibration run of mode {missing[0]!r} among {', '.join(map(str, calibrate))}: a modelled cell takes "
+            "the timings of real runs of its own mode",
+            param_hint="--calibrate",
+        )
+    return [replace(c, args=(*c.args, *by_mode[c.mode])) if c.learners else c for c in cells]
+
+
+def _calibration_by_mode(calibrate: Sequence[Path]) -> dict[str, tuple[str, ...]]:
+    """The --calibrate flags for each mode's cells: every run of that mode (from its config.yaml)."""
+    by_mode: dict[str, tuple[str, ...]] = {}
     for run_dir in calibrate:
-        if not (run_dir / "info.csv").is_file():
+        if not (run_dir / "info.csv").is_file() or not (run_dir / "config.yaml").is_file():
             raise typer.BadParameter(
-                f"{run_dir} has no info.csv: give a real run's directory", param_hint="--calibrate"
+                f"{run_dir} has no info.csv or config.yaml: give a real run's directory", param_hint="--calibrate"
             )
-    flags = tuple(arg for run_dir in calibrate for arg in ("--calibrate", str(run_dir)))
-    return [replace(c, args=(*c.args, *flags)) if c.learners and flags else c for c in cells]
+        mode = str((yaml.safe_load((run_dir / "config.yaml").read_text()) or {}).get("config", {}).get("mode"))
+        by_mode[mode] = (*by_mode.get(mode, ()), "--calibrate", str(run_dir))
+    return by_mode
 
 
 @app.command()
@@ -477,7 +496,8 @@ def run(
     runs: Path = typer.Option(RUNS, help="where the run directories go (not committed)"),
     env: str = typer.Option("", help="only this env's cells, e.g. Hopper-v5 (default: every env of the plan)"),
     calibrate: list[Path] = typer.Option(
-        [], help="scale: a real one-learner run whose timings the model takes (stellaris plan --calibrate; repeat)"
+        [],
+        help="scale: a real one-learner run whose timings its mode's cells take (stellaris plan --calibrate; repeat)",
     ),
     limit: int = typer.Option(0, min=0, help="run at most this many cells now (0: all)"),
     commit: bool = typer.Option(False, help="git-commit each cell's CSV as it lands"),
@@ -559,19 +579,21 @@ def queue(
     dry_run: bool = typer.Option(False, "--dry-run", help="list the steps and what each would run, and run none"),
 ) -> None:
     """The whole campaign in the order that decides a goal first (docs/experiments.md): the scale model's validation
-    calibrated by held-out runs, Hopper's modes, Hopper's peers, the scale sweep (calibrated by those runs), the rest of
-    the modes and the peers, Atari. A step stopped by a failed cell is left for the next time, and the queue goes on;
-    run it again to take up what is left."""
-    calibration = [Path("runs/plan-validation") / f"stellaris-s{seed}" for seed in CALIBRATION_SEEDS]
+    of each mode, calibrated by held-out runs of that mode; Hopper's modes; Hopper's peers; the scale sweep (each
+    mode calibrated by its runs); the rest of the modes and the peers; Atari. A step stopped by a failed cell is left
+    for the next time, and the queue goes on; run it again to take up what is left."""
+    calibration = [Path("runs/plan-validation") / f"{mode}-s{seed}" for mode in MODES for seed in CALIBRATION_SEEDS]
     held_out = ",".join(map(str, CALIBRATION_SEEDS))
-    validation = [sys.executable, "-m", "experiments.plan_validation", "--calibrate-seeds", held_out]
-    console.print(f"validation: {' '.join(validation[1:])}")
-    if not dry_run:
-        subprocess.run(validation, check=False)
-        if commit and VALIDATION.exists():
-            subprocess.run(["git", "add", str(VALIDATION)], check=True)
-            message = "scale model: the validation at N = 1, calibrated by held-out runs"
-            subprocess.run(["git", "commit", "-q", "-m", message, "--", str(VALIDATION)], check=False)
+    for mode in MODES:
+        validation = [sys.executable, "-m", "experiments.plan_validation", "--mode", mode]
+        validation += ["--calibrate-seeds", held_out]
+        console.print(f"validation: {' '.join(validation[1:])}")
+        if not dry_run:
+            subprocess.run(validation, check=False)
+    if not dry_run and commit and VALIDATION.exists():
+        subprocess.run(["git", "add", str(VALIDATION)], check=True)
+        message = "scale model: the validation at N = 1, calibrated by held-out runs"
+        subprocess.run(["git", "commit", "-q", "-m", message, "--", str(VALIDATION)], check=False)
     for plan, env in QUEUE:
         step = f"{plan} {env or '(every env)'}"
         try:

@@ -22,6 +22,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from contract.jobspec import JobSpec, resolve
+from contract.knobs import Rule
 from stellaris.config import ConfigError, TrainConfig, load_config
 from stellaris.plan.job import PlanJob, plan_job
 from stellaris.plan.latency import LatencyModel, Overheads, arrival_gaps_ms, calibrated_overheads
@@ -126,8 +127,10 @@ def _run_source(run_dir: Path, flag: str = "--compare") -> tuple[Path, list[dict
         raise ConfigError(f"{flag}: {exc}") from None
 
 
-# What decides a task's compute and a batch's collection: a calibration run must match the planned job in each.
-COMPUTE_FIELDS = (
+# What decides a task's compute, a batch's collection and how tasks wait for applies: a calibration run must match
+# the planned job in each.
+CALIBRATION_FIELDS = (
+    ("mode", lambda spec: spec.algo.stellaris.rule.value),
     ("env", lambda spec: spec.env_id),
     ("num_envs", lambda spec: spec.num_envs),
     ("actor_steps", lambda spec: spec.actor_steps),
@@ -148,12 +151,12 @@ def _gradient_arrivals(run_dir: Path) -> list[tuple[int, str]]:
 
 def _calibration_matches(run_dir: Path, config: Path, planned: JobSpec) -> None:
     """ConfigError naming the first field in which the calibration run's job differs from the planned one in what
-    its compute depends on (a Hopper run does not calibrate a CartPole plan)."""
+    its timings depend on (a Hopper run does not calibrate a CartPole plan, nor a Stellaris run a sync one)."""
     try:
         spec = resolve(load_config(config, {}, section="config").job_request("calibration"))
     except (ConfigError, ValidationError) as exc:
         raise ConfigError(f"--calibrate: {run_dir}: its config.yaml does not load: {exc}") from None
-    for name, field_of in COMPUTE_FIELDS:
+    for name, field_of in CALIBRATION_FIELDS:
         if field_of(spec) != field_of(planned):
             raise ConfigError(
                 f"--calibrate: {run_dir} ran {name} {field_of(spec)!r}, the plan {field_of(planned)!r}: calibrate "
@@ -175,7 +178,7 @@ def _calibrated(request: PlanRequest, planned: JobSpec | None) -> tuple[LatencyM
         runs.append([{k: number(v) for k, v in r.items()} for r in rows])
         arrivals += arrival_gaps_ms(_gradient_arrivals(run_dir))
     try:
-        measured = calibrated_overheads(runs, arrivals)
+        measured = calibrated_overheads(runs, arrivals, waits_for_applies=planned.algo.stellaris.rule is Rule.SYNC)
     except ValueError as exc:
         raise ConfigError(f"--calibrate: {', '.join(map(str, request.calibrate))}: {exc}") from None
     knobs: dict[str, float | bool] = {"task_overhead_s": measured.task_overhead_s}

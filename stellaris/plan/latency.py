@@ -172,7 +172,10 @@ class Overheads:
 
 
 def calibrated_overheads(
-    runs: Sequence[Sequence[dict[str, float]]], arrival_gaps_ms: Sequence[float] = ()
+    runs: Sequence[Sequence[dict[str, float]]],
+    arrival_gaps_ms: Sequence[float] = (),
+    *,
+    waits_for_applies: bool = False,
 ) -> Overheads:
     """What one-learner runs' info.csv rows measured, medians over their rounds after the first (round 1 pays the
     cold start), all runs pooled.
@@ -181,7 +184,9 @@ def calibrated_overheads(
       measurement: the real learner computes beside the parameter function, Redis and the actors on the same cores,
       and so more slowly than the model's gradients computed alone (docs/scale-model.md#calibration).
     - A task's overhead: the round's learning phase (its duration after the collection) beyond the learner's
-      compute, shared by the gradients it applied.
+      compute, shared by the gradients it applied. With `waits_for_applies` (sync: each step waits for its update)
+      the applies ran one after another with the tasks, and their time is taken out of the phase too; otherwise
+      they overlapped the tasks.
     - An apply's seconds in all: the parameter function's compute plus its busy time beyond it, shared by its
       aggregations; its busy time is the round's `cache_time` (both functions' handler time neither computing nor
       waiting) less the learner's part of it (its time beyond compute and waiting).
@@ -197,14 +202,16 @@ def calibrated_overheads(
         raise ValueError(f"calibrate from a one-learner run: this one ran {several[0]} learners")
     tasks, computes, applies = [], [], []
     for r in info:
-        if r["gradients_applied"] > 0:
-            learning = r["duration"] - r["actor_time"] - r["learner_compute_time"]
-            tasks.append(max(0.0, learning) / r["gradients_applied"])
-            computes.append(r["learner_compute_time"] / r["gradients_applied"])
+        applying = 0.0  # the round's applies in all
         if r["aggregations"] > 0:
             learner_busy = max(0.0, r["learner_time"] - r["learner_compute_time"] - r["learner_wait_time"])
-            parameter_busy = max(0.0, r["cache_time"] - learner_busy)
-            applies.append((r["parameter_compute_time"] + parameter_busy) / r["aggregations"])
+            applying = r["parameter_compute_time"] + max(0.0, r["cache_time"] - learner_busy)
+            applies.append(applying / r["aggregations"])
+        if r["gradients_applied"] > 0:
+            learning = r["duration"] - r["actor_time"] - r["learner_compute_time"]
+            learning -= applying if waits_for_applies else 0.0
+            tasks.append(max(0.0, learning) / r["gradients_applied"])
+            computes.append(r["learner_compute_time"] / r["gradients_applied"])
     if not tasks or not applies:
         raise ValueError(f"no round after the first applied a gradient ({len(info)} rounds): nothing to calibrate")
     overhead, compute = statistics.median(tasks), statistics.median(computes)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -277,34 +278,40 @@ def test_the_queue_lists_its_steps_in_order(tmp_path: Path, monkeypatch: pytest.
     assert "stellaris-s11 has no info.csv" in steps[2] and steps[3] == "modes: 55 cells, 0 finished, 55 to run"
 
 
-def _hopper_calibration(run: Path) -> Path:
-    """A one-learner Hopper run directory of the campaign's job (the fast preset): 2 ms a task's compute, 1 ms its
-    overhead, 2 ms an apply, 0.5 s a collection, in each round after the first."""
+def _hopper_calibration(run: Path, mode: str) -> Path:
+    """A one-learner Hopper run directory of the campaign's job (the fast preset) in `mode`: 2 ms a task's compute,
+    1 ms its overhead, 2 ms an apply, 0.5 s a collection, in each round after the first. A sync learner waits for
+    each apply, so its learning phase holds the applies too."""
     run.mkdir(parents=True)
-    config = {"env": "Hopper-v5", "preset": "fast", "learners": 1, "rounds": 3}
+    config = {"env": "Hopper-v5", "preset": "fast", "mode": mode, "learners": 1, "rounds": 3}
     (run / "config.yaml").write_text(yaml.safe_dump({"config": config}))
     columns = ["round_id", "learners", "duration", "actor_time", "learner_compute_time", "gradients_applied"]
     columns += ["learner_time", "learner_wait_time", "cache_time", "parameter_compute_time", "aggregations"]
+    # 320 tasks: compute 0.64 s, 1 ms a task beyond it (0.32 s); the learner busy 0 of the 0.64 s cache time, so
+    # the parameter function's 0.64 s over 320 applies: 2 ms; the phase 0.96 s, or 1.6 s with the applies in it
+    duration = 0.5 + 0.96 + (0.64 if mode == "sync" else 0.0)
     with (run / "info.csv").open("w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(columns)
-        # 320 tasks: compute 0.64 s, the phase 0.96 s (1 ms a task beyond); the learner busy 0 of the 0.64 s cache
-        # time, so the parameter function's 0.64 s over 320 applies: 2 ms
-        writer.writerows([[k, 1, 1.46, 0.5, 0.64, 320, 0.64, 0.0, 0.64, 0.0, 320] for k in (1, 2, 3)])
+        writer.writerows([[k, 1, duration, 0.5, 0.64, 320, 0.64, 0.0, 0.64, 0.0, 320] for k in (1, 2, 3)])
     return run
 
 
 def test_calibrated_scale_cells_run_side_by_side_and_others_do_not(tmp_path: Path) -> None:
-    """Two calibrated modelled cells at once: both land, each with its own row in the index, and their modelled
-    clock is the calibration's (their rounds as long whatever else ran); cells that are not calibrated are refused
-    `--jobs`, naming one."""
+    """Two calibrated modelled cells at once, each by runs of its own mode: both land, each with its own row in the
+    index, and their modelled clock is the calibration's (their rounds as long whatever else ran); cells that are
+    not calibrated are refused `--jobs`, naming one, and a mode without a calibration run is named."""
     results, runs = tmp_path / "results", tmp_path / "runs"
-    calibration = _hopper_calibration(tmp_path / "calibration")
+    calibration = [_hopper_calibration(tmp_path / mode, mode) for mode in ("stellaris", "sync", "async")]
     base = [sys.executable, "-m", "experiments.campaign", "run", "scale", "--seeds", "2", "--steps", "4096"]
     base += ["--results", str(results), "--runs", str(runs), "--limit", "2", "--jobs", "2"]
-    refused = subprocess.run(base, capture_output=True, text=True, timeout=300)
+    wide = {**os.environ, "COLUMNS": "400"}  # an error on one line, whatever the terminal
+    refused = subprocess.run(base, capture_output=True, text=True, timeout=300, env=wide)
     assert refused.returncode == 2 and "hopper-v5-ppo-stellaris-n1-s2 is not a calibrated" in refused.stderr
-    done = subprocess.run([*base, "--calibrate", str(calibration)], capture_output=True, text=True, timeout=300)
+    flags = [arg for run in calibration for arg in ("--calibrate", str(run))]
+    lacking = subprocess.run([*base, *flags[:2]], capture_output=True, text=True, timeout=300, env=wide)
+    assert lacking.returncode == 2 and "no calibration run of mode 'async'" in lacking.stderr, lacking.stderr
+    done = subprocess.run([*base, *flags], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     with (results / "cells.csv").open(newline="") as f:
         assert sorted(r["cell"] for r in csv.DictReader(f)) == [

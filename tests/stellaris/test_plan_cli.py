@@ -216,4 +216,7 @@ def test_calibrate_refuses_a_run_it_cannot_calibrate_from(tmp_path: Path) -> Non
     code, output = _plan(*args, "--calibrate", str(run), "--calibrate", str(other), "--out", str(tmp_path / "no"))
     assert code == 2, output
     assert f"--calibrate: {other} ran env 'Acrobot-v1', the plan 'CartPole-v1'" in output, output
+    # a sync learner waits for each apply, a Stellaris one does not: one mode's timings do not stand for another's
+    code, output = _plan(*args, "--mode", "sync", "--calibrate", str(run), "--out", str(tmp_path / "no"))
+    assert code == 2 and f"--calibrate: {run} ran mode 'stellaris', the plan 'sync'" in output, output
     assert not (tmp_path / "no").exists()

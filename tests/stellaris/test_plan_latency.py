@@ -406,3 +406,14 @@ def test_arrival_jitter_by_hand() -> None:
     rows = [_info(1.0, 0.8, 0.1, 10, 0.2, 0.0, 0.1, 0.0, 10)] * 2  # compute 0.1 / 10 = 10 ms a task
     measured = calibrated_overheads([rows], [1.0, 3.0, 1.0, 3.0])
     assert measured.jitter_sigma == pytest.approx(math.sqrt(math.log(1 + 7 / 6 / 100)))
+
+
+def test_a_sync_run_takes_its_applies_out_of_the_tasks_overhead() -> None:
+    # a sync learner waits for each step's update: the phase beyond compute, 3.2 - 0.8 - 0.5 = 1.9 s, held the
+    # applies too: the parameter function's 0.18 s of compute plus its busy 1.66 - (2.4 - 0.5 - 1.0) = 0.76 s, 0.94
+    # s over 320 applies (2.9375 ms each); the tasks' overhead is the rest, 0.96 s / 320 = 3 ms
+    row = _info(3.2, 0.8, 0.5, 320, 2.4, 1.0, 1.66, 0.18, 320)
+    sync = calibrated_overheads([[row, row]], waits_for_applies=True)
+    assert sync.apply_s == pytest.approx(0.0029375) and sync.task_overhead_s == pytest.approx(0.003)
+    overlapped = calibrated_overheads([[row, row]])  # applies beside the tasks: the whole phase is the tasks'
+    assert overlapped.task_overhead_s == pytest.approx(1.9 / 320) and overlapped.apply_s == sync.apply_s
