@@ -12,7 +12,7 @@ import csv
 import math
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +25,7 @@ from contract.jobspec import JobSpec, resolve
 from contract.knobs import Rule
 from stellaris.config import ConfigError, TrainConfig, load_config
 from stellaris.plan.job import PlanJob, plan_job
-from stellaris.plan.latency import LatencyModel, Overheads, arrival_gaps_ms, calibrated_overheads
+from stellaris.plan.latency import LatencyModel, Overheads, RoundTiming, arrival_gaps_ms, calibrated_overheads
 from stellaris.plan.report import (
     RoundRow,
     Summary,
@@ -187,6 +187,19 @@ def _calibrated(request: PlanRequest, planned: JobSpec | None) -> tuple[LatencyM
     return latency_model({**knobs, **request.latency}), measured
 
 
+def _drawn_timings(per_round: Sequence[RoundTiming], request: PlanRequest) -> tuple[RoundTiming, ...]:
+    """The calibration rounds a modelled round draws its timings from, each with the flags given in place of what it
+    measured."""
+    given = {
+        "compute_s": request.task_s,
+        "collect_s": request.collect_s,
+        "apply_s": request.apply_s,
+        "task_overhead_s": request.latency.get("task_overhead_s"),
+    }
+    fixed = {name: float(value) for name, value in given.items() if value is not None}
+    return tuple(replace(timing, **fixed) for timing in per_round)
+
+
 def plan(request: PlanRequest) -> Planned:
     """Every input checked, and the job of each N made, before anything runs; ConfigError names the first problem."""
     _check_numbers(request)
@@ -209,9 +222,7 @@ def plan(request: PlanRequest) -> Planned:
         counts = [config(None).learners] if source is not None else learner_counts([DEFAULT_LEARNERS])
     planned = resolve(config(1).job_request("plan")) if request.calibrate else None
     latency, overheads = _calibrated(request, planned)
-
-    def measured(given: float | None, name: str) -> float | None:
-        return given if given is not None or overheads is None else float(getattr(overheads, name))
+    timings = _drawn_timings(overheads.per_round, request) if overheads is not None else ()
 
     jobs = [
         plan_job(
@@ -220,9 +231,10 @@ def plan(request: PlanRequest) -> Planned:
             rounds=rounds,
             eval_episodes=request.eval_episodes,
             eval_every=request.eval_every,
-            task_s=measured(request.task_s, "compute_s"),
-            collect_s=measured(request.collect_s, "collect_s"),
-            apply_s=measured(request.apply_s, "apply_s"),
+            task_s=request.task_s,
+            collect_s=request.collect_s,
+            apply_s=request.apply_s,
+            round_timings=timings,
         )
         for n in counts
     ]
@@ -281,19 +293,23 @@ def _title(job: PlanJob) -> str:
 
 
 def _calibration_line(o: Overheads, job: PlanJob) -> str:
-    """What --calibrate measured, and what the model runs with (a flag given wins)."""
+    """What --calibrate measured (medians), and what the model runs with: each round the timings of one of those
+    rounds, with the flags given in their place."""
 
-    def ms(seconds: float | None) -> str:
-        return "measured" if seconds is None else f"{seconds * 1e3:.3f} ms"
+    def ms(seconds: float) -> str:
+        return f"{seconds * 1e3:.3f} ms"
 
     jitter = "not measured (no gradients.csv)" if o.jitter_sigma is None else f"{o.jitter_sigma:.3f}"
-    latency = job.latency
+    given = [
+        f"{name} {value}"
+        for name, value in (("--task-s", job.task_s), ("--collect-s", job.collect_s), ("--apply-s", job.apply_s))
+        if value is not None
+    ]
     return (
-        f"calibrated over {o.rounds} rounds: a task's compute {ms(o.compute_s)} and overhead "
+        f"calibrated over {o.rounds} rounds (medians): a task's compute {ms(o.compute_s)} and overhead "
         f"{ms(o.task_overhead_s)}, an apply {ms(o.apply_s)} in all, a batch's collection {o.collect_s:.3f} s, the "
-        f"tasks' jitter σ {jitter} (modelling with {ms(job.task_s)} and {ms(latency.task_overhead_s)}, "
-        f"{ms(job.apply_s)}, {'measured' if job.collect_s is None else f'{job.collect_s:.3f} s'}, "
-        f"σ {latency.jitter_sigma:.3f})"
+        f"tasks' jitter σ {jitter}; each modelled round takes one of those rounds' timings"
+        f"{' (' + ', '.join(given) + ' in their place)' if given else ''}, σ {job.latency.jitter_sigma:.3f}"
     )
 
 

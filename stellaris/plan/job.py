@@ -12,7 +12,7 @@ from typing import Literal
 from contract.jobspec import JobSpec, resolve
 from contract.results import EVAL_MAX_EPISODE_STEPS
 from stellaris.config import ConfigError, TrainConfig
-from stellaris.plan.latency import LatencyModel
+from stellaris.plan.latency import LatencyModel, RoundTiming
 from stellaris.round.triggers import Triggers
 
 
@@ -21,7 +21,8 @@ class PlanJob:
     """One modelled run: the job spec an N-learner `stellaris train` would run, its actors and rounds, the latency
     model, the billing, the evaluation (`eval_episodes` 0: none; else after the last round, and every `eval_every`
     rounds when > 0), and fixed modelled seconds that replace the measured ones (`task_s` a task's compute, `collect_s`
-    a batch's collection; None: measured)."""
+    a batch's collection; None: measured), or calibration rounds whose timings each modelled round draws one of
+    (`round_timings`: a task's compute and overhead, an apply, a collection, together)."""
 
     spec: JobSpec
     learners: int
@@ -36,6 +37,7 @@ class PlanJob:
     task_s: float | None = None
     collect_s: float | None = None
     apply_s: float | None = None
+    round_timings: tuple[RoundTiming, ...] = ()
 
     @property
     def env_steps_per_round(self) -> int:
@@ -85,6 +87,7 @@ def plan_job(
     task_s: float | None = None,
     collect_s: float | None = None,
     apply_s: float | None = None,
+    round_timings: tuple[RoundTiming, ...] = (),
 ) -> PlanJob:
     """The modelled run of `cfg` on its `learners` learners (N: the job spec is N's, e.g. the floor schedule's least
     β), for `rounds` rounds when given (the first rounds of the planned run: its plan, which β's and the learning
@@ -109,4 +112,5 @@ def plan_job(
         task_s=task_s,
         collect_s=collect_s,
         apply_s=apply_s,
+        round_timings=round_timings,
     )

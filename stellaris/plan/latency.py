@@ -89,14 +89,17 @@ def draw_slowdowns(spread: float, learners: int, rng: random.Random) -> tuple[fl
     return tuple(1.0 + spread * rng.random() for _ in range(learners))
 
 
-def task_seconds(model: LatencyModel, measured_s: float, slowdown: float, rng: random.Random) -> float:
-    """A task's modelled seconds: its compute stretched, plus the fixed overhead. Two draws every time, whatever the
-    knobs, so that the draws line up across runs that differ in a knob."""
+def task_seconds(
+    model: LatencyModel, measured_s: float, slowdown: float, rng: random.Random, overhead_s: float | None = None
+) -> float:
+    """A task's modelled seconds: its compute stretched, plus the fixed overhead (the model's, or `overhead_s`: its
+    round's). Two draws every time, whatever the knobs, so that the draws line up across runs that differ in a
+    knob."""
     straggles = rng.random() < model.straggler_p
     z = rng.gauss(0.0, 1.0)
     stretch = math.exp(model.jitter_sigma * z - model.jitter_sigma**2 / 2)  # E[stretch] = 1
     compute_s = measured_s * slowdown * (model.straggler_factor if straggles else 1.0) * stretch
-    return compute_s + model.task_overhead_s
+    return compute_s + (model.task_overhead_s if overhead_s is None else overhead_s)
 
 
 def starts_cold(model: LatencyModel, round_k: int, rng: random.Random) -> bool:
@@ -125,13 +128,14 @@ class ClusterLatency:
     slowdowns: tuple[float, ...]
     cold_rng: random.Random
     task_rng: random.Random
+    round_rng: random.Random
 
     @classmethod
     def draw(cls, model: LatencyModel, learners: int, seed: int) -> ClusterLatency:
         if learners < 1:
             raise ValueError(f"a cluster needs at least 1 learner, got {learners}")
         slowdowns = draw_slowdowns(model.speed_spread, learners, _stream(seed, learners, "speed"))
-        return cls(model, slowdowns, _stream(seed, learners, "cold"), _stream(seed, learners, "task"))
+        return cls(model, slowdowns, *(_stream(seed, learners, name) for name in ("cold", "task", "round")))
 
     @classmethod
     def given(cls, model: LatencyModel, slowdowns: Sequence[float], seed: int = 0) -> ClusterLatency:
@@ -139,7 +143,7 @@ class ClusterLatency:
         if not slowdowns or any(s <= 0 for s in slowdowns):
             raise ValueError(f"slowdowns must be positive, one per learner, got {list(slowdowns)}")
         n = len(slowdowns)
-        return cls(model, tuple(slowdowns), _stream(seed, n, "cold"), _stream(seed, n, "task"))
+        return cls(model, tuple(slowdowns), *(_stream(seed, n, name) for name in ("cold", "task", "round")))
 
     @property
     def learners(self) -> int:
@@ -153,8 +157,26 @@ class ClusterLatency:
         """When each learner of round `round_k` can claim its first task (`ready_times` of this round's draws)."""
         return ready_times(self.model, self.cold(round_k), invoked_at, started_at)
 
-    def task_seconds(self, learner: int, measured_s: float) -> float:
-        return task_seconds(self.model, measured_s, self.slowdowns[learner], self.task_rng)
+    def task_seconds(self, learner: int, measured_s: float, overhead_s: float | None = None) -> float:
+        return task_seconds(self.model, measured_s, self.slowdowns[learner], self.task_rng, overhead_s)
+
+    def round_timing(self, timings: Sequence[RoundTiming]) -> RoundTiming | None:
+        """One calibration round's timings for the next modelled round, drawn uniformly (one draw every time; None
+        when there are none to draw from)."""
+        index = self.round_rng.randrange(len(timings)) if timings else None
+        return None if index is None else timings[index]
+
+
+@dataclass(frozen=True)
+class RoundTiming:
+    """One calibration round's timings (`calibrated_overheads`): a task's compute and its overhead, an apply in all,
+    the batch's collection. A modelled round takes one round's together, so that its slow and fast moments come as a
+    real machine's do: a round whose applies outlast its tasks builds a queue, as the real one does."""
+
+    compute_s: float
+    task_overhead_s: float
+    apply_s: float
+    collect_s: float
 
 
 @dataclass(frozen=True)
@@ -169,11 +191,12 @@ class Overheads:
     collect_s: float
     rounds: int  # the rounds they were measured over, all runs together
     jitter_sigma: float | None = None
+    per_round: tuple[RoundTiming, ...] = ()  # each round's, to draw from
 
 
 def calibrated_overheads(
     runs: Sequence[Sequence[dict[str, float]]],
-    arrival_gaps_ms: Sequence[float] = (),
+    arrival_gaps_ms: Sequence[Sequence[float]] = (),
     *,
     waits_for_applies: bool = False,
 ) -> Overheads:
@@ -191,8 +214,9 @@ def calibrated_overheads(
       aggregations; its busy time is the round's `cache_time` (both functions' handler time neither computing nor
       waiting) less the learner's part of it (its time beyond compute and waiting).
     - A batch's collection: the round's `actor_time`.
-    - The tasks' jitter (`jitter_sigma`): from the gaps between consecutive gradients' arrivals within a round
-      (`arrival_jitter`), when given.
+    - The tasks' jitter (`jitter_sigma`): from the gaps between consecutive gradients' arrivals within each round
+      (`arrival_jitter`; one list of gaps a round), when given.
+    - Each round's four timings together (`per_round`), for the model to draw a round's from.
 
     Negative shares (clock noise) count as 0. ValueError when a run had more than one learner (its learning phase
     overlaps tasks) or no round after the first applied anything."""
@@ -200,52 +224,66 @@ def calibrated_overheads(
     several = sorted({int(r["learners"]) for r in info if math.isfinite(r.get("learners", 1.0))} - {1})
     if several:
         raise ValueError(f"calibrate from a one-learner run: this one ran {several[0]} learners")
-    tasks, computes, applies = [], [], []
-    for r in info:
-        applying = 0.0  # the round's applies in all
-        if r["aggregations"] > 0:
-            learner_busy = max(0.0, r["learner_time"] - r["learner_compute_time"] - r["learner_wait_time"])
-            applying = r["parameter_compute_time"] + max(0.0, r["cache_time"] - learner_busy)
-            applies.append(applying / r["aggregations"])
-        if r["gradients_applied"] > 0:
-            learning = r["duration"] - r["actor_time"] - r["learner_compute_time"]
-            learning -= applying if waits_for_applies else 0.0
-            tasks.append(max(0.0, learning) / r["gradients_applied"])
-            computes.append(r["learner_compute_time"] / r["gradients_applied"])
-    if not tasks or not applies:
+    per_round = [timing for r in info if (timing := _round_timing(r, waits_for_applies)) is not None]
+    if not per_round:
         raise ValueError(f"no round after the first applied a gradient ({len(info)} rounds): nothing to calibrate")
-    overhead, compute = statistics.median(tasks), statistics.median(computes)
-    jitter = arrival_jitter(arrival_gaps_ms, compute) if len(arrival_gaps_ms) >= 2 else None
-    collect = statistics.median(r["actor_time"] for r in info)
-    return Overheads(overhead, statistics.median(applies), compute, collect, len(tasks), jitter)
+    compute = statistics.median(t.compute_s for t in per_round)
+    gaps = sum(len(g) for g in arrival_gaps_ms)
+    return Overheads(
+        task_overhead_s=statistics.median(t.task_overhead_s for t in per_round),
+        apply_s=statistics.median(t.apply_s for t in per_round),
+        compute_s=compute,
+        collect_s=statistics.median(t.collect_s for t in per_round),
+        rounds=len(per_round),
+        jitter_sigma=arrival_jitter(arrival_gaps_ms, compute) if gaps >= 2 else None,
+        per_round=tuple(per_round),
+    )
+
+
+def _round_timing(r: dict[str, float], waits_for_applies: bool) -> RoundTiming | None:
+    """One round's timings (`calibrated_overheads`); None when it applied nothing."""
+    if r["aggregations"] <= 0 or r["gradients_applied"] <= 0:
+        return None
+    learner_busy = max(0.0, r["learner_time"] - r["learner_compute_time"] - r["learner_wait_time"])
+    applying = r["parameter_compute_time"] + max(0.0, r["cache_time"] - learner_busy)  # the round's applies in all
+    learning = r["duration"] - r["actor_time"] - r["learner_compute_time"]
+    learning -= applying if waits_for_applies else 0.0
+    return RoundTiming(
+        compute_s=r["learner_compute_time"] / r["gradients_applied"],
+        task_overhead_s=max(0.0, learning) / r["gradients_applied"],
+        apply_s=applying / r["aggregations"],
+        collect_s=r["actor_time"],
+    )
 
 
 MS_ROUNDING_VAR = 1 / 6  # ms²: a gap between two whole-millisecond stamps, each rounded down (2 x 1/12)
 
 
-def arrival_jitter(gaps_ms: Sequence[float], compute_s: float) -> float:
-    """The lognormal σ of `task_seconds`' stretch that gives a one-learner run's spread of arrivals: at N = 1 the
-    learner is the bottleneck and claims ahead, so consecutive gradients arrive one task (its compute plus its
-    overhead) apart, and their gaps' spread is the tasks'. The gaps are whole milliseconds (Redis stream ids): their
-    rounding's variance is taken out. The model's overhead is fixed and its stretch scales the compute alone, so the
-    spread is the compute's:
-    σ = √ln(1 + (sd / compute)²). 0 when the gaps spread no more than their rounding does."""
+def arrival_jitter(gaps_ms: Sequence[Sequence[float]], compute_s: float) -> float:
+    """The lognormal σ of `task_seconds`' stretch that gives a one-learner run's spread of arrivals within a round
+    (one list of gaps a round): at N = 1 the learner is the bottleneck and claims ahead, so consecutive gradients
+    arrive one task (its compute plus its overhead) apart, and their gaps' spread is the tasks'. Each gap is taken
+    from its own round's mean (the spread between rounds is `RoundTiming`'s). The gaps are whole milliseconds (Redis
+    stream ids): their rounding's variance is taken out. The model's overhead is fixed and its stretch scales the
+    compute alone, so the spread is the compute's: σ = √ln(1 + (sd / compute)²). 0 when the gaps spread no more than
+    their rounding does."""
     if compute_s <= 0:
         raise ValueError(f"a task's compute must be positive to spread it, got {compute_s!r} s")
-    spread_ms2 = max(0.0, statistics.variance(gaps_ms) - MS_ROUNDING_VAR)
+    squares = sum((g - statistics.fmean(gaps)) ** 2 for gaps in gaps_ms if len(gaps) >= 2 for g in gaps)
+    freedom = sum(len(gaps) - 1 for gaps in gaps_ms if len(gaps) >= 2)
+    if freedom < 1:
+        raise ValueError("the spread of arrivals needs a round with two gaps or more")
+    spread_ms2 = max(0.0, squares / freedom - MS_ROUNDING_VAR)
     cv = math.sqrt(spread_ms2) / 1e3 / compute_s
     return math.sqrt(math.log1p(cv * cv))
 
 
-def arrival_gaps_ms(gradients: Sequence[tuple[int, str]]) -> list[float]:
-    """The gaps, in ms, between consecutive gradients' arrivals in each round after the first, from (round, gradient
-    id) pairs: a gradient's id is its Redis stream id, `<ms>-<seq>`, stamped as it was stored."""
+def arrival_gaps_ms(gradients: Sequence[tuple[int, str]]) -> list[list[float]]:
+    """The gaps, in ms, between consecutive gradients' arrivals in each round after the first (one list a round),
+    from (round, gradient id) pairs: a gradient's id is its Redis stream id, `<ms>-<seq>`, stamped as it was
+    stored."""
     by_round: dict[int, list[int]] = {}
     for round_k, gradient_id in gradients:
         if round_k > 1:
             by_round.setdefault(round_k, []).append(int(gradient_id.split("-", 1)[0]))
-    gaps: list[float] = []
-    for stamps in by_round.values():
-        stamps.sort()
-        gaps += [float(b - a) for a, b in itertools.pairwise(stamps)]
-    return gaps
+    return [[float(b - a) for a, b in itertools.pairwise(sorted(stamps))] for stamps in by_round.values()]

@@ -159,7 +159,7 @@ class Round:
         )
         measured = watch.seconds + (self.prepare_s if start.first else 0.0)
         self.compute_s += measured
-        return measured if sim.job.task_s is None else sim.job.task_s
+        return measured if sim.timing.task_s is None else sim.timing.task_s
 
     def land(self, landing: Landing) -> None:
         self.queue.append(self.computed.pop(landing.task))
@@ -199,9 +199,20 @@ class Round:
         self.flushes += record.decision is Decision.FLUSH
         self.apply_s += watch.seconds
         model = sim.latency.model
-        fixed = sim.job.apply_s
+        fixed = sim.timing.apply_s
         applied_s = watch.seconds if fixed is None else fixed + (record.count - 1) * model.apply_per_gradient_s
         return applied_s + model.apply_overhead_s
+
+
+@dataclass(frozen=True)
+class Timing:
+    """A round's fixed seconds (None: measured): a task's compute, a batch's collection, an apply, and a task's
+    overhead (None: the latency model's)."""
+
+    task_s: float | None = None
+    collect_s: float | None = None
+    apply_s: float | None = None
+    task_overhead_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -247,6 +258,7 @@ class Simulation:
         self.actors = [self._actor(i) for i in range(job.actors)]
         self.learners = [LearnerInstance(self._policy()) for _ in range(job.learners)]
         self.latency = ClusterLatency.draw(job.latency, job.learners, self.spec.seed)
+        self.timing = Timing(job.task_s, job.collect_s, job.apply_s)  # this round's (`_timing`)
         self.clock = self.cost_learner = self.cost_actor = 0.0
         self.env_steps = 0
         self.round_k = 0
@@ -295,7 +307,7 @@ class Simulation:
                     generator=actor.rng,
                 )
             batches.append(arrays)
-            seconds.append(watch.seconds if self.job.collect_s is None else self.job.collect_s)
+            seconds.append(watch.seconds if self.timing.collect_s is None else self.timing.collect_s)
             returns += actor.tracker.take()[0]
         return Collected(batches, seconds, returns)
 
@@ -307,9 +319,19 @@ class Simulation:
             prepared = to_device(self.algo.prepare(batches, self.spec.algo), CPU)
         return prepared, watch.seconds
 
+    def _timing(self) -> Timing:
+        """This round's fixed timings: the job's, or one calibration round's drawn for it (`PlanJob.round_timings`);
+        None where measured."""
+        job = self.job
+        drawn = self.latency.round_timing(job.round_timings)
+        if drawn is None:
+            return Timing(job.task_s, job.collect_s, job.apply_s)
+        return Timing(drawn.compute_s, drawn.collect_s, drawn.apply_s, drawn.task_overhead_s)
+
     def run_round(self) -> RoundRow:
         self.round_k += 1
         k, spec, started = self.round_k, self.spec, self.clock
+        self.timing = self._timing()
         collected = self.collect()
         landed = started + max(collected.seconds)
         batch_ids = [f"actor-{i}-round-{k}" for i in range(len(self.actors))]
@@ -325,7 +347,9 @@ class Simulation:
             work,
             steps=steps,
             ready=ready,
-            stretch=self.latency.task_seconds,
+            stretch=lambda learner, measured_s: self.latency.task_seconds(
+                learner, measured_s, self.timing.task_overhead_s
+            ),
             version=self.version,
             claim_ahead=claims_ahead(spec),
             enqueued_at=times.invoked,

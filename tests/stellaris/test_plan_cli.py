@@ -179,25 +179,28 @@ def _calibration_run(run: Path, env: str = "CartPole-v1") -> Path:
 
 
 def test_calibrate_takes_a_real_runs_timings_and_flags_win(tmp_path: Path) -> None:
-    """The medians: 2 ms of overhead, 3 ms an apply, 60.5 ms of compute, 0.5 s of collection; the gaps 1, 3, 1, 3
-    ms spread 7/6 ms² beyond their rounding: σ = √ln(1 + (7/6) / 60.5²) = 0.01785. A flag given wins."""
+    """The medians: 2 ms of overhead, 3 ms an apply, 60.5 ms of compute, 0.5 s of collection; within each round the
+    gaps 1 and 3 ms spread 2 ms² about their mean, 11/6 ms² beyond their rounding: σ = √ln(1 + (11/6) / 60.5²) =
+    0.02238. Each modelled round takes one calibration round's timings; a flag given takes their place."""
     run = _calibration_run(tmp_path / "run")
     out = tmp_path / "plan"
-    args = ["--env", "CartPole-v1", "--rounds", "1", "--learners", "1", *SMALL, "--eval-episodes", "0"]
+    args = ["--env", "CartPole-v1", "--rounds", "2", "--learners", "1", *SMALL, "--eval-episodes", "0"]
     code, output = _plan(*args, "--calibrate", str(run), "--out", str(out))
     assert code == 0, output
     said = " ".join(output.split())  # as one line, whatever the terminal's width
     assert (
-        "calibrated over 2 rounds: a task's compute 60.500 ms and overhead 2.000 ms, an apply 3.000 ms in all, a "
-        "batch's collection 0.500 s, the tasks' jitter σ 0.018 (modelling with 60.500 ms and 2.000 ms, 3.000 ms, "
-        "0.500 s, σ 0.018)" in said
+        "calibrated over 2 rounds (medians): a task's compute 60.500 ms and overhead 2.000 ms, an apply 3.000 ms in "
+        "all, a batch's collection 0.500 s, the tasks' jitter σ 0.022; each modelled round takes one of those "
+        "rounds' timings, σ 0.022" in said
     ), output
     rows = _csv(out / "learners-1.csv")
-    assert float(rows[0]["actor_time"]) == pytest.approx(0.5)  # the calibrated collection, not this machine's
+    assert [float(r["actor_time"]) for r in rows] == pytest.approx([0.5, 0.5])  # calibrated, not this machine's
     given = ["--apply-s", "0.005", "--task-s", "0.01", "--jitter-sigma", "0", "--collect-s", "1"]
     code, output = _plan(*args, "--calibrate", str(run), *given, "--out", str(tmp_path / "given"))
     assert code == 0, output
-    assert "(modelling with 10.000 ms and 2.000 ms, 5.000 ms, 1.000 s, σ 0.000)" in " ".join(output.split()), output
+    said = " ".join(output.split())
+    assert "(--task-s 0.01, --collect-s 1.0, --apply-s 0.005 in their place), σ 0.000" in said, output
+    assert [float(r["actor_time"]) for r in _csv(tmp_path / "given" / "learners-1.csv")] == [1.0, 1.0]
     # two runs pool their rounds
     code, output = _plan(*args, "--calibrate", str(run), "--calibrate", str(run), "--out", str(tmp_path / "two"))
     assert code == 0 and "calibrated over 4 rounds" in output, output

@@ -369,6 +369,12 @@ def test_overheads_calibrated_from_a_one_learner_run_by_hand() -> None:
     assert measured.compute_s == pytest.approx(0.0011875)  # the median of 0.38/320, 0.26/320 and 0.30/100 s
     assert measured.collect_s == pytest.approx(0.8)  # the median of 0.8, 0.8 and 0.6 s
     assert measured.jitter_sigma is None  # no arrivals given
+    # each round's timings together, to draw from: round 2's 1.1875 ms compute, 1 ms overhead, 2 ms apply, 0.8 s
+    first = measured.per_round[0]
+    assert (first.compute_s, first.task_overhead_s, first.apply_s, first.collect_s) == pytest.approx(
+        (0.38 / 320, 0.001, 0.002, 0.8)
+    )
+    assert [t.apply_s for t in measured.per_round] == pytest.approx([0.002, 0.004, 0.003])
     # pooled with a second run: its round 1 left out too; its one round joins the medians: a task (1.44 - 0.8)
     # / 320 = 2 ms, an apply (0.48 - 0.04) / 220 = 2 ms
     other = [rows[0], _info(1.44, 0.8, 0.0, 320, 0.04, 0.0, 0.48, 0.0, 220)]
@@ -391,20 +397,26 @@ def test_arrival_gaps_are_read_off_stream_ids_within_each_round_after_the_first(
     gradients = [(1, "100-0"), (1, "150-0"), (2, "200-0"), (2, "203-0"), (2, "203-1"), (2, "201-0"), (3, "500-0")]
     gradients += [(3, "504-0")]
     # round 1 left out; round 2 sorted 200, 201, 203, 203: gaps 1, 2, 0; round 3: 4; no gap across rounds
-    assert arrival_gaps_ms(gradients) == [1.0, 2.0, 0.0, 4.0]
+    assert arrival_gaps_ms(gradients) == [[1.0, 2.0, 0.0], [4.0]]
 
 
 def test_arrival_jitter_by_hand() -> None:
     # gaps 1, 3, 1, 3 ms: sample variance 4/3 ms²; less the rounding's 1/6: 7/6 ms², sd 1.0801 ms; over a 2 ms
     # compute cv = 0.54006, σ = √ln(1 + 0.29167) = 0.50590
-    assert arrival_jitter([1.0, 3.0, 1.0, 3.0], 0.002) == pytest.approx(math.sqrt(math.log(1 + 7 / 6 / 4)))
-    assert arrival_jitter([1.0, 3.0, 1.0, 3.0], 0.002) == pytest.approx(0.50590, abs=1e-5)
-    assert arrival_jitter([2.0, 2.0, 2.0], 0.002) == 0.0  # no spread beyond the rounding's
+    assert arrival_jitter([[1.0, 3.0, 1.0, 3.0]], 0.002) == pytest.approx(math.sqrt(math.log(1 + 7 / 6 / 4)))
+    assert arrival_jitter([[1.0, 3.0, 1.0, 3.0]], 0.002) == pytest.approx(0.50590, abs=1e-5)
+    assert arrival_jitter([[2.0, 2.0, 2.0]], 0.002) == 0.0  # no spread beyond the rounding's
+    # each gap from its own round's mean: rounds of 2 ms and 6 ms gaps spread between rounds, not within
+    assert arrival_jitter([[2.0, 2.0, 2.0], [6.0, 6.0], [9.0]], 0.002) == 0.0
+    # within: (1, 3) about 2 and (5, 7) about 6, four squares of 1 over 2 degrees of freedom: 2 ms², less 1/6
+    assert arrival_jitter([[1.0, 3.0], [5.0, 7.0]], 0.002) == pytest.approx(math.sqrt(math.log(1 + (11 / 6) / 4)))
     with pytest.raises(ValueError, match="compute must be positive"):
-        arrival_jitter([1.0, 2.0], 0.0)
+        arrival_jitter([[1.0, 2.0]], 0.0)
+    with pytest.raises(ValueError, match="a round with two gaps or more"):
+        arrival_jitter([[1.0], [2.0]], 0.002)
     # through the calibration: the gaps' σ over the runs' median compute
     rows = [_info(1.0, 0.8, 0.1, 10, 0.2, 0.0, 0.1, 0.0, 10)] * 2  # compute 0.1 / 10 = 10 ms a task
-    measured = calibrated_overheads([rows], [1.0, 3.0, 1.0, 3.0])
+    measured = calibrated_overheads([rows], [[1.0, 3.0, 1.0, 3.0]])
     assert measured.jitter_sigma == pytest.approx(math.sqrt(math.log(1 + 7 / 6 / 100)))
 
 
