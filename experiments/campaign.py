@@ -57,8 +57,8 @@ SCALE_SEEDS = {1: SEEDS, 4: SEEDS}  # the other N: the first 3 seeds
 SCALE_APPLY_PER_GRADIENT_S = 0.0001
 QUEUE = (  # (plan, env): what decides a goal first; "" is every env of the plan
     ("modes", "Hopper-v5"),
+    ("scale", ""),  # two cells at a time: its page whole in one sitting (about 3 h), before Hopper's peers (about 5)
     ("peers", "Hopper-v5"),
-    ("scale", ""),
     ("modes", ""),
     ("peers", ""),
     ("atari", ""),
@@ -583,8 +583,8 @@ def queue(
     dry_run: bool = typer.Option(False, "--dry-run", help="list the steps and what each would run, and run none"),
 ) -> None:
     """The whole campaign in the order that decides a goal first (docs/experiments.md): the scale model's validation
-    of each mode, calibrated by held-out runs of that mode; Hopper's modes; Hopper's peers; the scale sweep (each
-    mode calibrated by its runs); the rest of the modes and the peers; Atari. A step stopped by a failed cell is left
+    of each mode, calibrated by held-out runs of that mode; Hopper's modes; the scale sweep (each mode calibrated by
+    its runs); Hopper's peers; the rest of the modes and the peers; Atari. A step stopped by a failed cell is left
     for the next time, and the queue goes on; run it again to take up what is left."""
     runs = Path("runs/plan-validation")
     calibration = [runs / f"{mode}-s{seed}" for mode in MODES for seed in SWEEP_CALIBRATION_SEEDS]
