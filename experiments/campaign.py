@@ -57,8 +57,8 @@ SCALE_SEEDS = {1: SEEDS, 4: SEEDS}  # the other N: the first 3 seeds
 SCALE_APPLY_PER_GRADIENT_S = 0.0001
 QUEUE = (  # (plan, env): what decides a goal first; "" is every env of the plan
     ("modes", "Hopper-v5"),
-    ("scale", ""),  # two cells at a time: its page whole in one sitting (about 3 h), before Hopper's peers (about 5)
     ("peers", "Hopper-v5"),
+    ("scale", ""),  # two cells at a time (about 3 h)
     ("modes", ""),
     ("peers", ""),
     ("atari", ""),
