@@ -171,12 +171,13 @@ def _calibrated(request: PlanRequest, planned: JobSpec | None) -> tuple[LatencyM
         return latency_model(request.latency), None
     if len(request.calibrate) > MAX_CALIBRATION_RUNS:
         raise ConfigError(f"--calibrate: {len(request.calibrate)} runs; at most {MAX_CALIBRATION_RUNS}")
-    runs, arrivals = [], []
+    runs: list[list[dict[str, float]]] = []
+    arrivals: list[dict[int, list[float]]] = []
     for run_dir in request.calibrate:
         config, rows = _run_source(run_dir, "--calibrate")
         _calibration_matches(run_dir, config, planned)
         runs.append([{k: number(v) for k, v in r.items()} for r in rows])
-        arrivals += arrival_gaps_ms(_gradient_arrivals(run_dir))
+        arrivals.append(arrival_gaps_ms(_gradient_arrivals(run_dir)))
     try:
         measured = calibrated_overheads(runs, arrivals, waits_for_applies=planned.algo.stellaris.rule is Rule.SYNC)
     except ValueError as exc:

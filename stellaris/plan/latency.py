@@ -16,7 +16,7 @@ import itertools
 import math
 import random
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -196,7 +196,7 @@ class Overheads:
 
 def calibrated_overheads(
     runs: Sequence[Sequence[dict[str, float]]],
-    arrival_gaps_ms: Sequence[Sequence[float]] = (),
+    arrivals: Sequence[Mapping[int, Sequence[float]]] = (),
     *,
     waits_for_applies: bool = False,
 ) -> Overheads:
@@ -206,51 +206,74 @@ def calibrated_overheads(
     - A task's compute: the learner's compute over the gradients it applied. The model takes it in place of its own
       measurement: the real learner computes beside the parameter function, Redis and the actors on the same cores,
       and so more slowly than the model's gradients computed alone (docs/scale-model.md#calibration).
-    - A task's overhead: the round's learning phase (its duration after the collection) beyond the learner's
-      compute, shared by the gradients it applied. With `waits_for_applies` (sync: each step waits for its update)
-      the applies ran one after another with the tasks, and their time is taken out of the phase too; otherwise
-      they overlapped the tasks.
+    - A task's overhead: the round's cadence, the mean gap between its gradients' arrivals (`arrivals`: for each
+      run, its rounds' gaps in ms, `arrival_gaps_ms`), beyond the learner's compute: at N = 1 the learner is the
+      bottleneck and its gradients arrive one task apart. Without a round's arrivals, the round's learning phase
+      (its duration after the collection) beyond the compute, shared by the gradients it applied; that phase also
+      holds the drain of the parameter function's queue after the last arrival, which the model plays out itself,
+      so the cadence is the better measure (a round whose applies outlast its tasks builds a queue in the model as
+      in the real run; docs/scale-model.md#calibration). With `waits_for_applies` (sync: each step waits for its
+      update) the applies ran one after another with the tasks, and their time is taken out too; otherwise they
+      overlapped the tasks.
     - An apply's seconds in all: the parameter function's compute plus its busy time beyond it, shared by its
       aggregations; its busy time is the round's `cache_time` (both functions' handler time neither computing nor
       waiting) less the learner's part of it (its time beyond compute and waiting).
     - A batch's collection: the round's `actor_time`.
-    - The tasks' jitter (`jitter_sigma`): from the gaps between consecutive gradients' arrivals within each round
-      (`arrival_jitter`; one list of gaps a round), when given.
+    - The tasks' jitter (`jitter_sigma`): from the same gaps' spread within each round (`arrival_jitter`), when
+      given.
     - Each round's four timings together (`per_round`), for the model to draw a round's from.
 
     Negative shares (clock noise) count as 0. ValueError when a run had more than one learner (its learning phase
-    overlaps tasks) or no round after the first applied anything."""
-    info = [r for rows in runs for r in rows[1:]]
+    overlaps tasks), when `arrivals` are given for other than every run, or when no round after the first applied
+    anything."""
+    if arrivals and len(arrivals) != len(runs):
+        raise ValueError(f"arrivals for {len(arrivals)} runs, rows for {len(runs)}: give both for every run")
+    gaps_of = [(rows[1:], arrivals[i] if arrivals else {}) for i, rows in enumerate(runs)]
+    info = [r for rows, _ in gaps_of for r in rows]
     several = sorted({int(r["learners"]) for r in info if math.isfinite(r.get("learners", 1.0))} - {1})
     if several:
         raise ValueError(f"calibrate from a one-learner run: this one ran {several[0]} learners")
-    per_round = [timing for r in info if (timing := _round_timing(r, waits_for_applies)) is not None]
+    per_round = [
+        timing
+        for rows, by_round in gaps_of
+        for r in rows
+        if (timing := _round_timing(r, waits_for_applies, by_round.get(int(r["round_id"])) if by_round else None))
+        is not None
+    ]
     if not per_round:
         raise ValueError(f"no round after the first applied a gradient ({len(info)} rounds): nothing to calibrate")
     compute = statistics.median(t.compute_s for t in per_round)
-    gaps = sum(len(g) for g in arrival_gaps_ms)
+    all_gaps = [gaps for by_round in arrivals for gaps in by_round.values()]
     return Overheads(
         task_overhead_s=statistics.median(t.task_overhead_s for t in per_round),
         apply_s=statistics.median(t.apply_s for t in per_round),
         compute_s=compute,
         collect_s=statistics.median(t.collect_s for t in per_round),
         rounds=len(per_round),
-        jitter_sigma=arrival_jitter(arrival_gaps_ms, compute) if gaps >= 2 else None,
+        jitter_sigma=arrival_jitter(all_gaps, compute) if sum(map(len, all_gaps)) >= 2 else None,
         per_round=tuple(per_round),
     )
 
 
-def _round_timing(r: dict[str, float], waits_for_applies: bool) -> RoundTiming | None:
-    """One round's timings (`calibrated_overheads`); None when it applied nothing."""
-    if r["aggregations"] <= 0 or r["gradients_applied"] <= 0:
+def _round_timing(
+    r: dict[str, float], waits_for_applies: bool, gaps_ms: Sequence[float] | None = None
+) -> RoundTiming | None:
+    """One round's timings (`calibrated_overheads`), its task's from its arrivals' gaps when given; None when it
+    applied nothing."""
+    gradients = r["gradients_applied"]
+    if r["aggregations"] <= 0 or gradients <= 0:
         return None
     learner_busy = max(0.0, r["learner_time"] - r["learner_compute_time"] - r["learner_wait_time"])
     applying = r["parameter_compute_time"] + max(0.0, r["cache_time"] - learner_busy)  # the round's applies in all
-    learning = r["duration"] - r["actor_time"] - r["learner_compute_time"]
-    learning -= applying if waits_for_applies else 0.0
+    compute = r["learner_compute_time"] / gradients
+    if gaps_ms:
+        overhead = statistics.fmean(gaps_ms) / 1e3 - compute
+    else:
+        overhead = (r["duration"] - r["actor_time"]) / gradients - compute
+    overhead -= applying / gradients if waits_for_applies else 0.0
     return RoundTiming(
-        compute_s=r["learner_compute_time"] / r["gradients_applied"],
-        task_overhead_s=max(0.0, learning) / r["gradients_applied"],
+        compute_s=compute,
+        task_overhead_s=max(0.0, overhead),
         apply_s=applying / r["aggregations"],
         collect_s=r["actor_time"],
     )
@@ -278,12 +301,12 @@ def arrival_jitter(gaps_ms: Sequence[Sequence[float]], compute_s: float) -> floa
     return math.sqrt(math.log1p(cv * cv))
 
 
-def arrival_gaps_ms(gradients: Sequence[tuple[int, str]]) -> list[list[float]]:
-    """The gaps, in ms, between consecutive gradients' arrivals in each round after the first (one list a round),
+def arrival_gaps_ms(gradients: Sequence[tuple[int, str]]) -> dict[int, list[float]]:
+    """The gaps, in ms, between consecutive gradients' arrivals in each round after the first (round → its gaps),
     from (round, gradient id) pairs: a gradient's id is its Redis stream id, `<ms>-<seq>`, stamped as it was
     stored."""
     by_round: dict[int, list[int]] = {}
     for round_k, gradient_id in gradients:
         if round_k > 1:
             by_round.setdefault(round_k, []).append(int(gradient_id.split("-", 1)[0]))
-    return [[float(b - a) for a, b in itertools.pairwise(sorted(stamps))] for stamps in by_round.values()]
+    return {k: [float(b - a) for a, b in itertools.pairwise(sorted(stamps))] for k, stamps in by_round.items()}

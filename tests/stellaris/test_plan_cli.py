@@ -150,8 +150,8 @@ def test_compare_needs_a_run_directory(tmp_path: Path) -> None:
 
 def _calibration_run(run: Path, env: str = "CartPole-v1") -> Path:
     """A one-learner run directory whose two rounds after round 1 measured 1 and 3 ms of overhead a task, 2 and 4 ms
-    an apply in all, 61.5 and 59.5 ms of compute a task and 0.5 s of collection; its gradients arrived 1, 3, 1 and 3
-    ms apart."""
+    an apply in all, 61.5 and 59.5 ms of compute a task and 0.5 s of collection; in each, its gradients arrived 61
+    and 64 ms apart (a cadence of 62.5 ms: the same overheads as its learning phases give)."""
     run.mkdir()
     small = {"train_batch_size": 256, "num_minibatches": 4, "num_epochs": 2}  # SMALL's
     config = {"env": env, "learners": 1, "rounds": 3, "overrides": small}
@@ -170,7 +170,7 @@ def _calibration_run(run: Path, env: str = "CartPole-v1") -> Path:
                 [3, 1, 1.0, 0.5, 0.476, 8, 0.5, 0.0, 0.056, 0.0, 8],
             ]
         )
-    stamps = [(1, 90), (2, 100), (2, 101), (2, 104), (3, 200), (3, 201), (3, 204)]
+    stamps = [(1, 90), (2, 100), (2, 161), (2, 225), (3, 300), (3, 361), (3, 425)]
     with (run / "gradients.csv").open("w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(["gradient_id", "task_id", "round", "base_version", "applied_version"])
@@ -180,8 +180,8 @@ def _calibration_run(run: Path, env: str = "CartPole-v1") -> Path:
 
 def test_calibrate_takes_a_real_runs_timings_and_flags_win(tmp_path: Path) -> None:
     """The medians: 2 ms of overhead, 3 ms an apply, 60.5 ms of compute, 0.5 s of collection; within each round the
-    gaps 1 and 3 ms spread 2 ms² about their mean, 11/6 ms² beyond their rounding: σ = √ln(1 + (11/6) / 60.5²) =
-    0.02238. Each modelled round takes one calibration round's timings; a flag given takes their place."""
+    gaps 61 and 64 ms spread 4.5 ms² about their mean, 13/3 ms² beyond their rounding: σ = √ln(1 + (13/3) / 60.5²)
+    = 0.03440. Each modelled round takes one calibration round's timings; a flag given takes their place."""
     run = _calibration_run(tmp_path / "run")
     out = tmp_path / "plan"
     args = ["--env", "CartPole-v1", "--rounds", "2", "--learners", "1", *SMALL, "--eval-episodes", "0"]
@@ -190,8 +190,8 @@ def test_calibrate_takes_a_real_runs_timings_and_flags_win(tmp_path: Path) -> No
     said = " ".join(output.split())  # as one line, whatever the terminal's width
     assert (
         "calibrated over 2 rounds (medians): a task's compute 60.500 ms and overhead 2.000 ms, an apply 3.000 ms in "
-        "all, a batch's collection 0.500 s, the tasks' jitter σ 0.022; each modelled round takes one of those "
-        "rounds' timings, σ 0.022" in said
+        "all, a batch's collection 0.500 s, the tasks' jitter σ 0.034; each modelled round takes one of those "
+        "rounds' timings, σ 0.034" in said
     ), output
     rows = _csv(out / "learners-1.csv")
     assert [float(r["actor_time"]) for r in rows] == pytest.approx([0.5, 0.5])  # calibrated, not this machine's

@@ -397,7 +397,7 @@ def test_arrival_gaps_are_read_off_stream_ids_within_each_round_after_the_first(
     gradients = [(1, "100-0"), (1, "150-0"), (2, "200-0"), (2, "203-0"), (2, "203-1"), (2, "201-0"), (3, "500-0")]
     gradients += [(3, "504-0")]
     # round 1 left out; round 2 sorted 200, 201, 203, 203: gaps 1, 2, 0; round 3: 4; no gap across rounds
-    assert arrival_gaps_ms(gradients) == [[1.0, 2.0, 0.0], [4.0]]
+    assert arrival_gaps_ms(gradients) == {2: [1.0, 2.0, 0.0], 3: [4.0]}
 
 
 def test_arrival_jitter_by_hand() -> None:
@@ -416,8 +416,32 @@ def test_arrival_jitter_by_hand() -> None:
         arrival_jitter([[1.0], [2.0]], 0.002)
     # through the calibration: the gaps' σ over the runs' median compute
     rows = [_info(1.0, 0.8, 0.1, 10, 0.2, 0.0, 0.1, 0.0, 10)] * 2  # compute 0.1 / 10 = 10 ms a task
-    measured = calibrated_overheads([rows], [[1.0, 3.0, 1.0, 3.0]])
+    rows = [{**r, "round_id": float(k)} for k, r in enumerate(rows, 1)]
+    measured = calibrated_overheads([rows], [{2: [1.0, 3.0, 1.0, 3.0]}])
     assert measured.jitter_sigma == pytest.approx(math.sqrt(math.log(1 + 7 / 6 / 100)))
+
+
+def test_a_rounds_task_is_its_arrivals_cadence_not_its_learning_phase() -> None:
+    # 320 gradients, 0.32 s of compute (1 ms each); the phase beyond the collection is 1.2 - 0.6 = 0.6 s, 1.875 ms
+    # a gradient, but it held the drain of the parameter function's queue after the last arrival: the gradients
+    # arrived 1.25 ms apart (mean gap), so a task's overhead is 0.25 ms, not the phase's 0.875
+    row = {**_info(1.2, 0.6, 0.32, 320, 0.5, 0.0, 0.4, 0.2, 320), "round_id": 2.0}
+    first = {**row, "round_id": 1.0}
+    gaps = [1.0, 2.0, 1.0, 1.0]  # mean 1.25 ms
+    by_cadence = calibrated_overheads([[first, row]], [{2: gaps}])
+    assert by_cadence.task_overhead_s == pytest.approx(0.00025)
+    assert calibrated_overheads([[first, row]]).task_overhead_s == pytest.approx(0.000875)  # no arrivals: the phase
+    # a round without arrivals of its own falls back to its phase; a round's gaps stay with their own run
+    assert calibrated_overheads([[first, row]], [{3: gaps}]).task_overhead_s == pytest.approx(0.000875)
+    two = calibrated_overheads([[first, row], [first, row]], [{2: gaps}, {}])
+    assert sorted(t.task_overhead_s for t in two.per_round) == pytest.approx([0.00025, 0.000875])
+    # sync: each arrival also waited for the last step's apply, its share taken out: the learner's busy time
+    # 0.5 - 0.32 = 0.18 of the 0.4 cache time, the parameter's 0.22 plus its 0.2 of compute, over 320: 1.3125 ms;
+    # with gaps of 3 ms, the overhead is 3 - 1 - 1.3125 = 0.6875 ms
+    sync = calibrated_overheads([[first, row]], [{2: [3.0, 3.0]}], waits_for_applies=True)
+    assert sync.apply_s == pytest.approx(0.0013125) and sync.task_overhead_s == pytest.approx(0.0006875)
+    with pytest.raises(ValueError, match="arrivals for 1 runs, rows for 2"):
+        calibrated_overheads([[first, row], [first, row]], [{2: gaps}])
 
 
 def test_a_sync_run_takes_its_applies_out_of_the_tasks_overhead() -> None:
