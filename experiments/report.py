@@ -436,6 +436,7 @@ def build(
     commits = sorted({m for m in _column(dirs, "commit")})
     finished = sorted(_column(dirs, "finished"))
     days = sorted({f.split()[0] for f in finished})
+    modelled = any(r.learners for r in runs)
     title_date = title_date or (days[0] if len(days) == 1 else f"{days[0]} to {days[-1]}" if days else None)
     lines = [
         f"# {title}" + (f" ({title_date})" if title_date else ""),
@@ -446,7 +447,8 @@ def build(
         "",
         f"- Runs: {len(runs)}, landed {finished[0] if finished else '–'} to {finished[-1] if finished else '–'} "
         f"(UTC), at commits {', '.join(commits) or '–'}.",
-        f"- Machine: {'; '.join(machines) or '–'}. One run at a time.",
+        f"- Machine: {'; '.join(machines) or '–'}. One real run at a time"
+        + (f"; modelled runs {campaign.MODELLED_JOBS} at a time (their clocks are the model's)." if modelled else "."),
         "- Each run: `stellaris train --preset fast` with its mode and seed, to the env-step budget; a deterministic "
         "evaluation (mean action, 10 episodes, on the run's evaluation seed: its seed + 1,000,003, never a training "
         "env) every 41 rounds of 2,048 steps and at the end: the rows read at 250k and 500k are those at 252k and "
@@ -464,11 +466,13 @@ def build(
         ),
         *(
             [
-                "- Modelled runs (N learners): `stellaris plan --learners N` with the timings held-out real runs "
-                "measured (`--calibrate`); their rewards come from real gradients on real episodes, their "
-                "wall-clock and cost from the latency and cost models ([Scale model](../scale-model.md)).",
+                "- Modelled runs (N learners): `stellaris plan --learners N` with the timings that real one-learner "
+                "runs of the same job and mode measured (`--calibrate`: each mode's validation runs, seeds "
+                f"{', '.join(map(str, campaign.SWEEP_CALIBRATION_SEEDS))}); their rewards come from real gradients "
+                "on real episodes, their wall-clock and cost from the latency and cost models "
+                "([Scale model](../scale-model.md)).",
             ]
-            if any(r.learners for r in runs)
+            if modelled
             else []
         ),
         "- A cell stopped and resumed (`attempts` above 1 in `cells.csv`) counts every attempt in its run wall-clock; "

@@ -25,7 +25,14 @@ from contract.jobspec import JobSpec, resolve
 from contract.knobs import Rule
 from stellaris.config import ConfigError, TrainConfig, load_config
 from stellaris.plan.job import PlanJob, plan_job
-from stellaris.plan.latency import LatencyModel, Overheads, RoundTiming, arrival_gaps_ms, calibrated_overheads
+from stellaris.plan.latency import (
+    CalibrationRun,
+    LatencyModel,
+    Overheads,
+    RoundTiming,
+    arrival_stamps,
+    calibrated_overheads,
+)
 from stellaris.plan.report import (
     RoundRow,
     Summary,
@@ -149,6 +156,17 @@ def _gradient_arrivals(run_dir: Path) -> list[tuple[int, str]]:
         return [(int(r["round"]), r["gradient_id"]) for r in csv.DictReader(f) if r.get("gradient_id")]
 
 
+def _function_spans(run_dir: Path) -> list[tuple[float, float]]:
+    """A run's learner and parameter invocations' (start, end), epoch seconds, from its invocations.csv; none when it
+    has no such file."""
+    path = run_dir / "invocations.csv"
+    if not path.is_file():
+        return []
+    with path.open(newline="") as f:
+        rows = [r for r in csv.DictReader(f) if r["function"].endswith(("-learner", "-parameter"))]
+    return [(float(r["start"]), float(r["end"])) for r in rows if r.get("start") and r.get("end")]
+
+
 def _calibration_matches(run_dir: Path, config: Path, planned: JobSpec) -> None:
     """ConfigError naming the first field in which the calibration run's job differs from the planned one in what
     its timings depend on (a Hopper run does not calibrate a CartPole plan, nor a Stellaris run a sync one)."""
@@ -171,15 +189,19 @@ def _calibrated(request: PlanRequest, planned: JobSpec | None) -> tuple[LatencyM
         return latency_model(request.latency), None
     if len(request.calibrate) > MAX_CALIBRATION_RUNS:
         raise ConfigError(f"--calibrate: {len(request.calibrate)} runs; at most {MAX_CALIBRATION_RUNS}")
-    runs: list[list[dict[str, float]]] = []
-    arrivals: list[dict[int, list[float]]] = []
+    runs = []
     for run_dir in request.calibrate:
         config, rows = _run_source(run_dir, "--calibrate")
         _calibration_matches(run_dir, config, planned)
-        runs.append([{k: number(v) for k, v in r.items()} for r in rows])
-        arrivals.append(arrival_gaps_ms(_gradient_arrivals(run_dir)))
+        runs.append(
+            CalibrationRun(
+                [{k: number(v) for k, v in r.items()} for r in rows],
+                arrival_stamps(_gradient_arrivals(run_dir)),
+                _function_spans(run_dir),
+            )
+        )
     try:
-        measured = calibrated_overheads(runs, arrivals, waits_for_applies=planned.algo.stellaris.rule is Rule.SYNC)
+        measured = calibrated_overheads(runs, waits_for_applies=planned.algo.stellaris.rule is Rule.SYNC)
     except ValueError as exc:
         raise ConfigError(f"--calibrate: {', '.join(map(str, request.calibrate))}: {exc}") from None
     knobs: dict[str, float | bool] = {"task_overhead_s": measured.task_overhead_s}
@@ -301,6 +323,7 @@ def _calibration_line(o: Overheads, job: PlanJob) -> str:
         return f"{seconds * 1e3:.3f} ms"
 
     jitter = "not measured (no gradients.csv)" if o.jitter_sigma is None else f"{o.jitter_sigma:.3f}"
+    start = "not measured (no gradients.csv or invocations.csv)" if o.start_s is None else ms(o.start_s)
     given = [
         f"{name} {value}"
         for name, value in (("--task-s", job.task_s), ("--collect-s", job.collect_s), ("--apply-s", job.apply_s))
@@ -308,8 +331,8 @@ def _calibration_line(o: Overheads, job: PlanJob) -> str:
     ]
     return (
         f"calibrated over {o.rounds} rounds (medians): a task's compute {ms(o.compute_s)} and overhead "
-        f"{ms(o.task_overhead_s)}, an apply {ms(o.apply_s)} in all, a batch's collection {o.collect_s:.3f} s, the "
-        f"tasks' jitter σ {jitter}; each modelled round takes one of those rounds' timings"
+        f"{ms(o.task_overhead_s)}, an apply {ms(o.apply_s)} in all, a batch's collection {o.collect_s:.3f} s, a "
+        f"round's start {start}, the tasks' jitter σ {jitter}; each modelled round takes one of those rounds' timings"
         f"{' (' + ', '.join(given) + ' in their place)' if given else ''}, σ {job.latency.jitter_sigma:.3f}"
     )
 

@@ -17,7 +17,7 @@ import math
 import random
 import statistics
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -177,6 +177,18 @@ class RoundTiming:
     task_overhead_s: float
     apply_s: float
     collect_s: float
+    start_s: float = 0.0  # the round's seconds outside its tasks, applies and collection: before its first task
+
+
+@dataclass(frozen=True)
+class CalibrationRun:
+    """One real one-learner run as the calibration reads it: its info.csv rows (as floats); its gradients' arrival
+    stamps in ms, sorted, by round (`arrival_stamps`; empty: not recorded); its learner and parameter invocations'
+    (start, end) in epoch seconds (invocations.csv; empty: not recorded)."""
+
+    rows: Sequence[dict[str, float]]
+    arrivals_ms: Mapping[int, Sequence[float]] = field(default_factory=dict)
+    spans_s: Sequence[tuple[float, float]] = ()
 
 
 @dataclass(frozen=True)
@@ -190,24 +202,20 @@ class Overheads:
     compute_s: float
     collect_s: float
     rounds: int  # the rounds they were measured over, all runs together
+    start_s: float | None = None  # None: no round's start was measured (no arrivals or no invocations)
     jitter_sigma: float | None = None
     per_round: tuple[RoundTiming, ...] = ()  # each round's, to draw from
 
 
-def calibrated_overheads(
-    runs: Sequence[Sequence[dict[str, float]]],
-    arrivals: Sequence[Mapping[int, Sequence[float]]] = (),
-    *,
-    waits_for_applies: bool = False,
-) -> Overheads:
+def calibrated_overheads(runs: Sequence[CalibrationRun], *, waits_for_applies: bool = False) -> Overheads:
     """What one-learner runs' info.csv rows measured, medians over their rounds after the first (round 1 pays the
     cold start), all runs pooled.
 
     - A task's compute: the learner's compute over the gradients it applied. The model takes it in place of its own
       measurement: the real learner computes beside the parameter function, Redis and the actors on the same cores,
       and so more slowly than the model's gradients computed alone (docs/scale-model.md#calibration).
-    - A task's overhead: the round's cadence, the mean gap between its gradients' arrivals (`arrivals`: for each
-      run, its rounds' gaps in ms, `arrival_gaps_ms`), beyond the learner's compute: at N = 1 the learner is the
+    - A task's overhead: the round's cadence, the mean gap between its gradients' arrivals, beyond the learner's
+      compute: at N = 1 the learner is the
       bottleneck and its gradients arrive one task apart. Without a round's arrivals, the round's learning phase
       (its duration after the collection) beyond the compute, shared by the gradients it applied; that phase also
       holds the drain of the parameter function's queue after the last arrival, which the model plays out itself,
@@ -219,46 +227,42 @@ def calibrated_overheads(
       aggregations; its busy time is the round's `cache_time` (both functions' handler time neither computing nor
       waiting) less the learner's part of it (its time beyond compute and waiting).
     - A batch's collection: the round's `actor_time`.
+    - A round's start: its learning phase less the stretch from its first arrival to the end of its last function
+      invocation and less the first task: the batch's dispatch, the learners' invocation and first claim, and the
+      round's close after the functions return (measured only with both arrivals and invocations; else 0, and the
+      phase-based overhead holds it).
     - The tasks' jitter (`jitter_sigma`): from the same gaps' spread within each round (`arrival_jitter`), when
       given.
     - Each round's four timings together (`per_round`), for the model to draw a round's from.
 
     Negative shares (clock noise) count as 0. ValueError when a run had more than one learner (its learning phase
-    overlaps tasks), when `arrivals` are given for other than every run, or when no round after the first applied
-    anything."""
-    if arrivals and len(arrivals) != len(runs):
-        raise ValueError(f"arrivals for {len(arrivals)} runs, rows for {len(runs)}: give both for every run")
-    gaps_of = [(rows[1:], arrivals[i] if arrivals else {}) for i, rows in enumerate(runs)]
-    info = [r for rows, _ in gaps_of for r in rows]
+    overlaps tasks) or no round after the first applied anything."""
+    info = [r for run in runs for r in run.rows[1:]]
     several = sorted({int(r["learners"]) for r in info if math.isfinite(r.get("learners", 1.0))} - {1})
     if several:
         raise ValueError(f"calibrate from a one-learner run: this one ran {several[0]} learners")
     per_round = [
-        timing
-        for rows, by_round in gaps_of
-        for r in rows
-        if (timing := _round_timing(r, waits_for_applies, by_round.get(int(r["round_id"])) if by_round else None))
-        is not None
+        timing for run in runs for r in run.rows[1:] if (timing := _round_timing(r, waits_for_applies, run)) is not None
     ]
     if not per_round:
         raise ValueError(f"no round after the first applied a gradient ({len(info)} rounds): nothing to calibrate")
     compute = statistics.median(t.compute_s for t in per_round)
-    all_gaps = [gaps for by_round in arrivals for gaps in by_round.values()]
+    all_gaps = [_gaps(stamps) for run in runs for k, stamps in run.arrivals_ms.items() if k > 1]
+    starts = [t.start_s for t in per_round if t.start_s > 0.0]
     return Overheads(
         task_overhead_s=statistics.median(t.task_overhead_s for t in per_round),
         apply_s=statistics.median(t.apply_s for t in per_round),
         compute_s=compute,
         collect_s=statistics.median(t.collect_s for t in per_round),
         rounds=len(per_round),
+        start_s=statistics.median(starts) if starts else None,
         jitter_sigma=arrival_jitter(all_gaps, compute) if sum(map(len, all_gaps)) >= 2 else None,
         per_round=tuple(per_round),
     )
 
 
-def _round_timing(
-    r: dict[str, float], waits_for_applies: bool, gaps_ms: Sequence[float] | None = None
-) -> RoundTiming | None:
-    """One round's timings (`calibrated_overheads`), its task's from its arrivals' gaps when given; None when it
+def _round_timing(r: dict[str, float], waits_for_applies: bool, run: CalibrationRun) -> RoundTiming | None:
+    """One round's timings (`calibrated_overheads`), its task's from its arrivals when the run has them; None when it
     applied nothing."""
     gradients = r["gradients_applied"]
     if r["aggregations"] <= 0 or gradients <= 0:
@@ -266,17 +270,30 @@ def _round_timing(
     learner_busy = max(0.0, r["learner_time"] - r["learner_compute_time"] - r["learner_wait_time"])
     applying = r["parameter_compute_time"] + max(0.0, r["cache_time"] - learner_busy)  # the round's applies in all
     compute = r["learner_compute_time"] / gradients
-    if gaps_ms:
-        overhead = statistics.fmean(gaps_ms) / 1e3 - compute
-    else:
-        overhead = (r["duration"] - r["actor_time"]) / gradients - compute
-    overhead -= applying / gradients if waits_for_applies else 0.0
+    phase = r["duration"] - r["actor_time"]
+    stamps = run.arrivals_ms.get(int(r["round_id"]), ()) if run.arrivals_ms else ()
+    cadence = statistics.fmean(_gaps(stamps)) / 1e3 if len(stamps) >= 2 else phase / gradients
+    task = max(compute, cadence - (applying / gradients if waits_for_applies else 0.0))
     return RoundTiming(
         compute_s=compute,
-        task_overhead_s=max(0.0, overhead),
+        task_overhead_s=task - compute,
         apply_s=applying / r["aggregations"],
         collect_s=r["actor_time"],
+        start_s=_round_start(phase, task, stamps[0] / 1e3, run.spans_s) if len(stamps) >= 2 else 0.0,
     )
+
+
+def _round_start(
+    phase_s: float, task_s: float, first_arrival_s: float, spans_s: Sequence[tuple[float, float]]
+) -> float:
+    """A round's start (`calibrated_overheads`): its learning phase less its first task and less the stretch from its
+    first arrival to the end of the last function invocation running then; 0 without such an invocation."""
+    ends = [end for start, end in spans_s if start <= first_arrival_s <= end]
+    return max(0.0, phase_s - task_s - (max(ends) - first_arrival_s)) if ends else 0.0
+
+
+def _gaps(stamps: Sequence[float]) -> list[float]:
+    return [b - a for a, b in itertools.pairwise(stamps)]
 
 
 MS_ROUNDING_VAR = 1 / 6  # ms²: a gap between two whole-millisecond stamps, each rounded down (2 x 1/12)
@@ -301,12 +318,10 @@ def arrival_jitter(gaps_ms: Sequence[Sequence[float]], compute_s: float) -> floa
     return math.sqrt(math.log1p(cv * cv))
 
 
-def arrival_gaps_ms(gradients: Sequence[tuple[int, str]]) -> dict[int, list[float]]:
-    """The gaps, in ms, between consecutive gradients' arrivals in each round after the first (round → its gaps),
-    from (round, gradient id) pairs: a gradient's id is its Redis stream id, `<ms>-<seq>`, stamped as it was
-    stored."""
-    by_round: dict[int, list[int]] = {}
+def arrival_stamps(gradients: Sequence[tuple[int, str]]) -> dict[int, list[float]]:
+    """Each round's gradients' arrival stamps in ms, sorted (round → its stamps), from (round, gradient id) pairs: a
+    gradient's id is its Redis stream id, `<ms>-<seq>`, stamped as it was stored."""
+    by_round: dict[int, list[float]] = {}
     for round_k, gradient_id in gradients:
-        if round_k > 1:
-            by_round.setdefault(round_k, []).append(int(gradient_id.split("-", 1)[0]))
-    return {k: [float(b - a) for a, b in itertools.pairwise(sorted(stamps))] for k, stamps in by_round.items()}
+        by_round.setdefault(round_k, []).append(float(gradient_id.split("-", 1)[0]))
+    return {k: sorted(stamps) for k, stamps in by_round.items()}

@@ -207,12 +207,13 @@ class Round:
 @dataclass(frozen=True)
 class Timing:
     """A round's fixed seconds (None: measured): a task's compute, a batch's collection, an apply, and a task's
-    overhead (None: the latency model's)."""
+    overhead (None: the latency model's); and its start, before the learners' first claims (a calibration's)."""
 
     task_s: float | None = None
     collect_s: float | None = None
     apply_s: float | None = None
     task_overhead_s: float | None = None
+    start_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -326,7 +327,7 @@ class Simulation:
         drawn = self.latency.round_timing(job.round_timings)
         if drawn is None:
             return Timing(job.task_s, job.collect_s, job.apply_s)
-        return Timing(drawn.compute_s, drawn.collect_s, drawn.apply_s, drawn.task_overhead_s)
+        return Timing(drawn.compute_s, drawn.collect_s, drawn.apply_s, drawn.task_overhead_s, drawn.start_s)
 
     def run_round(self) -> RoundRow:
         self.round_k += 1
@@ -340,7 +341,7 @@ class Simulation:
         prepared, prepare_s = self.prepare(collected.batches)
         work = Round(self, k, tasks, collected.batches, prepared, prepare_s)
         cold = self.latency.cold(k)
-        ready = ready_times(self.latency.model, cold, landed, started)
+        ready = [t + self.timing.start_s for t in ready_times(self.latency.model, cold, landed, started)]
         # Round 1 waits for its learners to be warm before it invokes them, as stellaris/round/trainer.py does.
         times = RoundTimes(started, landed, invoked=min(ready) if k == 1 else landed, cold_starts=sum(cold))
         trace = events.run_round(

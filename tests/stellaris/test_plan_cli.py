@@ -151,7 +151,9 @@ def test_compare_needs_a_run_directory(tmp_path: Path) -> None:
 def _calibration_run(run: Path, env: str = "CartPole-v1") -> Path:
     """A one-learner run directory whose two rounds after round 1 measured 1 and 3 ms of overhead a task, 2 and 4 ms
     an apply in all, 61.5 and 59.5 ms of compute a task and 0.5 s of collection; in each, its gradients arrived 61
-    and 64 ms apart (a cadence of 62.5 ms: the same overheads as its learning phases give)."""
+    and 64 ms apart (a cadence of 62.5 ms: the same overheads as its learning phases give); its rounds' starts, by
+    its invocations, were 227.5 and 217.5 ms (the phase, 0.5 s, less the first task, 62.5 ms, less the 210 and 220
+    ms from the first arrival to the parameter function's end; the actor's invocation does not count)."""
     run.mkdir()
     small = {"train_batch_size": 256, "num_minibatches": 4, "num_epochs": 2}  # SMALL's
     config = {"env": env, "learners": 1, "rounds": 3, "overrides": small}
@@ -175,6 +177,11 @@ def _calibration_run(run: Path, env: str = "CartPole-v1") -> Path:
         writer = csv.writer(f)
         writer.writerow(["gradient_id", "task_id", "round", "base_version", "applied_version"])
         writer.writerows([f"{ms}-0", f"{ms}-1", k, 0, 1] for k, ms in stamps)
+    spans = [("learner", 0.05, 0.30), ("parameter", 0.06, 0.31), ("learner", 0.29, 0.50), ("parameter", 0.295, 0.52)]
+    with (run / "invocations.csv").open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["function", "start", "end"])
+        writer.writerows([[f"j1-{name}", start, end] for name, start, end in [*spans, ("actor", 0.0, 0.9)]])
     return run
 
 
@@ -190,8 +197,8 @@ def test_calibrate_takes_a_real_runs_timings_and_flags_win(tmp_path: Path) -> No
     said = " ".join(output.split())  # as one line, whatever the terminal's width
     assert (
         "calibrated over 2 rounds (medians): a task's compute 60.500 ms and overhead 2.000 ms, an apply 3.000 ms in "
-        "all, a batch's collection 0.500 s, the tasks' jitter σ 0.034; each modelled round takes one of those "
-        "rounds' timings, σ 0.034" in said
+        "all, a batch's collection 0.500 s, a round's start 222.500 ms, the tasks' jitter σ 0.034; each modelled "
+        "round takes one of those rounds' timings, σ 0.034" in said
     ), output
     rows = _csv(out / "learners-1.csv")
     assert [float(r["actor_time"]) for r in rows] == pytest.approx([0.5, 0.5])  # calibrated, not this machine's

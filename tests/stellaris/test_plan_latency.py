@@ -13,10 +13,11 @@ from gateway.models import ACTOR_PRICING, LEARNER_PRICING
 from stellaris.plan.cost import round_cost
 from stellaris.plan.events import Landing, Published, Start, run_round
 from stellaris.plan.latency import (
+    CalibrationRun,
     ClusterLatency,
     LatencyModel,
-    arrival_gaps_ms,
     arrival_jitter,
+    arrival_stamps,
     calibrated_overheads,
     ready_times,
     starts_cold,
@@ -362,7 +363,7 @@ def test_overheads_calibrated_from_a_one_learner_run_by_hand() -> None:
         # a phase shorter than the compute: 0 ms; a cache time below the learner's busy time: compute alone, 3 ms
         _info(1.0, 0.6, 0.30, 100, 0.4, 0.0, 0.05, 0.3, 100),
     ]
-    measured = calibrated_overheads([rows])
+    measured = calibrated_overheads([CalibrationRun(rows)])
     assert measured.rounds == 3
     assert measured.task_overhead_s == pytest.approx(0.001)  # the median of 1, 2 and 0 ms
     assert measured.apply_s == pytest.approx(0.003)  # the median of 2, 4 and 3 ms
@@ -378,7 +379,7 @@ def test_overheads_calibrated_from_a_one_learner_run_by_hand() -> None:
     # pooled with a second run: its round 1 left out too; its one round joins the medians: a task (1.44 - 0.8)
     # / 320 = 2 ms, an apply (0.48 - 0.04) / 220 = 2 ms
     other = [rows[0], _info(1.44, 0.8, 0.0, 320, 0.04, 0.0, 0.48, 0.0, 220)]
-    pooled = calibrated_overheads([rows, other])
+    pooled = calibrated_overheads([CalibrationRun(rows), CalibrationRun(other)])
     assert pooled.rounds == 4
     assert pooled.task_overhead_s == pytest.approx(0.0015)  # the median of 1, 2, 0 and 2 ms
     assert pooled.apply_s == pytest.approx(0.0025)  # the median of 2, 4, 3 and 2 ms
@@ -387,17 +388,17 @@ def test_overheads_calibrated_from_a_one_learner_run_by_hand() -> None:
 def test_calibration_refuses_what_it_cannot_divide() -> None:
     one = _info(1.5, 0.8, 0.38, 320, 0.6, 0.0, 0.56, 0.1, 220)
     with pytest.raises(ValueError, match="one-learner run: this one ran 4 learners"):
-        calibrated_overheads([[{**one, "learners": 4.0}] * 2])
+        calibrated_overheads([CalibrationRun([{**one, "learners": 4.0}] * 2)])
     idle = _info(1.0, 1.0, 0.0, 0, 0.0, 0.0, 0.0, 0.0, 0)
     with pytest.raises(ValueError, match="no round after the first applied a gradient"):
-        calibrated_overheads([[one, idle]])
+        calibrated_overheads([CalibrationRun([one, idle])])
 
 
 def test_arrival_gaps_are_read_off_stream_ids_within_each_round_after_the_first() -> None:
     gradients = [(1, "100-0"), (1, "150-0"), (2, "200-0"), (2, "203-0"), (2, "203-1"), (2, "201-0"), (3, "500-0")]
     gradients += [(3, "504-0")]
     # round 1 left out; round 2 sorted 200, 201, 203, 203: gaps 1, 2, 0; round 3: 4; no gap across rounds
-    assert arrival_gaps_ms(gradients) == {2: [1.0, 2.0, 0.0], 3: [4.0]}
+    assert arrival_stamps(gradients) == {1: [100.0, 150.0], 2: [200.0, 201.0, 203.0, 203.0], 3: [500.0, 504.0]}
 
 
 def test_arrival_jitter_by_hand() -> None:
@@ -417,7 +418,7 @@ def test_arrival_jitter_by_hand() -> None:
     # through the calibration: the gaps' σ over the runs' median compute
     rows = [_info(1.0, 0.8, 0.1, 10, 0.2, 0.0, 0.1, 0.0, 10)] * 2  # compute 0.1 / 10 = 10 ms a task
     rows = [{**r, "round_id": float(k)} for k, r in enumerate(rows, 1)]
-    measured = calibrated_overheads([rows], [{2: [1.0, 3.0, 1.0, 3.0]}])
+    measured = calibrated_overheads([CalibrationRun(rows, {2: [0.0, 1.0, 4.0, 5.0, 8.0]})])  # gaps 1, 3, 1, 3
     assert measured.jitter_sigma == pytest.approx(math.sqrt(math.log(1 + 7 / 6 / 100)))
 
 
@@ -427,21 +428,28 @@ def test_a_rounds_task_is_its_arrivals_cadence_not_its_learning_phase() -> None:
     # arrived 1.25 ms apart (mean gap), so a task's overhead is 0.25 ms, not the phase's 0.875
     row = {**_info(1.2, 0.6, 0.32, 320, 0.5, 0.0, 0.4, 0.2, 320), "round_id": 2.0}
     first = {**row, "round_id": 1.0}
-    gaps = [1.0, 2.0, 1.0, 1.0]  # mean 1.25 ms
-    by_cadence = calibrated_overheads([[first, row]], [{2: gaps}])
+    stamps = [5000.0, 5001.0, 5003.0, 5004.0, 5005.0]  # ms: gaps 1, 2, 1 and 1, a mean of 1.25 ms
+    by_cadence = calibrated_overheads([CalibrationRun([first, row], {2: stamps})])
     assert by_cadence.task_overhead_s == pytest.approx(0.00025)
-    assert calibrated_overheads([[first, row]]).task_overhead_s == pytest.approx(0.000875)  # no arrivals: the phase
-    # a round without arrivals of its own falls back to its phase; a round's gaps stay with their own run
-    assert calibrated_overheads([[first, row]], [{3: gaps}]).task_overhead_s == pytest.approx(0.000875)
-    two = calibrated_overheads([[first, row], [first, row]], [{2: gaps}, {}])
+    no_arrivals = calibrated_overheads([CalibrationRun([first, row])])
+    assert no_arrivals.task_overhead_s == pytest.approx(0.000875)  # the phase's share
+    # a round without arrivals of its own falls back to its phase; a round's stamps stay with their own run
+    assert calibrated_overheads([CalibrationRun([first, row], {3: stamps})]).task_overhead_s == pytest.approx(0.000875)
+    two = calibrated_overheads([CalibrationRun([first, row], {2: stamps}), CalibrationRun([first, row])])
     assert sorted(t.task_overhead_s for t in two.per_round) == pytest.approx([0.00025, 0.000875])
+    # the round's start: no invocations, none measured; with them, the phase (0.6 s) less the first task (1.25 ms)
+    # and less the stretch from the first arrival (5.0 s) to the end of the last invocation running then (the
+    # parameter function's, 5.45 s): 0.14875 s; an invocation that ended before the arrival does not count
+    assert by_cadence.start_s is None and by_cadence.per_round[0].start_s == 0.0
+    spans = [(3.0, 4.0), (4.9, 5.4), (4.95, 5.45)]
+    started = calibrated_overheads([CalibrationRun([first, row], {2: stamps}, spans)])
+    assert started.start_s == pytest.approx(0.14875) and started.per_round[0].start_s == pytest.approx(0.14875)
+    assert calibrated_overheads([CalibrationRun([first, row], {}, spans)]).start_s is None  # no arrivals
     # sync: each arrival also waited for the last step's apply, its share taken out: the learner's busy time
     # 0.5 - 0.32 = 0.18 of the 0.4 cache time, the parameter's 0.22 plus its 0.2 of compute, over 320: 1.3125 ms;
     # with gaps of 3 ms, the overhead is 3 - 1 - 1.3125 = 0.6875 ms
-    sync = calibrated_overheads([[first, row]], [{2: [3.0, 3.0]}], waits_for_applies=True)
+    sync = calibrated_overheads([CalibrationRun([first, row], {2: [0.0, 3.0, 6.0]})], waits_for_applies=True)
     assert sync.apply_s == pytest.approx(0.0013125) and sync.task_overhead_s == pytest.approx(0.0006875)
-    with pytest.raises(ValueError, match="arrivals for 1 runs, rows for 2"):
-        calibrated_overheads([[first, row], [first, row]], [{2: gaps}])
 
 
 def test_a_sync_run_takes_its_applies_out_of_the_tasks_overhead() -> None:
@@ -449,7 +457,9 @@ def test_a_sync_run_takes_its_applies_out_of_the_tasks_overhead() -> None:
     # applies too: the parameter function's 0.18 s of compute plus its busy 1.66 - (2.4 - 0.5 - 1.0) = 0.76 s, 0.94
     # s over 320 applies (2.9375 ms each); the tasks' overhead is the rest, 0.96 s / 320 = 3 ms
     row = _info(3.2, 0.8, 0.5, 320, 2.4, 1.0, 1.66, 0.18, 320)
-    sync = calibrated_overheads([[row, row]], waits_for_applies=True)
+    sync = calibrated_overheads([CalibrationRun([row, row])], waits_for_applies=True)
     assert sync.apply_s == pytest.approx(0.0029375) and sync.task_overhead_s == pytest.approx(0.003)
-    overlapped = calibrated_overheads([[row, row]])  # applies beside the tasks: the whole phase is the tasks'
+    overlapped = calibrated_overheads(
+        [CalibrationRun([row, row])]
+    )  # applies beside the tasks: the whole phase is the tasks'
     assert overlapped.task_overhead_s == pytest.approx(1.9 / 320) and overlapped.apply_s == sync.apply_s

@@ -93,17 +93,18 @@ def test_a_fixed_apply_pays_for_each_gradient_after_the_first() -> None:
 
 
 def test_each_round_draws_one_calibration_rounds_timings() -> None:
-    """Two calibration rounds, one with a 2 s collection and 0.1 s applies, one with 3 s and 0.2 s: each modelled
-    round takes one round's together, the draws repeat under the seed, and both are drawn over 6 rounds."""
+    """Two calibration rounds, one with a 2 s collection and 0.1 s applies, one with 3 s, 0.2 s and a 0.25 s start
+    before its first task: each modelled round takes one round's together, the draws repeat under the seed, and
+    both are drawn over 6 rounds."""
     cfg = load_config(None, {"env": "CartPole-v1", "mode": "sync", "learners": 1, "rounds": 6}, sets=SMALL)
-    timings = (RoundTiming(0.5, 0.0, 0.1, 2.0), RoundTiming(0.5, 0.0, 0.2, 3.0))
+    timings = (RoundTiming(0.5, 0.0, 0.1, 2.0), RoundTiming(0.5, 0.0, 0.2, 3.0, start_s=0.25))
     fixed = plan_job(cfg, latency=LatencyModel(cold_start_s=0.0), round_timings=timings)
     rows = simulate(fixed)
     collects = [round(row.actor_time, 9) for row in rows]  # the clock's sums round off in the last digits
     assert set(collects) == {2.0, 3.0} and collects == [round(row.actor_time, 9) for row in simulate(fixed)]
     for row, collect in zip(rows, collects, strict=True):  # one sync learner: 8 tasks of 0.5 s, each then applied
-        apply_s = 0.1 if collect == 2.0 else 0.2
-        assert row.learn_time == pytest.approx(TASKS * (0.5 + apply_s))
+        apply_s, start_s = (0.1, 0.0) if collect == 2.0 else (0.2, 0.25)  # the second's first task starts 0.25 s late
+        assert row.learn_time == pytest.approx(start_s + TASKS * (0.5 + apply_s))
 
 
 def test_the_rounds_follow_the_plan() -> None:
