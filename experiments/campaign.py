@@ -479,8 +479,11 @@ def _selected(plan: str, seeds: str, steps: int, env: str, calibrate: Sequence[P
 
 
 def _calibration_by_mode(calibrate: Sequence[Path]) -> dict[str, tuple[str, ...]]:
-    """The --calibrate flags for each mode's cells: every run of that mode (from its config.yaml)."""
+    """The --calibrate flags for each mode's cells: every run of that mode (from its config.yaml). Sync's cells also
+    take the tasks' jitter from the Stellaris runs (--jitter-from), those with their gradients' arrivals: a sync
+    learner's arrivals hold its applies and waits, so its own do not measure it (docs/scale-model.md#calibration)."""
     by_mode: dict[str, tuple[str, ...]] = {}
+    jitter_from: list[Path] = []
     for run_dir in calibrate:
         if not (run_dir / "info.csv").is_file() or not (run_dir / "config.yaml").is_file():
             raise typer.BadParameter(
@@ -488,6 +491,9 @@ def _calibration_by_mode(calibrate: Sequence[Path]) -> dict[str, tuple[str, ...]
             )
         mode = str((yaml.safe_load((run_dir / "config.yaml").read_text()) or {}).get("config", {}).get("mode"))
         by_mode[mode] = (*by_mode.get(mode, ()), "--calibrate", str(run_dir))
+        jitter_from += [run_dir] if mode == "stellaris" and (run_dir / "gradients.csv").is_file() else []
+    if "sync" in by_mode and jitter_from:
+        by_mode["sync"] += tuple(arg for run_dir in jitter_from for arg in ("--jitter-from", str(run_dir)))
     return by_mode
 
 

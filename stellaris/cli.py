@@ -267,6 +267,12 @@ def plan(
         help="a real one-learner run directory of the same job (repeat to pool several): take the task's compute and "
         "overhead, the apply, the collection and the tasks' jitter it measured (flags given win)",
     ),
+    jitter_from: list[Path] = typer.Option(
+        [],
+        "--jitter-from",
+        help="a real one-learner run directory of the same job under another rule than sync (repeat to pool): take "
+        "the tasks' jitter from its gradients' arrivals, as a sync plan needs (a sync run's arrivals hold its applies)",
+    ),
     out: Path = typer.Option(Path("plan"), "--out", help="directory for the CSVs"),
 ) -> None:
     """Model how d, v, ρ and N would behave on a cluster of N learners before paying for it: every gradient computed
@@ -314,6 +320,7 @@ def plan(
         apply_s=apply_s,
         compare=compare,
         calibrate=calibrate,
+        jitter_from=jitter_from,
         out=out,
     )
 

@@ -68,6 +68,7 @@ class PlanRequest:
     apply_s: float | None = None
     compare: Path | None = None
     calibrate: list[Path] = field(default_factory=list)
+    jitter_from: list[Path] = field(default_factory=list)
     out: Path = Path("plan")
 
 
@@ -167,47 +168,75 @@ def _function_spans(run_dir: Path) -> list[tuple[float, float]]:
     return [(float(r["start"]), float(r["end"])) for r in rows if r.get("start") and r.get("end")]
 
 
-def _calibration_matches(run_dir: Path, config: Path, planned: JobSpec) -> None:
-    """ConfigError naming the first field in which the calibration run's job differs from the planned one in what
-    its timings depend on (a Hopper run does not calibrate a CartPole plan, nor a Stellaris run a sync one)."""
+def _calibration_run(run_dir: Path, planned: JobSpec, flag: str) -> tuple[CalibrationRun, JobSpec]:
+    """A real run's rows, arrivals and invocations, and its job; ConfigError naming the first field in which its job
+    differs from the planned one in what its timings depend on (a Hopper run does not calibrate a CartPole plan, nor
+    a Stellaris run a sync one; --jitter-from takes any rule)."""
+    config, rows = _run_source(run_dir, flag)
     try:
         spec = resolve(load_config(config, {}, section="config").job_request("calibration"))
     except (ConfigError, ValidationError) as exc:
-        raise ConfigError(f"--calibrate: {run_dir}: its config.yaml does not load: {exc}") from None
+        raise ConfigError(f"{flag}: {run_dir}: its config.yaml does not load: {exc}") from None
     for name, field_of in CALIBRATION_FIELDS:
-        if field_of(spec) != field_of(planned):
+        if field_of(spec) != field_of(planned) and not (name == "mode" and flag == "--jitter-from"):
             raise ConfigError(
-                f"--calibrate: {run_dir} ran {name} {field_of(spec)!r}, the plan {field_of(planned)!r}: calibrate "
+                f"{flag}: {run_dir} ran {name} {field_of(spec)!r}, the plan {field_of(planned)!r}: calibrate "
                 "from a run of the same job"
             )
+    run = CalibrationRun(
+        [{k: number(v) for k, v in r.items()} for r in rows],
+        arrival_stamps(_gradient_arrivals(run_dir)),
+        _function_spans(run_dir),
+    )
+    return run, spec
+
+
+def _calibration_runs(paths: Sequence[Path], planned: JobSpec, flag: str) -> list[tuple[CalibrationRun, JobSpec]]:
+    if len(paths) > MAX_CALIBRATION_RUNS:
+        raise ConfigError(f"{flag}: {len(paths)} runs; at most {MAX_CALIBRATION_RUNS}")
+    return [_calibration_run(run_dir, planned, flag) for run_dir in paths]
 
 
 def _calibrated(request: PlanRequest, planned: JobSpec | None) -> tuple[LatencyModel, Overheads | None]:
-    """The latency knobs given, over what --calibrate measured (a flag given wins), over the defaults; and what
-    --calibrate measured (its compute, collection and apply seconds become the jobs' unless given)."""
-    if not request.calibrate or planned is None:
+    """The latency knobs given, over what --calibrate and --jitter-from measured (a flag given wins), over the
+    defaults; and what --calibrate measured (its compute, collection and apply seconds become the jobs' unless
+    given)."""
+    if planned is None:
         return latency_model(request.latency), None
-    if len(request.calibrate) > MAX_CALIBRATION_RUNS:
-        raise ConfigError(f"--calibrate: {len(request.calibrate)} runs; at most {MAX_CALIBRATION_RUNS}")
-    runs = []
-    for run_dir in request.calibrate:
-        config, rows = _run_source(run_dir, "--calibrate")
-        _calibration_matches(run_dir, config, planned)
-        runs.append(
-            CalibrationRun(
-                [{k: number(v) for k, v in r.items()} for r in rows],
-                arrival_stamps(_gradient_arrivals(run_dir)),
-                _function_spans(run_dir),
-            )
-        )
-    try:
-        measured = calibrated_overheads(runs, waits_for_applies=planned.algo.stellaris.rule is Rule.SYNC)
-    except ValueError as exc:
-        raise ConfigError(f"--calibrate: {', '.join(map(str, request.calibrate))}: {exc}") from None
-    knobs: dict[str, float | bool] = {"task_overhead_s": measured.task_overhead_s}
-    if measured.jitter_sigma is not None:
-        knobs["jitter_sigma"] = measured.jitter_sigma
+    knobs: dict[str, float | bool] = {}
+    measured = None
+    if request.calibrate:
+        runs = [run for run, _ in _calibration_runs(request.calibrate, planned, "--calibrate")]
+        try:
+            measured = calibrated_overheads(runs, waits_for_applies=planned.algo.stellaris.rule is Rule.SYNC)
+        except ValueError as exc:
+            raise ConfigError(f"--calibrate: {', '.join(map(str, request.calibrate))}: {exc}") from None
+        knobs["task_overhead_s"] = measured.task_overhead_s
+        if measured.jitter_sigma is not None:
+            knobs["jitter_sigma"] = measured.jitter_sigma
+    if request.jitter_from:
+        knobs["jitter_sigma"] = _jitter_from(request.jitter_from, planned)
     return latency_model({**knobs, **request.latency}), measured
+
+
+def _jitter_from(paths: Sequence[Path], planned: JobSpec) -> float:
+    """The tasks' jitter σ that runs of the same job under a rule other than sync measured (`arrival_jitter`): a task
+    computes the same gradient under any rule, but a sync learner's arrivals also hold its applies and its waits."""
+    runs = []
+    for run_dir, (run, spec) in zip(paths, _calibration_runs(paths, planned, "--jitter-from"), strict=True):
+        if spec.algo.stellaris.rule is Rule.SYNC:
+            raise ConfigError(
+                f"--jitter-from: {run_dir} ran mode 'sync': its arrivals hold its applies and waits, not its tasks "
+                "alone; give a run of another rule"
+            )
+        runs.append(run)
+    try:
+        sigma = calibrated_overheads(runs).jitter_sigma
+    except ValueError as exc:
+        raise ConfigError(f"--jitter-from: {', '.join(map(str, paths))}: {exc}") from None
+    if sigma is None:
+        raise ConfigError(f"--jitter-from: {', '.join(map(str, paths))}: no gradients.csv with two arrivals a round")
+    return sigma
 
 
 def _drawn_timings(per_round: Sequence[RoundTiming], request: PlanRequest) -> tuple[RoundTiming, ...]:
@@ -243,7 +272,7 @@ def plan(request: PlanRequest) -> Planned:
     counts = learner_counts(request.learners) if request.learners else None
     if counts is None:
         counts = [config(None).learners] if source is not None else learner_counts([DEFAULT_LEARNERS])
-    planned = resolve(config(1).job_request("plan")) if request.calibrate else None
+    planned = resolve(config(1).job_request("plan")) if request.calibrate or request.jitter_from else None
     latency, overheads = _calibrated(request, planned)
     timings = _drawn_timings(overheads.per_round, request) if overheads is not None else ()
 
@@ -322,7 +351,7 @@ def _calibration_line(o: Overheads, job: PlanJob) -> str:
     def ms(seconds: float) -> str:
         return f"{seconds * 1e3:.3f} ms"
 
-    jitter = "not measured (no gradients.csv)" if o.jitter_sigma is None else f"{o.jitter_sigma:.3f}"
+    jitter = "not measured" if o.jitter_sigma is None else f"{o.jitter_sigma:.3f}"
     start = "not measured (no gradients.csv or invocations.csv)" if o.start_s is None else ms(o.start_s)
     given = [
         f"{name} {value}"

@@ -195,7 +195,7 @@ class CalibrationRun:
 class Overheads:
     """What real one-learner runs measured for the model (`calibrated_overheads`), medians over their rounds after
     the first: a task's compute and its overhead beyond it, an apply's seconds in all (update, publish and ack), a
-    batch's collection, and the tasks' jitter (None: the runs' gradient arrivals were not given)."""
+    batch's collection, and the tasks' jitter (None: the runs' gradient arrivals were not given, or were sync's)."""
 
     task_overhead_s: float
     apply_s: float
@@ -232,7 +232,7 @@ def calibrated_overheads(runs: Sequence[CalibrationRun], *, waits_for_applies: b
       round's close after the functions return (measured only with both arrivals and invocations; else 0, and the
       phase-based overhead holds it).
     - The tasks' jitter (`jitter_sigma`): from the same gaps' spread within each round (`arrival_jitter`), when
-      given.
+      given, except with `waits_for_applies`: a sync learner's gaps also hold the applies and its waits for them.
     - Each round's four timings together (`per_round`), for the model to draw a round's from.
 
     Negative shares (clock noise) count as 0. ValueError when a run had more than one learner (its learning phase
@@ -256,7 +256,10 @@ def calibrated_overheads(runs: Sequence[CalibrationRun], *, waits_for_applies: b
         collect_s=statistics.median(t.collect_s for t in per_round),
         rounds=len(per_round),
         start_s=statistics.median(starts) if starts else None,
-        jitter_sigma=arrival_jitter(all_gaps, compute) if sum(map(len, all_gaps)) >= 2 else None,
+        # a sync learner's gaps also hold its applies and its waits for them: they spread as those do, not as tasks
+        jitter_sigma=arrival_jitter(all_gaps, compute)
+        if sum(map(len, all_gaps)) >= 2 and not waits_for_applies
+        else None,
         per_round=tuple(per_round),
     )
 

@@ -297,6 +297,22 @@ def _hopper_calibration(run: Path, mode: str) -> Path:
     return run
 
 
+def test_sync_scale_cells_take_their_jitter_from_stellaris_runs_with_arrivals(tmp_path: Path) -> None:
+    """Each mode's cells are calibrated by its own runs; sync's also take the tasks' jitter from the Stellaris runs
+    that recorded their gradients' arrivals (a sync run's own arrivals hold its applies), and none without them."""
+    stellaris, sync = (
+        _hopper_calibration(tmp_path / "stellaris", "stellaris"),
+        _hopper_calibration(tmp_path / "sync", "sync"),
+    )
+    plain = _hopper_calibration(tmp_path / "plain", "stellaris")
+    by_mode = campaign._calibration_by_mode([stellaris, sync, plain])
+    assert by_mode["stellaris"] == ("--calibrate", str(stellaris), "--calibrate", str(plain))
+    assert by_mode["sync"] == ("--calibrate", str(sync))  # no Stellaris run recorded its arrivals
+    (stellaris / "gradients.csv").write_text("gradient_id,task_id,round,base_version,applied_version\n")
+    by_mode = campaign._calibration_by_mode([stellaris, sync, plain])
+    assert by_mode["sync"] == ("--calibrate", str(sync), "--jitter-from", str(stellaris))
+
+
 def test_calibrated_scale_cells_run_side_by_side_and_others_do_not(tmp_path: Path) -> None:
     """Two calibrated modelled cells at once, each by runs of its own mode: both land, each with its own row in the
     index, and their modelled clock is the calibration's (their rounds as long whatever else ran); cells that are

@@ -148,7 +148,7 @@ def test_compare_needs_a_run_directory(tmp_path: Path) -> None:
     assert code == 2 and "info.csv" in output, output
 
 
-def _calibration_run(run: Path, env: str = "CartPole-v1") -> Path:
+def _calibration_run(run: Path, env: str = "CartPole-v1", mode: str = "stellaris") -> Path:
     """A one-learner run directory whose two rounds after round 1 measured 1 and 3 ms of overhead a task, 2 and 4 ms
     an apply in all, 61.5 and 59.5 ms of compute a task and 0.5 s of collection; in each, its gradients arrived 61
     and 64 ms apart (a cadence of 62.5 ms: the same overheads as its learning phases give); its rounds' starts, by
@@ -156,7 +156,7 @@ def _calibration_run(run: Path, env: str = "CartPole-v1") -> Path:
     ms from the first arrival to the parameter function's end; the actor's invocation does not count)."""
     run.mkdir()
     small = {"train_batch_size": 256, "num_minibatches": 4, "num_epochs": 2}  # SMALL's
-    config = {"env": env, "learners": 1, "rounds": 3, "overrides": small}
+    config = {"env": env, "mode": mode, "learners": 1, "rounds": 3, "overrides": small}
     (run / "config.yaml").write_text(yaml.safe_dump({"config": config}))
     columns = ["round_id", "learners", "duration", "actor_time", "learner_compute_time", "gradients_applied"]
     columns += ["learner_time", "learner_wait_time", "cache_time", "parameter_compute_time", "aggregations"]
@@ -211,6 +211,23 @@ def test_calibrate_takes_a_real_runs_timings_and_flags_win(tmp_path: Path) -> No
     # two runs pool their rounds
     code, output = _plan(*args, "--calibrate", str(run), "--calibrate", str(run), "--out", str(tmp_path / "two"))
     assert code == 0 and "calibrated over 4 rounds" in output, output
+
+
+def test_a_sync_plan_takes_its_jitter_from_a_run_of_another_rule(tmp_path: Path) -> None:
+    """A sync learner's arrivals hold its applies and its waits: its own calibration measures no jitter, and
+    --jitter-from takes the tasks' σ from a Stellaris run of the same job (0.034, as above); a sync run is refused."""
+    sync_run, run = _calibration_run(tmp_path / "sync", mode="sync"), _calibration_run(tmp_path / "run")
+    args = ["--env", "CartPole-v1", "--mode", "sync", "--rounds", "1", "--learners", "1", *SMALL]
+    args += ["--eval-episodes", "0", "--calibrate", str(sync_run)]
+    code, output = _plan(*args, "--out", str(tmp_path / "own"))
+    said = " ".join(output.split())
+    assert code == 0 and "the tasks' jitter σ not measured;" in said and "timings, σ 0.000" in said, output
+    code, output = _plan(*args, "--jitter-from", str(run), "--out", str(tmp_path / "from"))
+    said = " ".join(output.split())
+    assert code == 0 and "the tasks' jitter σ not measured;" in said and "timings, σ 0.034" in said, output
+    code, output = _plan(*args, "--jitter-from", str(sync_run), "--out", str(tmp_path / "no"))
+    assert code == 2 and f"--jitter-from: {sync_run} ran mode 'sync'" in " ".join(output.split()), output
+    assert not (tmp_path / "no").exists()
 
 
 def test_calibrate_refuses_a_run_it_cannot_calibrate_from(tmp_path: Path) -> None:

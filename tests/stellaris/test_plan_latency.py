@@ -450,6 +450,7 @@ def test_a_rounds_task_is_its_arrivals_cadence_not_its_learning_phase() -> None:
     # with gaps of 3 ms, the overhead is 3 - 1 - 1.3125 = 0.6875 ms
     sync = calibrated_overheads([CalibrationRun([first, row], {2: [0.0, 3.0, 6.0]})], waits_for_applies=True)
     assert sync.apply_s == pytest.approx(0.0013125) and sync.task_overhead_s == pytest.approx(0.0006875)
+    assert sync.jitter_sigma is None  # its gaps spread as its applies and waits do, not as its tasks
 
 
 def test_a_sync_run_takes_its_applies_out_of_the_tasks_overhead() -> None:
