@@ -215,14 +215,13 @@ def calibrated_overheads(runs: Sequence[CalibrationRun], *, waits_for_applies: b
       measurement: the real learner computes beside the parameter function, Redis and the actors on the same cores,
       and so more slowly than the model's gradients computed alone (docs/scale-model.md#calibration).
     - A task's overhead: the round's cadence, the mean gap between its gradients' arrivals, beyond the learner's
-      compute: at N = 1 the learner is the
-      bottleneck and its gradients arrive one task apart. Without a round's arrivals, the round's learning phase
-      (its duration after the collection) beyond the compute, shared by the gradients it applied; that phase also
-      holds the drain of the parameter function's queue after the last arrival, which the model plays out itself,
-      so the cadence is the better measure (a round whose applies outlast its tasks builds a queue in the model as
-      in the real run; docs/scale-model.md#calibration). With `waits_for_applies` (sync: each step waits for its
-      update) the applies ran one after another with the tasks, and their time is taken out too; otherwise they
-      overlapped the tasks.
+      compute: at N = 1 the learner is the bottleneck and its gradients arrive one task apart. Without a round's
+      arrivals, the round's learning phase (its duration after the collection) beyond the compute, shared by the
+      gradients it applied; that phase also holds the drain of the parameter function's queue after the last
+      arrival, which the model plays out itself, so the cadence is the better measure (a round whose applies outlast
+      its tasks builds a queue in the model as in the real run; docs/scale-model.md#calibration). With
+      `waits_for_applies` (sync: each step waits for its update) the applies ran one after another with the tasks,
+      and their time is taken out too; otherwise they overlapped the tasks.
     - An apply's seconds in all: the parameter function's compute plus its busy time beyond it, shared by its
       aggregations; its busy time is the round's `cache_time` (both functions' handler time neither computing nor
       waiting) less the learner's part of it (its time beyond compute and waiting).
@@ -249,6 +248,8 @@ def calibrated_overheads(runs: Sequence[CalibrationRun], *, waits_for_applies: b
     compute = statistics.median(t.compute_s for t in per_round)
     all_gaps = [_gaps(stamps) for run in runs for k, stamps in run.arrivals_ms.items() if k > 1]
     starts = [t.start_s for t in per_round if t.start_s > 0.0]
+    # a sync learner's gaps also hold its applies and its waits for them: they spread as those do, not as tasks
+    jitter = arrival_jitter(all_gaps, compute) if sum(map(len, all_gaps)) >= 2 and not waits_for_applies else None
     return Overheads(
         task_overhead_s=statistics.median(t.task_overhead_s for t in per_round),
         apply_s=statistics.median(t.apply_s for t in per_round),
@@ -256,10 +257,7 @@ def calibrated_overheads(runs: Sequence[CalibrationRun], *, waits_for_applies: b
         collect_s=statistics.median(t.collect_s for t in per_round),
         rounds=len(per_round),
         start_s=statistics.median(starts) if starts else None,
-        # a sync learner's gaps also hold its applies and its waits for them: they spread as those do, not as tasks
-        jitter_sigma=arrival_jitter(all_gaps, compute)
-        if sum(map(len, all_gaps)) >= 2 and not waits_for_applies
-        else None,
+        jitter_sigma=jitter,
         per_round=tuple(per_round),
     )
 
