@@ -168,6 +168,10 @@ def _function_spans(run_dir: Path) -> list[tuple[float, float]]:
     return [(float(r["start"]), float(r["end"])) for r in rows if r.get("start") and r.get("end")]
 
 
+# --jitter-from takes runs of any rule: a task computes the same gradient under each
+JITTER_FIELDS = tuple((name, field_of) for name, field_of in CALIBRATION_FIELDS if name != "mode")
+
+
 def _calibration_run(run_dir: Path, planned: JobSpec, flag: str) -> tuple[CalibrationRun, JobSpec]:
     """A real run's rows, arrivals and invocations, and its job; ConfigError naming the first field in which its job
     differs from the planned one in what its timings depend on (a Hopper run does not calibrate a CartPole plan, nor
@@ -177,8 +181,8 @@ def _calibration_run(run_dir: Path, planned: JobSpec, flag: str) -> tuple[Calibr
         spec = resolve(load_config(config, {}, section="config").job_request("calibration"))
     except (ConfigError, ValidationError) as exc:
         raise ConfigError(f"{flag}: {run_dir}: its config.yaml does not load: {exc}") from None
-    for name, field_of in CALIBRATION_FIELDS:
-        if field_of(spec) != field_of(planned) and not (name == "mode" and flag == "--jitter-from"):
+    for name, field_of in JITTER_FIELDS if flag == "--jitter-from" else CALIBRATION_FIELDS:
+        if field_of(spec) != field_of(planned):
             raise ConfigError(
                 f"{flag}: {run_dir} ran {name} {field_of(spec)!r}, the plan {field_of(planned)!r}: calibrate "
                 "from a run of the same job"
