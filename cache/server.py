@@ -27,6 +27,7 @@ from host.lifetime import dies_with_us, stop_process
 
 _READY = "Ready to accept connections"
 _PORT_IN_USE = "Address already in use"
+_EXIT_AFTER_EOF_S = 10.0  # how long a process whose output ended may take to exit before it counts as hung
 # sun_path holds 108 bytes on Linux, 104 on macOS: a longer socket path is left out (clients use TCP).
 MAX_SOCKET_PATH = 100
 
@@ -85,7 +86,8 @@ class EmbeddedRedis:
         self.workdir: Path | None = None
         self._proc: subprocess.Popen[str] | None = None
         self._tail: collections.deque[str] = collections.deque(maxlen=log_tail_lines)
-        self._ready = threading.Event()
+        self._ready = threading.Event()  # its ready line, or the end of its output
+        self._output_ended = threading.Event()  # the end of its output: the process is exiting
         self._port_clash = False
         self._reader: threading.Thread | None = None
         self._killed_for: str | None = None  # why its owner killed it (`kill`), for the death's message
@@ -172,6 +174,7 @@ class EmbeddedRedis:
         assert self.workdir is not None
         self.port = port
         self._ready.clear()
+        self._output_ended.clear()
         self._port_clash = False
         self._killed_for = None
         self._start_death = None
@@ -210,9 +213,10 @@ class EmbeddedRedis:
         )
         self._reader = threading.Thread(target=self._drain, args=(self._proc,), daemon=True)
         self._reader.start()
-        if self._ready.wait(self.startup_timeout_s) and self.is_alive():
+        ready = self._ready.wait(self.startup_timeout_s)
+        if ready and not self._output_ended.is_set() and self.is_alive():
             return True
-        code, pid = self._proc.poll(), self._proc.pid  # code None: not ready in time (killed below, by us)
+        code, pid = self._exit_code(), self._proc.pid  # code None: not ready in time (killed below, by us)
         self._kill()  # also waits for the log reader: the tail below is whole
         if code is not None and code < 0:
             self._start_death = RedisServerDied(
@@ -220,6 +224,17 @@ class EmbeddedRedis:
                 self.log_tail(),
             )
         return False
+
+    def _exit_code(self) -> int | None:
+        """The starting process's exit code, None while it runs. Once its output ended it is exiting, but its pipe
+        closes before the kernel lets it be reaped, so poll() could still answer None there: wait for the exit."""
+        assert self._proc is not None
+        if not self._output_ended.is_set():
+            return self._proc.poll()
+        try:
+            return self._proc.wait(_EXIT_AFTER_EOF_S)
+        except subprocess.TimeoutExpired:
+            return None
 
     def _socket_args(self) -> list[str]:
         path = self.socket_path
@@ -260,7 +275,8 @@ class EmbeddedRedis:
                     self._ready.set()
                 elif _PORT_IN_USE in line:
                     self._port_clash = True
-        self._ready.set()  # EOF: the process exited; wake a waiting start()
+        self._output_ended.set()
+        self._ready.set()  # EOF: the process is exiting; wake a waiting start()
 
     def _kill(self) -> None:
         proc, self._proc = self._proc, None

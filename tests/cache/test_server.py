@@ -185,6 +185,17 @@ def test_a_server_killed_as_it_starts_is_a_death_not_a_bad_setting(
     assert not pid_alive(killed[0])
 
 
+def test_a_server_whose_output_ends_is_not_taken_for_ready(tmp_path: Path) -> None:
+    """The end of its output wakes the start, but the process may not be reapable yet (its pipe closes first): the
+    start waits for its exit instead of taking a process that still looks alive for a ready server. Here the window
+    is held open on purpose: the output closes, and the signal comes half a second later."""
+    dying = tmp_path / "redis-server"
+    dying.write_text("#!/bin/sh\nexec >&- 2>&-\nsleep 0.5\nkill -9 $$\n")
+    dying.chmod(0o755)
+    with pytest.raises(RedisServerDied, match="was ended by signal 9 as it started"):
+        EmbeddedRedis(binary=str(dying)).start()
+
+
 def test_a_server_that_cannot_start_is_still_a_start_error(tmp_path: Path) -> None:
     """Its own exit (here: a binary that is not a Redis at all) is not a death to start again from."""
     fake = tmp_path / "redis-server"
