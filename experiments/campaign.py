@@ -31,6 +31,7 @@ import typer
 import yaml
 from rich.console import Console
 
+from experiments import plan_validation
 from experiments.peers import venv as peers_venv
 from experiments.peers.protocol import PROGRESS_FILE
 from experiments.rllib_env import RLlibEnvError, venv_python
@@ -583,6 +584,16 @@ def _run_side_by_side(todo: list[Cell], results: Path, runs: Path, *, jobs: int,
         raise typer.Exit(1)
 
 
+def _make_kept_runs() -> None:
+    """The sweep's calibration runs not kept yet (a fresh checkout has the committed ones), each a real 40-round run."""
+    for mode in MODES:
+        for seed in SWEEP_CALIBRATION_SEEDS:
+            try:
+                plan_validation.kept_run("Hopper-v5", mode, seed)
+            except subprocess.CalledProcessError as exc:
+                console.print(f"calibration run {mode} seed {seed} failed (exit {exc.returncode}); the sweep will say")
+
+
 @app.command()
 def queue(
     commit: bool = typer.Option(True, help="git-commit each cell's CSV, and the validation's, as they land"),
@@ -592,8 +603,7 @@ def queue(
     of each mode, calibrated by held-out runs of that mode; Hopper's modes; the scale sweep (each mode calibrated by
     its runs); Hopper's peers; the rest of the modes and the peers; Atari. A step stopped by a failed cell is left
     for the next time, and the queue goes on; run it again to take up what is left."""
-    runs = Path("runs/plan-validation")
-    calibration = [runs / f"{mode}-s{seed}" for mode in MODES for seed in SWEEP_CALIBRATION_SEEDS]
+    calibration = [plan_validation.KEPT / f"{mode}-s{seed}" for mode in MODES for seed in SWEEP_CALIBRATION_SEEDS]
     held_out = ",".join(map(str, CALIBRATION_SEEDS))
     for mode in MODES:
         validation = [sys.executable, "-m", "experiments.plan_validation", "--mode", mode]
@@ -601,10 +611,14 @@ def queue(
         console.print(f"validation: {' '.join(validation[1:])}")
         if not dry_run:
             subprocess.run(validation, check=False)
-    if not dry_run and commit and VALIDATION.exists():
-        subprocess.run(["git", "add", str(VALIDATION)], check=True)
-        message = "scale model: the validation at N = 1, calibrated by held-out runs"
-        subprocess.run(["git", "commit", "-q", "-m", message, "--", str(VALIDATION)], check=False)
+    console.print(f"the sweep's calibration: {len(calibration)} kept real runs, those missing made one at a time")
+    if not dry_run:
+        _make_kept_runs()
+    if not dry_run and commit:
+        kept = [str(path) for path in (VALIDATION, plan_validation.KEPT) if path.exists()]
+        subprocess.run(["git", "add", *kept], check=True)
+        message = "scale model: the validation at N = 1 and its kept real runs"
+        subprocess.run(["git", "commit", "-q", "-m", message, "--", *kept], check=False)
     for plan, env in QUEUE:
         step = f"{plan} {env or '(every env)'}"
         try:

@@ -5,7 +5,9 @@ For each seed: one real `stellaris train` (its own Redis and gateway, one learne
 on its run directory, which models the same job round by round. The per-round comparisons land in
 `results/scale-model/validation/<mode>-s<seed>.csv` (already landed seeds are skipped). With `--calibrate-seeds`
 the model takes its timings from real runs of those seeds, held out (`stellaris plan --calibrate`), and the
-comparisons land in `results/scale-model/validation-calibrated/`; finished real runs are reused. The summary
+comparisons land in `results/scale-model/validation-calibrated/`. What the model reads of each real run (its config,
+rounds, gradients' arrivals and invocations) is kept in `results/scale-model/runs/<mode>-s<seed>/`, to be committed:
+a kept run is reused, not run again, and the scale sweep calibrates from the same files. The summary
 compares, over seeds, the IQM and 95 % interval of the training return in the last rounds, the mean staleness and
 the seconds per round, real against modelled (experiments/stats.py).
 """
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import csv
 import math
+import shutil
 import subprocess
 import sys
 import time
@@ -30,30 +33,48 @@ from experiments import stats
 console = Console(stderr=True)
 RESULTS = Path("results/scale-model/validation")
 RUNS = Path("runs/plan-validation")
+KEPT = Path("results/scale-model/runs")
+# What `stellaris plan --compare` and `--calibrate` read of a run directory (stellaris/plan/command.py)
+KEPT_FILES = ("config.yaml", "info.csv", "gradients.csv", "invocations.csv")
+ROUNDS = 40
 LAST = 10  # the rounds whose training return is compared (the run's last 10)
 
 
-def _real_run(env: str, mode: str, seed: int, rounds: int, run: Path) -> None:
-    """A real one-learner `stellaris train` of `rounds` rounds into `run`, unless one finished there already."""
-    info = run / "info.csv"
-    if info.exists() and len(_rows(info)) >= rounds:
-        return
-    subprocess.run(["rm", "-rf", str(run)], check=True)
+def kept_run(env: str, mode: str, seed: int, rounds: int = ROUNDS, runs: Path = RUNS, kept: Path = KEPT) -> Path:
+    """The kept files of a real one-learner `stellaris train` of `rounds` rounds: made in `runs` first (its own Redis
+    and gateway, alone on the machine) unless a finished one is kept already."""
+    out = kept / f"{mode}-s{seed}"
+    if (out / "info.csv").exists() and len(_rows(out / "info.csv")) >= rounds:
+        return out
+    run = runs / f"{mode}-s{seed}"
+    subprocess.run(["rm", "-rf", str(run), str(out)], check=True)
     train = [sys.executable, "-m", "stellaris.cli", "train", "--env", env, "--mode", mode, "--seed", str(seed)]
     subprocess.run([*train, "--rounds", str(rounds), "--out", str(run)], check=True, capture_output=True)
+    out.mkdir(parents=True)
+    for name in KEPT_FILES:
+        if (run / name).is_file():
+            shutil.copyfile(run / name, out / name)
+    return out
 
 
 def run_seed(
-    env: str, mode: str, seed: int, rounds: int, results: Path, runs: Path, calibrate: Sequence[Path] = ()
+    env: str,
+    mode: str,
+    seed: int,
+    rounds: int,
+    results: Path,
+    runs: Path,
+    calibrate: Sequence[Path] = (),
+    kept: Path = KEPT,
 ) -> Path:
     """One real run (kept and reused once finished) and its model, with the timings read off `calibrate` (real runs
     of their own) when given; returns the comparison's CSV."""
     out = results / f"{mode}-s{seed}.csv"
     if out.exists():
         return out
-    run, plan_out = runs / f"{mode}-s{seed}", runs / f"{mode}-s{seed}-plan{'-calibrated' if calibrate else ''}"
+    plan_out = runs / f"{mode}-s{seed}-plan{'-calibrated' if calibrate else ''}"
     t0 = time.monotonic()
-    _real_run(env, mode, seed, rounds, run)
+    run = kept_run(env, mode, seed, rounds, runs, kept)
     t1 = time.monotonic()
     subprocess.run(["rm", "-rf", str(plan_out)], check=True)
     plan = [sys.executable, "-m", "stellaris.cli", "plan", "--compare", str(run), "--out", str(plan_out)]
@@ -93,24 +114,23 @@ def main(
     env: str = typer.Option("Hopper-v5", help="the env"),
     mode: str = typer.Option("stellaris", help="the rule"),
     seeds: str = typer.Option("1,2,3,4,5", help="comma-separated seeds"),
-    rounds: int = typer.Option(40, min=LAST + 1, help="rounds per run"),
+    rounds: int = typer.Option(ROUNDS, min=LAST + 1, help="rounds per run"),
     calibrate_seeds: str = typer.Option(
         "",
         help="model with the timings read off real runs of these seeds, comma-separated (held out: not --seeds)",
     ),
     results: Path = typer.Option(None, help=f"where the comparisons land (default {RESULTS}, -calibrated with one)"),
-    runs: Path = typer.Option(RUNS),
+    runs: Path = typer.Option(RUNS, help="where the real runs and models run (not committed)"),
+    kept: Path = typer.Option(KEPT, help="where what the model reads of each real run is kept (committed)"),
 ) -> None:
     """Run the seeds not yet compared, then print real against modelled over seeds."""
     seed_list = [int(s) for s in seeds.split(",") if s.strip()]
     held_out = [int(s) for s in calibrate_seeds.split(",") if s.strip()]
     if shared := sorted(set(held_out) & set(seed_list)):
         raise typer.BadParameter(f"{shared} also in --seeds: hold them out", param_hint="--calibrate-seeds")
-    calibrate = [runs / f"{mode}-s{seed}" for seed in held_out]
-    for seed, run_dir in zip(held_out, calibrate, strict=True):
-        _real_run(env, mode, seed, rounds, run_dir)
+    calibrate = [kept_run(env, mode, seed, rounds, runs, kept) for seed in held_out]
     results = results or (RESULTS.with_name(RESULTS.name + "-calibrated") if calibrate else RESULTS)
-    paths = [run_seed(env, mode, s, rounds, results, runs, calibrate) for s in seed_list]
+    paths = [run_seed(env, mode, s, rounds, results, runs, calibrate, kept) for s in seed_list]
     how = f", timings from seeds {', '.join(map(str, held_out))}" if calibrate else ""
     table = Table(
         title=f"scale model at N = 1 against real runs: {env}, {mode}, {len(paths)} seeds, {rounds} rounds{how}"

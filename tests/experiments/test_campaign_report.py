@@ -275,7 +275,7 @@ def test_the_queue_lists_its_steps_in_order(tmp_path: Path, monkeypatch: pytest.
     steps = [line for line in out.splitlines() if " cells, " in line or "skipped" in line]
     assert [s.split(":")[0] for s in steps] == ["modes", "peers", "scale (every env)", "modes", "peers", "atari"]
     assert steps[0] == "modes: 25 cells, 0 finished, 25 to run" and steps[1] == "peers: 15 cells, 0 finished, 15 to run"
-    assert "stellaris-s1 has no info.csv" in steps[2] and steps[3] == "modes: 55 cells, 0 finished, 55 to run"
+    assert "runs/stellaris-s1 has no" in steps[2] and steps[3] == "modes: 55 cells, 0 finished, 55 to run"
 
 
 def _hopper_calibration(run: Path, mode: str) -> Path:

@@ -51,3 +51,20 @@ def test_the_summary_by_hand(tmp_path: Path) -> None:
     secs_real, secs_model = summary["seconds per round, rounds 2 on"]
     assert secs_real.point == pytest.approx(1.3) and secs_model.point == pytest.approx(1.0)
     assert secs_real.low <= 1.3 <= secs_real.high and not secs_real.contains(secs_model.point)
+
+
+def test_a_real_run_is_kept_and_then_reused(tmp_path: Path) -> None:
+    """A real 2-round CartPole run: what the model reads of it lands in the kept directory (which the repository
+    commits), and the next call reuses it without running again, even once the run directory is gone."""
+    runs, kept = tmp_path / "runs", tmp_path / "kept"
+    out = plan_validation.kept_run("CartPole-v1", "stellaris", 7, rounds=2, runs=runs, kept=kept)
+    assert out == kept / "stellaris-s7"
+    assert sorted(p.name for p in out.iterdir()) == sorted(plan_validation.KEPT_FILES)
+    with (out / "info.csv").open(newline="") as f:
+        assert [r["round_id"] for r in csv.DictReader(f)] == ["1", "2"]
+    made = (out / "info.csv").stat().st_mtime_ns
+    run_dir = runs / "stellaris-s7"
+    assert run_dir.is_dir()
+    run_dir.rename(tmp_path / "gone")
+    assert plan_validation.kept_run("CartPole-v1", "stellaris", 7, rounds=2, runs=runs, kept=kept) == out
+    assert not run_dir.exists() and (out / "info.csv").stat().st_mtime_ns == made
