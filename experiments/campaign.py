@@ -13,8 +13,6 @@ from __future__ import annotations
 import csv
 import datetime as dt
 import math
-import os
-import platform
 import shutil
 import signal
 import subprocess
@@ -31,7 +29,7 @@ import typer
 import yaml
 from rich.console import Console
 
-from experiments import plan_validation
+from experiments import machine, plan_validation
 from experiments.peers import venv as peers_venv
 from experiments.peers.protocol import PROGRESS_FILE
 from experiments.rllib_env import RLlibEnvError, venv_python
@@ -318,20 +316,6 @@ def _commit() -> str:
         return ""
 
 
-def machine() -> str:
-    """What the cell ran on, in a line: CPU model, cores, memory."""
-    model = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-        mem_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    except (OSError, ValueError):
-        mem_gib = math.nan
-    return f"{model}, {os.cpu_count()} cores, {mem_gib:.0f} GiB"
-
-
 def write_csv(path: Path, columns: list[str], rows: list[dict[str, Any]], *, append: bool = False) -> None:
     """Write `rows`, or append them; a file written with other columns is rewritten with these first (an index from
     before a column was added gets it, blank), so that no row lands under another's header."""
@@ -423,7 +407,7 @@ def _record(cell: Cell, results: Path, rows: list[dict[str, Any]], seconds: floa
                 "attempts": attempts,
                 "rounds": len(rows),
                 "commit": _commit(),
-                "machine": machine(),
+                "machine": machine.describe(),
                 "finished": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M"),
             }
         ],

@@ -5,9 +5,9 @@ For each seed: one real `stellaris train` (its own Redis and gateway, one learne
 on its run directory, which models the same job round by round. The per-round comparisons land in
 `results/scale-model/validation/<mode>-s<seed>.csv` (already landed seeds are skipped). With `--calibrate-seeds`
 the model takes its timings from real runs of those seeds, held out (`stellaris plan --calibrate`), and the
-comparisons land in `results/scale-model/validation-calibrated/`. What the model reads of each real run (its config,
-rounds, gradients' arrivals and invocations) is kept in `results/scale-model/runs/<mode>-s<seed>/`, to be committed:
-a kept run is reused, not run again, and the scale sweep calibrates from the same files. The summary
+comparisons land in `results/scale-model/validation-calibrated/`. What the model reads of each real run (its
+config, rounds, gradients' arrivals and invocations) is kept in `results/scale-model/real-runs/<mode>-s<seed>/`, to
+be committed: a kept run is reused, not run again, and the scale sweep calibrates from the same files. The summary
 compares, over seeds, the IQM and 95 % interval of the training return in the last rounds, the mean staleness and
 the seconds per round, real against modelled (experiments/stats.py).
 """
@@ -28,14 +28,15 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from experiments import stats
+from experiments import machine, stats
 
 console = Console(stderr=True)
 RESULTS = Path("results/scale-model/validation")
 RUNS = Path("runs/plan-validation")
-KEPT = Path("results/scale-model/runs")
+KEPT = Path("results/scale-model/real-runs")
 # What `stellaris plan --compare` and `--calibrate` read of a run directory (stellaris/plan/command.py)
 KEPT_FILES = ("config.yaml", "info.csv", "gradients.csv", "invocations.csv")
+MACHINE_FILE = "machine.txt"  # what it ran on: a calibration is that machine's (docs/scale-model.md#limits)
 ROUNDS = 40
 LAST = 10  # the rounds whose training return is compared (the run's last 10)
 
@@ -54,6 +55,7 @@ def kept_run(env: str, mode: str, seed: int, rounds: int = ROUNDS, runs: Path = 
     for name in KEPT_FILES:
         if (run / name).is_file():
             shutil.copyfile(run / name, out / name)
+    (out / MACHINE_FILE).write_text(machine.describe() + "\n")
     return out
 
 

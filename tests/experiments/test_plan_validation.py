@@ -4,6 +4,7 @@ quantities averaged over the rounds compared, then the IQM over seeds (of 5: the
 from __future__ import annotations
 
 import csv
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -59,7 +60,7 @@ def test_a_real_run_is_kept_and_then_reused(tmp_path: Path) -> None:
     runs, kept = tmp_path / "runs", tmp_path / "kept"
     out = plan_validation.kept_run("CartPole-v1", "stellaris", 7, rounds=2, runs=runs, kept=kept)
     assert out == kept / "stellaris-s7"
-    assert sorted(p.name for p in out.iterdir()) == sorted(plan_validation.KEPT_FILES)
+    assert sorted(p.name for p in out.iterdir()) == sorted((*plan_validation.KEPT_FILES, plan_validation.MACHINE_FILE))
     with (out / "info.csv").open(newline="") as f:
         assert [r["round_id"] for r in csv.DictReader(f)] == ["1", "2"]
     made = (out / "info.csv").stat().st_mtime_ns
@@ -68,3 +69,12 @@ def test_a_real_run_is_kept_and_then_reused(tmp_path: Path) -> None:
     run_dir.rename(tmp_path / "gone")
     assert plan_validation.kept_run("CartPole-v1", "stellaris", 7, rounds=2, runs=runs, kept=kept) == out
     assert not run_dir.exists() and (out / "info.csv").stat().st_mtime_ns == made
+
+
+def test_the_kept_runs_are_not_ignored_by_git() -> None:
+    """They are committed: a .gitignore pattern that matched them (`runs/` once did) would leave the queue unable to
+    add them."""
+    root = Path(__file__).resolve().parents[2]
+    probe = plan_validation.KEPT / "stellaris-s1" / "info.csv"
+    ignored = subprocess.run(["git", "check-ignore", "-q", str(probe)], cwd=root, check=False)
+    assert ignored.returncode == 1, f"{plan_validation.KEPT} is git-ignored"
