@@ -500,11 +500,34 @@ def run(
     jobs: int = typer.Option(
         1, min=1, max=64, help="calibrated modelled cells side by side (every other cell runs alone)"
     ),
+    other_machine: bool = typer.Option(
+        False, "--other-machine", help="run measured cells on a machine other than the one the plan's cells ran on"
+    ),
 ) -> None:
     """Run the plan's unfinished cells, one at a time (calibrated modelled ones `--jobs` at a time); finished ones
     are skipped."""
     cells = _selected(plan, seeds, steps, env, calibrate)
-    _run_cells(plan, cells, results or RESULTS / plan, runs, limit=limit, commit=commit, dry_run=dry_run, jobs=jobs)
+    results = results or RESULTS / plan
+    if not other_machine:
+        _check_machine(cells, results)
+    _run_cells(plan, cells, results, runs, limit=limit, commit=commit, dry_run=dry_run, jobs=jobs)
+
+
+def _check_machine(cells: Sequence[Cell], results: Path) -> None:
+    """A measured cell's wall-clock compares only with cells of the same machine: refuse to run one on a machine
+    other than the one the plan's landed cells ran on (a calibrated modelled cell's clock is its calibration's)."""
+    index = results / "cells.csv"
+    if not index.exists() or all(calibrated(c) for c in cells):
+        return
+    with index.open(newline="") as f:
+        machines = sorted({row["machine"] for row in csv.DictReader(f) if row.get("machine")})
+    here = machine.describe()
+    if machines and here not in machines:
+        raise typer.BadParameter(
+            f"this machine is {here!r}; the cells in {index} ran on {' and '.join(map(repr, machines))}, and a "
+            "measured cell's wall-clock only compares with theirs: run it there (or pass --other-machine)",
+            param_hint="plan",
+        )
 
 
 def _run_cells(
@@ -608,6 +631,7 @@ def queue(
         try:
             cells = _selected(plan, ",".join(map(str, SEEDS)), STEPS, env, calibration if plan == "scale" else ())
             jobs = MODELLED_JOBS if plan == "scale" else 1
+            _check_machine(cells, RESULTS / plan)
             _run_cells(plan, cells, RESULTS / plan, RUNS, commit=commit, dry_run=dry_run, jobs=jobs)
         except typer.BadParameter as exc:  # the scale step without its calibration run, the peers without CleanRL
             console.print(f"{step}: skipped: {exc}; the queue goes on")

@@ -8,13 +8,15 @@ import math
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
+import typer
 import yaml
 
-from experiments import campaign, report
+from experiments import campaign, machine, report
 
 
 def test_the_modes_plan_holds_every_cell_once_seed_major() -> None:
@@ -211,6 +213,27 @@ def test_the_scale_plan_models_each_n_with_its_seeds() -> None:
     cmd = cells[0].command(Path("o"))
     assert cmd[3] == "plan" and cmd[cmd.index("--learners") + 1] == "1" and cells[0].starts_over
     assert cmd[cmd.index("--apply-per-gradient-s") + 1] == "0.0001"
+
+
+def test_a_measured_cell_runs_only_on_the_machine_its_plan_ran_on(tmp_path: Path) -> None:
+    """Wall-clock compares only within one machine: landed cells of another machine refuse a measured cell, through
+    `run` (exit 2, naming both machines) unless --other-machine; cells of this machine, and modelled cells, run."""
+    from typer.testing import CliRunner
+
+    index = tmp_path / "cells.csv"
+    campaign.write_csv(index, campaign.INDEX_COLUMNS, [{"cell": "x", "machine": "Some Other CPU, 64 cores, 1 GiB"}])
+    hopper = campaign.plan_cells("modes")[:1]
+    with pytest.raises(typer.BadParameter, match="ran on 'Some Other CPU, 64 cores, 1 GiB'"):
+        campaign._check_machine(hopper, tmp_path)
+    args = ["run", "modes", "--env", "Hopper-v5", "--dry-run", "--results", str(tmp_path)]
+    refused = CliRunner().invoke(campaign.app, args, env={"COLUMNS": "300"})
+    assert refused.exit_code == 2 and "--other-machine" in " ".join(refused.output.split())
+    assert CliRunner().invoke(campaign.app, [*args, "--other-machine"]).exit_code == 0
+    scale = [c for c in campaign.plan_cells("scale") if c.learners]
+    calibrated = [replace(c, args=(*c.args, "--calibrate", "r")) for c in scale[:2]]
+    campaign._check_machine(calibrated, tmp_path)  # a calibrated modelled cell's clock is its calibration's
+    campaign.write_csv(index, campaign.INDEX_COLUMNS, [{"cell": "y", "machine": machine.describe()}], append=True)
+    campaign._check_machine(hopper, tmp_path)
 
 
 def test_an_index_from_before_a_column_gets_it_blank(tmp_path: Path) -> None:
