@@ -610,7 +610,7 @@ def queue(
     of each mode, calibrated by held-out runs of that mode; Hopper's modes; the scale sweep (each mode calibrated by
     its runs); Hopper's peers; the rest of the modes and the peers; Atari. A step stopped by a failed cell is left
     for the next time, and the queue goes on; run it again to take up what is left."""
-    calibration = [plan_validation.KEPT / f"{mode}-s{seed}" for mode in MODES for seed in SWEEP_CALIBRATION_SEEDS]
+    calibration = [plan_validation.kept_path(mode, seed) for mode in MODES for seed in SWEEP_CALIBRATION_SEEDS]
     held_out = ",".join(map(str, CALIBRATION_SEEDS))
     for mode in MODES:
         validation = [sys.executable, "-m", "experiments.plan_validation", "--mode", mode]

@@ -41,10 +41,15 @@ ROUNDS = 40
 LAST = 10  # the rounds whose training return is compared (the run's last 10)
 
 
+def kept_path(mode: str, seed: int, kept: Path = KEPT) -> Path:
+    """Where a real run of `mode` and `seed` is kept."""
+    return kept / f"{mode}-s{seed}"
+
+
 def kept_run(env: str, mode: str, seed: int, rounds: int = ROUNDS, runs: Path = RUNS, kept: Path = KEPT) -> Path:
     """The kept files of a real one-learner `stellaris train` of `rounds` rounds: made in `runs` first (its own Redis
     and gateway, alone on the machine) unless a finished one is kept already."""
-    out = kept / f"{mode}-s{seed}"
+    out = kept_path(mode, seed, kept)
     if (out / "info.csv").exists() and len(_rows(out / "info.csv")) >= rounds:
         return out
     run = runs / f"{mode}-s{seed}"
