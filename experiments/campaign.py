@@ -19,6 +19,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field, replace
@@ -54,10 +55,22 @@ SCALE_SEEDS = {1: SEEDS, 4: SEEDS}  # the other N: the first 3 seeds
 # What each gradient after an aggregation's first adds to a calibrated apply: the model's own applies of Hopper's fast
 # preset took 0.40 ms for one gradient and 1.8 ms for 16 on this machine (docs/scale-model.md)
 SCALE_APPLY_PER_GRADIENT_S = 0.0001
+# Remedies for Stellaris's learning per env step at N >= 2 (docs/scale-model.md#remedies): a variant's name and the
+# flags it adds to the sweep's Stellaris cells, at the N where the sweep found it behind sync
+REMEDIES: dict[str, tuple[str, ...]] = {
+    "notrunc": ("--set", "stellaris.truncation=false"),  # no truncation across the learners' policies
+    "noscale": ("--v", "1e9"),  # no staleness scaling: 1/δ^(1/v) is 1 to nine places
+    "each": ("--set", "stellaris.optimizer_steps=each"),  # an Adam step per gradient, one publish per aggregation
+}
+# An Adam step per gradient costs more than adding it to a sum: the model's own applies here (Hopper, fast preset, 8
+# learners, 4 rounds) took about 0.05 ms a gradient more under `each`
+REMEDY_APPLY_PER_GRADIENT_S = {"each": 0.00015}
+REMEDY_LEARNERS = (2, 8)
 QUEUE = (  # (plan, env): what decides a goal first; "" is every env of the plan
     ("modes", "Hopper-v5"),
     ("peers", "Hopper-v5"),
     ("scale", ""),  # two cells at a time (about 3 h)
+    ("remedies", ""),  # two at a time (about 35 min)
     ("modes", ""),
     ("peers", ""),
     ("atari", ""),
@@ -68,6 +81,8 @@ CALIBRATION_SEEDS = (11, 12, 13)  # the validation's held-out real runs of each 
 # speed varies by up to a fifth (docs/scale-model.md#validation).
 SWEEP_CALIBRATION_SEEDS = (*SEEDS, *CALIBRATION_SEEDS)
 MODELLED_JOBS = 2  # calibrated modelled cells side by side: one a core
+PLAN_NAMES = "modes, atari, peers, scale, remedies or smoke"
+MODELLED_PLANS = ("scale", "remedies")  # the queue calibrates their cells by the kept real runs
 VALIDATION = Path("results/scale-model/validation-calibrated")
 PEER_SEEDS = {"Hopper-v5": SEEDS, "Walker2d-v5": SEEDS[:3], "HalfCheetah-v5": SEEDS[:3]}
 ATARI, ATARI_STEPS = "ALE/SpaceInvaders-v5", 200_000
@@ -119,12 +134,18 @@ class Cell:
     preset: str = "fast"
     args: tuple[str, ...] = field(default=())
     learners: int = 0
+    variant: str = ""  # a remedy's name (`REMEDIES`): the mode's rule, changed as it says
 
     @property
     def id(self) -> str:
         env = self.env.split("/")[-1].lower()
         n = f"-n{self.learners}" if self.learners else ""
-        return f"{env}-{self.algo}-{self.mode}{n}-s{self.seed}"
+        return f"{env}-{self.algo}-{self.label}{n}-s{self.seed}"
+
+    @property
+    def label(self) -> str:
+        """What the results call its mode: the rule, and the remedy where one changed it."""
+        return f"{self.mode}-{self.variant}" if self.variant else self.mode
 
     @property
     def peer(self) -> bool:
@@ -211,6 +232,7 @@ def plan_cells(name: str, *, seeds: Iterable[int] = SEEDS, steps: int = STEPS) -
     at N = 1 and 4).
     `peers`: CleanRL's, Stable-Baselines3's and RLlib's PPO on the three MuJoCo envs, 5 seeds on Hopper and 3 on
     the others.
+    `remedies`: the scale model of Stellaris on Hopper with each of `REMEDIES`, at `REMEDY_LEARNERS`, 3 seeds.
     `smoke`: a short Hopper stellaris/sync pair (what the report's fixture and a first try use)."""
     seeds = tuple(seeds)
     if name == "modes":
@@ -245,9 +267,28 @@ def plan_cells(name: str, *, seeds: Iterable[int] = SEEDS, steps: int = STEPS) -
             if seed in SCALE_SEEDS.get(n, SEEDS[:3])
             for mode in MODES
         ]
+    if name == "remedies":
+        return [
+            Cell(
+                "Hopper-v5",
+                "stellaris",
+                seed,
+                steps,
+                args=(
+                    *flags,
+                    "--apply-per-gradient-s",
+                    str(REMEDY_APPLY_PER_GRADIENT_S.get(variant, SCALE_APPLY_PER_GRADIENT_S)),
+                ),
+                learners=n,
+                variant=variant,
+            )
+            for seed in seeds[:3]
+            for n in REMEDY_LEARNERS
+            for variant, flags in REMEDIES.items()
+        ]
     if name == "smoke":
         return [Cell("Hopper-v5", mode, seed, steps) for seed in seeds for mode in ("stellaris", "sync")]
-    raise typer.BadParameter(f"unknown plan {name!r}: choose modes, atari, peers, scale or smoke", param_hint="PLAN")
+    raise typer.BadParameter(f"unknown plan {name!r}: choose {PLAN_NAMES}", param_hint="PLAN")
 
 
 def cell_rows(run: Path) -> list[dict[str, Any]]:
@@ -397,7 +438,7 @@ def _record(cell: Cell, results: Path, rows: list[dict[str, Any]], seconds: floa
             {
                 "cell": cell.id,
                 "env": cell.env,
-                "mode": cell.mode,
+                "mode": cell.label,
                 "seed": cell.seed,
                 "steps": cell.steps,
                 "preset": cell.preset,
@@ -484,7 +525,7 @@ def _calibration_by_mode(calibrate: Sequence[Path]) -> dict[str, tuple[str, ...]
 
 @app.command()
 def run(
-    plan: str = typer.Argument(..., help="modes, atari, peers, scale or smoke"),
+    plan: str = typer.Argument(..., help=PLAN_NAMES),
     seeds: str = typer.Option(",".join(map(str, SEEDS)), help="comma-separated seeds"),
     steps: int = typer.Option(STEPS, min=2048, help="env steps per run"),
     results: Path = typer.Option(None, help="where the CSVs land (default results/campaign/PLAN)"),
@@ -513,19 +554,33 @@ def run(
     _run_cells(plan, cells, results, runs, limit=limit, commit=commit, dry_run=dry_run, jobs=jobs)
 
 
-def _check_machine(cells: Sequence[Cell], results: Path) -> None:
-    """A measured cell's wall-clock compares only with cells of the same machine: refuse to run one on a machine
-    other than the one the plan's landed cells ran on (a calibrated modelled cell's clock is its calibration's)."""
-    index = results / "cells.csv"
-    if not index.exists() or all(calibrated(c) for c in cells):
-        return
-    with index.open(newline="") as f:
-        machines = sorted({row["machine"] for row in csv.DictReader(f) if row.get("machine")})
+MEASURED_PLANS = ("modes", "peers", "atari")  # their cells' wall-clock compares across plans, env by env
+
+
+def elsewhere(cells: Sequence[Cell], results: Path) -> dict[str, list[str]]:
+    """The envs of `cells`' measured ones whose landed cells ran on other machines (each env's runs, of every
+    measured plan beside `results`, compare in wall-clock only on one machine), with those machines. A calibrated
+    modelled cell's clock is its calibration's: it runs anywhere."""
+    envs = {c.env for c in cells if not calibrated(c)}
+    indexes = {results / "cells.csv", *(results.parent / plan / "cells.csv" for plan in MEASURED_PLANS)}
+    machines: dict[str, set[str]] = defaultdict(set)
+    for index in filter(Path.exists, indexes):
+        with index.open(newline="") as f:
+            for row in csv.DictReader(f):
+                if row.get("env") in envs and row.get("machine"):
+                    machines[row["env"]].add(row["machine"])
     here = machine.describe()
-    if machines and here not in machines:
+    return {env: sorted(ran) for env, ran in sorted(machines.items()) if here not in ran}
+
+
+def _check_machine(cells: Sequence[Cell], results: Path) -> None:
+    """Refuse measured cells of an env whose landed cells ran on another machine, naming both machines."""
+    away = elsewhere(cells, results)
+    if away:
+        where = "; ".join(f"{env} on {' and '.join(map(repr, ran))}" for env, ran in away.items())
         raise typer.BadParameter(
-            f"this machine is {here!r}; the cells in {index} ran on {' and '.join(map(repr, machines))}, and a "
-            "measured cell's wall-clock only compares with theirs: run it there (or pass --other-machine)",
+            f"this machine is {machine.describe()!r}; the landed cells of {where}, and a measured cell's wall-clock "
+            "only compares with theirs: run them there, choose another --env, or pass --other-machine",
             param_hint="plan",
         )
 
@@ -629,9 +684,14 @@ def queue(
     for plan, env in QUEUE:
         step = f"{plan} {env or '(every env)'}"
         try:
-            cells = _selected(plan, ",".join(map(str, SEEDS)), STEPS, env, calibration if plan == "scale" else ())
-            jobs = MODELLED_JOBS if plan == "scale" else 1
-            _check_machine(cells, RESULTS / plan)
+            modelled = plan in MODELLED_PLANS
+            cells = _selected(plan, ",".join(map(str, SEEDS)), STEPS, env, calibration if modelled else ())
+            jobs = MODELLED_JOBS if modelled else 1
+            away = elsewhere(cells, RESULTS / plan)
+            if away:
+                machines = "; ".join(f"{env}: {' and '.join(ran)}" for env, ran in away.items())
+                console.print(f"{step}: left for the machine each env's cells ran on ({machines})")
+                cells = [c for c in cells if c.env not in away]
             _run_cells(plan, cells, RESULTS / plan, RUNS, commit=commit, dry_run=dry_run, jobs=jobs)
         except typer.BadParameter as exc:  # the scale step without its calibration run, the peers without CleanRL
             console.print(f"{step}: skipped: {exc}; the queue goes on")
@@ -641,7 +701,8 @@ def queue(
 
 @app.command()
 def status(
-    plan: str = typer.Argument(..., help="modes, atari, peers, scale or smoke"), results: Path = typer.Option(None)
+    plan: str = typer.Argument(..., help=PLAN_NAMES),
+    results: Path = typer.Option(None),
 ) -> None:
     """Which cells of the plan have landed."""
     cells = plan_cells(plan)

@@ -215,25 +215,48 @@ def test_the_scale_plan_models_each_n_with_its_seeds() -> None:
     assert cmd[cmd.index("--apply-per-gradient-s") + 1] == "0.0001"
 
 
-def test_a_measured_cell_runs_only_on_the_machine_its_plan_ran_on(tmp_path: Path) -> None:
-    """Wall-clock compares only within one machine: landed cells of another machine refuse a measured cell, through
-    `run` (exit 2, naming both machines) unless --other-machine; cells of this machine, and modelled cells, run."""
+def test_a_measured_cell_runs_only_on_the_machine_its_env_ran_on(tmp_path: Path) -> None:
+    """Wall-clock compares only within one machine, env by env across the measured plans: Hopper's landed cells of
+    another machine (here the peers') refuse a Hopper cell of the modes, through `run` (exit 2, naming both
+    machines) unless --other-machine; another env, cells of this machine, and modelled cells run."""
     from typer.testing import CliRunner
 
-    index = tmp_path / "cells.csv"
-    campaign.write_csv(index, campaign.INDEX_COLUMNS, [{"cell": "x", "machine": "Some Other CPU, 64 cores, 1 GiB"}])
-    hopper = campaign.plan_cells("modes")[:1]
-    with pytest.raises(typer.BadParameter, match="ran on 'Some Other CPU, 64 cores, 1 GiB'"):
-        campaign._check_machine(hopper, tmp_path)
-    args = ["run", "modes", "--env", "Hopper-v5", "--dry-run", "--results", str(tmp_path)]
+    other = "Some Other CPU, 64 cores, 1 GiB"
+    modes, peers = tmp_path / "modes", tmp_path / "peers"
+    campaign.write_csv(
+        peers / "cells.csv", campaign.INDEX_COLUMNS, [{"cell": "x", "env": "Hopper-v5", "machine": other}]
+    )
+    cells = campaign.plan_cells("modes")
+    hopper = [c for c in cells if c.env == "Hopper-v5"]
+    assert campaign.elsewhere(cells, modes) == {"Hopper-v5": [other]}
+    with pytest.raises(typer.BadParameter, match=f"Hopper-v5 on '{other}'"):
+        campaign._check_machine(hopper, modes)
+    campaign._check_machine([c for c in cells if c.env == "Walker2d-v5"], modes)
+    args = ["run", "modes", "--env", "Hopper-v5", "--dry-run", "--results", str(modes)]
     refused = CliRunner().invoke(campaign.app, args, env={"COLUMNS": "300"})
     assert refused.exit_code == 2 and "--other-machine" in " ".join(refused.output.split())
     assert CliRunner().invoke(campaign.app, [*args, "--other-machine"]).exit_code == 0
+    walker = ["run", "modes", "--env", "Walker2d-v5", "--dry-run", "--results", str(modes)]
+    assert CliRunner().invoke(campaign.app, walker).exit_code == 0
     scale = [c for c in campaign.plan_cells("scale") if c.learners]
     calibrated = [replace(c, args=(*c.args, "--calibrate", "r")) for c in scale[:2]]
-    campaign._check_machine(calibrated, tmp_path)  # a calibrated modelled cell's clock is its calibration's
-    campaign.write_csv(index, campaign.INDEX_COLUMNS, [{"cell": "y", "machine": machine.describe()}], append=True)
-    campaign._check_machine(hopper, tmp_path)
+    assert campaign.elsewhere(calibrated, modes) == {}  # a calibrated modelled cell's clock is its calibration's
+    here = {"cell": "y", "env": "Hopper-v5", "machine": machine.describe()}
+    campaign.write_csv(modes / "cells.csv", campaign.INDEX_COLUMNS, [here])
+    campaign._check_machine(hopper, modes)
+
+
+def test_the_remedies_plan_changes_stellaris_as_each_remedy_says() -> None:
+    """Each remedy's cells are Stellaris's modelled cells with its flags; its id and results mode name it."""
+    cells = campaign.plan_cells("remedies")
+    assert len(cells) == 3 * len(campaign.REMEDY_LEARNERS) * len(campaign.REMEDIES) == len({c.id for c in cells})
+    each = next(c for c in cells if c.variant == "each" and c.learners == 8 and c.seed == 2)
+    assert each.id == "hopper-v5-ppo-stellaris-each-n8-s2" and each.label == "stellaris-each"
+    cmd = each.command(Path("o"))
+    assert cmd[cmd.index("--mode") + 1] == "stellaris" and cmd[cmd.index("--learners") + 1] == "8"
+    assert "stellaris.optimizer_steps=each" in cmd and cmd[cmd.index("--apply-per-gradient-s") + 1] == "0.00015"
+    notrunc = next(c for c in cells if c.variant == "notrunc")
+    assert "stellaris.truncation=false" in notrunc.command(Path("o"))
 
 
 def test_an_index_from_before_a_column_gets_it_blank(tmp_path: Path) -> None:
@@ -289,16 +312,18 @@ def test_the_scale_page_groups_by_n_and_speaks_to_its_goals(tmp_path: Path) -> N
 
 
 def test_the_queue_lists_its_steps_in_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Nothing landed yet, no calibration run: every step says what it would run; the scale step is skipped, naming
-    the run it lacks, and the queue goes on to the next."""
+    """Nothing landed yet, no calibration run: every step says what it would run; the modelled steps are skipped,
+    naming the run they lack, and the queue goes on to the next."""
     from typer.testing import CliRunner
 
     monkeypatch.chdir(tmp_path)
     out = CliRunner().invoke(campaign.app, ["queue", "--dry-run"], env={"COLUMNS": "300"}).output
     steps = [line for line in out.splitlines() if " cells, " in line or "skipped" in line]
-    assert [s.split(":")[0] for s in steps] == ["modes", "peers", "scale (every env)", "modes", "peers", "atari"]
+    modelled = ["scale (every env)", "remedies (every env)"]
+    assert [s.split(":")[0] for s in steps] == ["modes", "peers", *modelled, "modes", "peers", "atari"]
     assert steps[0] == "modes: 25 cells, 0 finished, 25 to run" and steps[1] == "peers: 15 cells, 0 finished, 15 to run"
-    assert "runs/stellaris-s1 has no" in steps[2] and steps[3] == "modes: 55 cells, 0 finished, 55 to run"
+    assert "runs/stellaris-s1 has no" in steps[2] and "runs/stellaris-s1 has no" in steps[3]
+    assert steps[4] == "modes: 55 cells, 0 finished, 55 to run"
 
 
 def _hopper_calibration(run: Path, mode: str) -> Path:
