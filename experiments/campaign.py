@@ -61,16 +61,18 @@ REMEDIES: dict[str, tuple[str, ...]] = {
     "notrunc": ("--set", "stellaris.truncation=false"),  # no truncation across the learners' policies
     "noscale": ("--v", "1e9"),  # no staleness scaling: 1/δ^(1/v) is 1 to nine places
     "each": ("--set", "stellaris.optimizer_steps=each"),  # an Adam step per gradient, one publish per aggregation
+    "distance": ("--set", "stellaris.staleness_penalty=distance"),  # Gap-aware: scaled by the parameters' gap
+    "each-distance": ("--set", "stellaris.optimizer_steps=each", "--set", "stellaris.staleness_penalty=distance"),
 }
 # An Adam step per gradient costs more than adding it to a sum: the model's own applies here (Hopper, fast preset, 8
 # learners, 4 rounds) took about 0.05 ms a gradient more under `each`
-REMEDY_APPLY_PER_GRADIENT_S = {"each": 0.00015}
+REMEDY_APPLY_PER_GRADIENT_S = {"each": 0.00015, "each-distance": 0.00015}
 REMEDY_LEARNERS = (2, 8)
 QUEUE = (  # (plan, env): what decides a goal first; "" is every env of the plan
     ("modes", "Hopper-v5"),
     ("peers", "Hopper-v5"),
     ("scale", ""),  # two cells at a time (about 3 h)
-    ("remedies", ""),  # two at a time (about 35 min)
+    ("remedies", ""),  # two at a time (about an hour)
     ("modes", ""),
     ("peers", ""),
     ("atari", ""),

@@ -26,8 +26,10 @@ from cache.tasks import Landed
 from contract import AggregatorState, AppliedGradient, AppliedRow
 from contract.algo_config import AlgoConfig
 from contract.jobspec import JobSpec, Plan
+from contract.knobs import Rule
 from contract.packed import PACKED
 from contract.triggers import ParameterTrigger
+from functions.algos.gap_aware import ParameterGaps
 from functions.algos.lr_schedule import learning_rate
 from functions.algos.registry import algorithm_of
 from functions.algos.stellaris import (
@@ -296,14 +298,52 @@ def update(
         group["lr"] = lr
     parts = [to_device(r.tensors, device) for r in records]
     scales = gradient_scales(rule, record.stalenesses[: record.count])
+    gaps = _gaps(model, cfg) if rule.rule is Rule.STELLARIS and cfg.stellaris.staleness_penalty == "distance" else None
+    if gaps is not None:
+        parts, scales = _distance_scaled(model, gaps, records, parts, scales)
     for grads in optimizer_step_gradients(parts, scales, cfg.stellaris.optimizer_steps):
         for name, p in model.named:
             p.grad = grads[name]  # fresh tensors: the step may take them as they are
         model.optimizer.step()
+    if gaps is not None:
+        gaps.record(model.version + 1, [p for _, p in model.named])
     normalizer = model.policy.obs_normalizer
     for m in (r.obs_moments for r in records):
         if m is not None and normalizer is not None:
             normalizer.update_from_moments(m.mean, m.var, m.count)
+
+
+def _gaps(model: WarmModel, cfg: AlgoConfig) -> ParameterGaps:
+    """The model's published parameters for the distance penalty, started with the version it holds (a cold instance
+    knows no older one: their gradients fall back to the version count)."""
+    if model.gaps is None or model.gaps.keep != cfg.stellaris.gap_history:
+        model.gaps = ParameterGaps(keep=cfg.stellaris.gap_history)
+    if model.gaps.newest() != model.version:
+        model.gaps.history.clear()  # reloaded from the cache: what it kept may not be this line of versions
+        model.gaps.record(model.version, [p for _, p in model.named])
+    return model.gaps
+
+
+def _distance_scaled(
+    model: WarmModel,
+    gaps: ParameterGaps,
+    records: list[GradientRecord],
+    parts: list[dict[str, torch.Tensor]],
+    scales: list[float],
+) -> tuple[list[dict[str, torch.Tensor]], list[float]]:
+    """Each gradient divided by its gap penalty, its version-count scale dropped; one whose base version is not kept
+    keeps its version-count scale."""
+    current = [p for _, p in model.named]
+    out_parts, out_scales = [], []
+    for r, part, scale in zip(records, parts, scales, strict=True):
+        penalty = gaps.penalties(r.meta.base_version, current)
+        if penalty is None:
+            out_parts.append(part)
+            out_scales.append(scale)
+            continue
+        out_parts.append({name: part[name] / g for (name, _), g in zip(model.named, penalty, strict=True)})
+        out_scales.append(1.0)
+    return out_parts, out_scales
 
 
 def applied_row(version: int, record: DecisionRecord, used: list[tuple[str, GradientMeta]]) -> AppliedRow:

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 
     from contract.jobspec import JobSpec
     from functions.actor.state import ActorState
+    from functions.algos.gap_aware import ParameterGaps
     from functions.model.policies import ActorCritic
 
 
@@ -40,6 +41,7 @@ class WarmModel:
     policy: ActorCritic
     optimizer: torch.optim.Optimizer
     named: list[tuple[str, torch.nn.Parameter]] = field(init=False)  # what the optimizer steps, by gradient name
+    gaps: ParameterGaps | None = None  # the published parameters a distance penalty reads (`functions.algos.gap_aware`)
 
     def __post_init__(self) -> None:
         from functions.model.flat_params import flat_params
