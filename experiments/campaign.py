@@ -103,6 +103,7 @@ CELL_COLUMNS = [
     "cost",
     "staleness_mean",
     "gradients_applied",
+    "aggregations",  # the round's updates (a sync step's is one; Stellaris's one per decision to apply)
 ]
 INDEX_COLUMNS = [
     "cell",
@@ -323,6 +324,7 @@ def _kept(r: dict[str, float], wall_s: float) -> dict[str, Any]:
         "cost": _num(r["cost"], 6),
         "staleness_mean": _num(r.get("staleness_mean", math.nan), 3),
         "gradients_applied": int(r.get("gradients_applied") or 0),
+        "aggregations": int(r.get("aggregations") or 0),
     }
 
 
@@ -343,6 +345,7 @@ def peer_rows(run: Path) -> list[dict[str, Any]]:
                     "cost": round(learner + actor, 6),
                     "staleness_mean": "",
                     "gradients_applied": "",
+                    "aggregations": "",
                 }
             )
     return rows

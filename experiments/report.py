@@ -294,6 +294,9 @@ def _env_section(env: str, modes: dict[str, list[Run]], img: str, reps: int) -> 
         f"cost to {CHECKPOINTS[-1] // 1000}k (USD, IQM)",
         "run wall-clock (s, median)",
     ]
+    modelled = any(r.learners for rs in modes.values() for r in rs)
+    if modelled:  # what the scale model's rules did with the gradients: how many updates, how stale
+        head += ["updates a round (median)", "staleness (median)"]
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for mode, rs in modes.items():
         row = [mode, ", ".join(str(r.seed) for r in rs)]
@@ -302,9 +305,23 @@ def _env_section(env: str, modes: dict[str, list[Run]], img: str, reps: int) -> 
         row += [_median([time_to(r, t) for r in rs]) for t in targets]
         row += [_cell(_interval([cost_at(r, CHECKPOINTS[-1]) for r in rs], reps), 4)]
         row += [f"{float(np.median([r.run_s for r in rs])):,.0f}"]
+        if modelled:
+            row += [_median_of(rs, "aggregations", 0), _median_of(rs, "staleness_mean", 2)]
         lines.append("| " + " | ".join(row) + " |")
     lines.append("")
     return lines
+
+
+def _median_of(runs: Sequence[Run], column: str, digits: int) -> str:
+    """The median over runs of each run's mean of a per-round column; "-" where a run's CSV lacks it (a cell from
+    before the column)."""
+    means = [
+        float(np.mean([r[column] for r in run.rows])) if all(column in r for r in run.rows) else math.nan
+        for run in runs
+    ]
+    if not means or any(math.isnan(m) for m in means):
+        return "-"
+    return f"{float(np.median(means)):,.{digits}f}"
 
 
 def goals(by_env: dict[str, dict[str, list[Run]]], reps: int = stats.REPS) -> list[str]:

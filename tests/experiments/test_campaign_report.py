@@ -117,6 +117,7 @@ def _fixture(
                         "cost": 0.0001 * k * secs_per_round,
                         "staleness_mean": 0.5,
                         "gradients_applied": 32,
+                        "aggregations": 32 // (learners or 1),
                     }
                 )
             campaign.write_csv(results / f"{cell}.csv", campaign.CELL_COLUMNS, rows)
@@ -306,6 +307,9 @@ def test_the_scale_page_groups_by_n_and_speaks_to_its_goals(tmp_path: Path) -> N
     assert "0.25x, goal at most 0.7x: undecided (3 of 5 seeds landed; so far: met)" in cost  # 0.5 s a round vs 2 s
     assert "N = 4, equal env steps (500k): Stellaris's evaluation IQM" in text and "against async's" in text
     assert "N = 2: cost" not in text
+    n4_sync = next(line for line in text.split("## Hopper-v5, N = 4")[1].splitlines() if line.startswith("| sync |"))
+    assert n4_sync.endswith("| 8 | 0.50 |")  # a modelled section says how many updates a round, and how stale
+    assert "updates a round" not in text.split("## Hopper-v5, N = 2")[0]  # not in the goals above the sections
     n2 = next(line for line in text.splitlines() if "N = 2, wall-clock to 1,500" in line)
     assert "undecided (3 of 3" not in n2 and "goal 1.5x: met" in n2  # N = 2's plan holds 3 seeds: decided
     assert (page.parent / "img" / "scale" / "sweep.png").stat().st_size > 10_000
