@@ -68,6 +68,8 @@ REMEDIES: dict[str, tuple[str, ...]] = {
 # learners, 4 rounds) took about 0.05 ms a gradient more under `each`
 REMEDY_APPLY_PER_GRADIENT_S = {"each": 0.00015, "each-distance": 0.00015}
 REMEDY_LEARNERS = (2, 8)
+# The remedies that helped at N = 2 and 8 on their first seeds, at the sweep's other N >= 2
+REMEDY_CONFIRM: dict[str, tuple[int, ...]] = {"notrunc": (4, 16), "noscale": (4, 16)}
 QUEUE = (  # (plan, env): what decides a goal first; "" is every env of the plan
     ("modes", "Hopper-v5"),
     ("peers", "Hopper-v5"),
@@ -286,8 +288,9 @@ def plan_cells(name: str, *, seeds: Iterable[int] = SEEDS, steps: int = STEPS) -
                 variant=variant,
             )
             for seed in seeds[:3]
-            for n in REMEDY_LEARNERS
+            for n in sorted({*REMEDY_LEARNERS, *(m for ns in REMEDY_CONFIRM.values() for m in ns)})
             for variant, flags in REMEDIES.items()
+            if n in REMEDY_LEARNERS or n in REMEDY_CONFIRM.get(variant, ())
         ]
     if name == "smoke":
         return [Cell("Hopper-v5", mode, seed, steps) for seed in seeds for mode in ("stellaris", "sync")]

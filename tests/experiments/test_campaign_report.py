@@ -250,7 +250,11 @@ def test_a_measured_cell_runs_only_on_the_machine_its_env_ran_on(tmp_path: Path)
 def test_the_remedies_plan_changes_stellaris_as_each_remedy_says() -> None:
     """Each remedy's cells are Stellaris's modelled cells with its flags; its id and results mode name it."""
     cells = campaign.plan_cells("remedies")
-    assert len(cells) == 3 * len(campaign.REMEDY_LEARNERS) * len(campaign.REMEDIES) == len({c.id for c in cells})
+    confirm = sum(map(len, campaign.REMEDY_CONFIRM.values()))
+    assert len(cells) == 3 * (len(campaign.REMEDY_LEARNERS) * len(campaign.REMEDIES) + confirm)
+    assert len(cells) == len({c.id for c in cells}) and "hopper-v5-ppo-stellaris-notrunc-n16-s3" in {
+        c.id for c in cells
+    }
     each = next(c for c in cells if c.variant == "each" and c.learners == 8 and c.seed == 2)
     assert each.id == "hopper-v5-ppo-stellaris-each-n8-s2" and each.label == "stellaris-each"
     cmd = each.command(Path("o"))
