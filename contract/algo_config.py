@@ -94,6 +94,9 @@ class StellarisConfig(StellarisKnobs, _Frozen):
     # How a stale gradient is scaled: "version", by 1/δ^(1/v) (paper Eq. 4); "distance", element by element by how
     # far the parameters moved since its base version, as Gap-aware SGD does (`functions.algos.gap_aware`): the
     # parameter function keeps the newest `gap_history` published parameter sets for it.
+    # The Stellaris rule's updates take at most this many of the oldest queued gradients (0: the whole queue, as the
+    # paper); the rule decides again on the rest.
+    max_aggregate: Annotated[int, Field(ge=0, le=4096)] = 0
     staleness_penalty: Literal["version", "distance"] = "version"
     gap_history: Annotated[int, Field(ge=2, le=256)] = 16
     # A learner claims its next task (and stores its last gradient) on a thread of its own while it computes, so

@@ -300,8 +300,10 @@ def decide_stellaris(
     horizon_rounds: int | None = _PLANNED.horizon_rounds,
     paper_rounds: int = PAPER_ROUNDS,
     beta_floor: float = _DECLARED.beta_floor,
+    max_aggregate: int = _DECLARED.max_aggregate,
 ) -> DecisionRecord:
-    """Stellaris rule (paper §V-C, Eq. 3).
+    """Stellaris rule (paper §V-C, Eq. 3), each update taking at most ``max_aggregate`` of the oldest queued
+    gradients when it is above 0 (the rule decides again on the rest; 0: the whole queue, as the paper).
 
     While calibrating (round 1) there is no threshold: every gradient is aggregated on arrival, and
     ``observe`` records δ_max. At round k ≥ 2 the whole queue is aggregated iff its mean staleness
@@ -311,6 +313,21 @@ def decide_stellaris(
     is aggregated once all learner tasks of the round have finished ("d=0 removes the threshold and forces the
     parameter function to synchronize all learners"). d ∈ [0, 1] (contract.knobs; `staleness_bound` checks it).
     """
+    record = _decide_stellaris(state, snapshot, d, schedule, horizon_rounds, paper_rounds, beta_floor)
+    if 0 < max_aggregate < record.count:
+        return replace(record, count=max_aggregate)
+    return record
+
+
+def _decide_stellaris(
+    state: AggregationState,
+    snapshot: QueueSnapshot,
+    d: float,
+    schedule: Schedule,
+    horizon_rounds: int | None,
+    paper_rounds: int,
+    beta_floor: float,
+) -> DecisionRecord:
     if d == 0.0:
         decision = Decision.AGGREGATE if snapshot.in_flight == 0 else Decision.DEFER
         return _record(Rule.STELLARIS, decision, state, snapshot, threshold=0.0)
@@ -397,6 +414,7 @@ class AggregationRule:
     horizon_rounds: int | None = _PLANNED.horizon_rounds
     paper_rounds: int = PAPER_ROUNDS
     beta_floor: float = _DECLARED.beta_floor
+    max_aggregate: int = _DECLARED.max_aggregate
     softsync_k: int = _DECLARED.softsync_k
     ssp_bound: int = _DECLARED.ssp_bound
 
@@ -412,6 +430,7 @@ def aggregation_rule(stellaris: StellarisConfig, plan: Plan) -> AggregationRule:
         schedule=stellaris.schedule,
         horizon_rounds=plan.horizon_rounds,
         beta_floor=stellaris.beta_floor,
+        max_aggregate=stellaris.max_aggregate,
     )
 
 
@@ -436,6 +455,7 @@ def decide(
                 horizon_rounds=rule.horizon_rounds,
                 paper_rounds=rule.paper_rounds,
                 beta_floor=rule.beta_floor,
+                max_aggregate=rule.max_aggregate,
             )
         case Rule.SYNC:
             return decide_sync(state, snapshot, expected=sync_expected)

@@ -557,3 +557,19 @@ def test_a_decision_to_apply_from_the_queue_alone_is_the_one_taken_whatever_is_i
         assert seen == blind
     else:
         assert not seen.applies or not in_flight  # only a flush (nothing in flight) can apply where it deferred
+
+
+def test_max_aggregate_caps_each_update_to_the_oldest_gradients() -> None:
+    """With a cap of 2, an admitted queue of 5 applies its 2 oldest (the rule decides again on the rest), a flush
+    too; 0 applies the whole queue, as the paper."""
+    rule = AggregationRule(rule=Rule.STELLARIS, d=0.96, max_aggregate=2)
+    queue = _snapshot(10, [9, 9, 8, 10, 10], in_flight=[10])
+    capped = decide(rule, CALIBRATED, queue)
+    assert capped.decision is Decision.AGGREGATE and capped.count == 2 and capped.stalenesses[:2] == (1, 1)
+    assert decide(replace(rule, max_aggregate=0), CALIBRATED, queue).count == 5
+    flush = decide(rule, CALIBRATED, _snapshot(10, [0, 0, 0]))  # mean staleness 10 > β, nothing in flight
+    assert flush.decision is Decision.FLUSH and flush.count == 2
+    assert decide(rule, AggregationState(round_k=1), queue).count == 2  # round 1's calibration too
+    assert aggregation_rule(StellarisConfig(max_aggregate=8), Plan()).max_aggregate == 8
+    with pytest.raises(ValidationError, match="max_aggregate"):
+        StellarisConfig(max_aggregate=-1)
