@@ -22,7 +22,7 @@ import typer
 
 from cache import Cache, JobCache
 from cache import connect as connect_cache
-from contract.jobspec import JobRequest, resolve
+from contract.jobspec import JobRequest, resolve, resolve_algo
 from functions.actor.rollout import _env_action
 from functions.handlers import actor, parameter
 from functions.model.policies import ActorCritic
@@ -81,7 +81,7 @@ def _bare_rate(env_id: str, policy: ActorCritic, steps: int) -> tuple[float, flo
 def measure(cache: Cache, env_id: str = "Hopper-v5", batches: int = 1, repeats: int = 12) -> ActorBench:
     torch.set_num_threads(1)
     job_id = f"bench-actor-{uuid.uuid4().hex[:8]}"
-    spec = resolve(JobRequest(job=job_id, env_id=env_id, preset="fast"))
+    spec = resolve(JobRequest(job=job_id, env_id=env_id, algo=resolve_algo("ppo", "fast", env_id)))
     job = JobCache(cache.client, job_id)
     instance = Instance(cache)
     save_spec(job, spec)
