@@ -91,12 +91,12 @@ class StellarisConfig(StellarisKnobs, _Frozen):
     # Eq. 4);
     # "each": one optimizer step per scaled gradient, in queue order, published as one version (a study option).
     optimizer_steps: Literal["aggregate", "each"] = "aggregate"
-    # How a stale gradient is scaled: "version", by 1/δ^(1/v) (paper Eq. 4); "distance", element by element by how
-    # far the parameters moved since its base version, as Gap-aware SGD does (`functions.algos.gap_aware`): the
-    # parameter function keeps the newest `gap_history` published parameter sets for it.
     # The Stellaris rule's updates take at most this many of the oldest queued gradients (0: the whole queue, as the
     # paper); the rule decides again on the rest.
     max_aggregate: Annotated[int, Field(ge=0, le=4096)] = 0
+    # How a stale gradient is scaled: "version", by 1/δ^(1/v) (paper Eq. 4); "distance", element by element by how
+    # far the parameters moved since its base version, as Gap-aware SGD does (`functions.algos.gap_aware`): the
+    # parameter function keeps the newest `gap_history` published parameter sets for it.
     staleness_penalty: Literal["version", "distance"] = "version"
     gap_history: Annotated[int, Field(ge=2, le=256)] = 16
     # A learner claims its next task (and stores its last gradient) on a thread of its own while it computes, so
