@@ -589,14 +589,18 @@ def elsewhere(cells: Sequence[Cell], results: Path) -> dict[str, list[str]]:
     return {env: sorted(ran) for env, ran in sorted(machines.items()) if here not in ran}
 
 
+def _where(away: dict[str, list[str]]) -> str:
+    """`elsewhere`'s envs and machines in a line: "Hopper-v5 on 'AMD EPYC, 2 cores, 24 GiB'"."""
+    return "; ".join(f"{env} on {' and '.join(map(repr, ran))}" for env, ran in away.items())
+
+
 def _check_machine(cells: Sequence[Cell], results: Path) -> None:
     """Refuse measured cells of an env whose landed cells ran on another machine, naming both machines."""
     away = elsewhere(cells, results)
     if away:
-        where = "; ".join(f"{env} on {' and '.join(map(repr, ran))}" for env, ran in away.items())
         raise typer.BadParameter(
-            f"this machine is {machine.describe()!r}; the landed cells of {where}, and a measured cell's wall-clock "
-            "only compares with theirs: run them there, choose another --env, or pass --other-machine",
+            f"this machine is {machine.describe()!r}; the landed cells of {_where(away)}, and a measured cell's "
+            "wall-clock only compares with theirs: run them there, choose another --env, or pass --other-machine",
             param_hint="plan",
         )
 
@@ -705,8 +709,7 @@ def queue(
             jobs = MODELLED_JOBS if modelled else 1
             away = elsewhere(cells, RESULTS / plan)
             if away:
-                machines = "; ".join(f"{env}: {' and '.join(ran)}" for env, ran in away.items())
-                console.print(f"{step}: left for the machine each env's cells ran on ({machines})")
+                console.print(f"{step}: left for the machine each env's cells ran on ({_where(away)})")
                 cells = [c for c in cells if c.env not in away]
             _run_cells(plan, cells, RESULTS / plan, RUNS, commit=commit, dry_run=dry_run, jobs=jobs)
         except typer.BadParameter as exc:  # the scale step without its calibration run, the peers without CleanRL
